@@ -1,0 +1,1 @@
+"""Marker package: importable once `pip install -e .` has run (scripts/setup.sh checks it)."""

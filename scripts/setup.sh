@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Set up dagrl on a fresh Linux machine: a virtual environment in .venv with pinned dependencies,
+# and — when no GPU Vulkan driver is present — Mesa 25's software Vulkan (lavapipe) from Debian's
+# bookworm-backports unpacked under .vulkan/ (no system package is installed; see docs/setup.md).
+# Idempotent: re-running it skips what is already in place.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+PY=${PYTHON:-python3}
+
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv"
+  "$PY" -m venv .venv
+fi
+# torch first, pinned: a looser spec would pull a multi-GB CUDA build (MACHINE.md)
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  echo "[setup] installing torch==2.13.0"
+  .venv/bin/pip install -q torch==2.13.0
+fi
+if ! .venv/bin/python -c "import dagrl_installed" 2>/dev/null; then
+  echo "[setup] installing dagrl and its dependencies"
+  .venv/bin/pip install -q -e ".[dev]"
+fi
+
+# Software Vulkan: only when no Vulkan ICD is found on the system and none was unpacked before.
+need_lvp=1
+for d in /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d; do
+  if ls "$d"/*.json >/dev/null 2>&1 && ! grep -qs lvp "$d"/*.json; then need_lvp=0; fi
+done
+if [ -n "${DAGRL_SKIP_VULKAN:-}" ]; then need_lvp=0; fi
+if [ "$need_lvp" = 1 ] && [ ! -f .vulkan/lvp_icd.json ]; then
+  echo "[setup] no GPU Vulkan driver: fetching Mesa lavapipe from bookworm-backports into .vulkan/"
+  mkdir -p .vulkan/apt/lists/partial .vulkan/apt/cache/archives/partial .vulkan/debs .vulkan/root
+  mirror=$(grep -hoE 'https?://[^ ]+/debian/?' /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null | grep -v security | head -n1)
+  mirror=${mirror:-http://deb.debian.org/debian}
+  echo "deb $mirror bookworm-backports main" > .vulkan/apt/sources.list
+  echo "deb $mirror bookworm main" >> .vulkan/apt/sources.list
+  opts=(-o "Dir::Etc::SourceList=$ROOT/.vulkan/apt/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
+        -o "Dir::State::Lists=$ROOT/.vulkan/apt/lists" -o "Dir::Cache=$ROOT/.vulkan/apt/cache"
+        -o "APT::Default-Release=bookworm-backports" -o "Debug::NoLocking=1")
+  apt-get "${opts[@]}" -qq update
+  (cd .vulkan/debs && apt-get "${opts[@]}" -qq download mesa-vulkan-drivers/bookworm-backports \
+      libllvm19/bookworm-backports libdrm2 libelf1 libxcb-dri3-0 libxcb-present0 libxcb-sync1 libxcb-xfixes0 \
+      libxshmfence1 libwayland-client0 libz3-4 libx11-xcb1 libxcb-randr0 libxml2 libedit2 libicu72 libzstd1 libexpat1 libtinfo6 2>/dev/null \
+    || apt-get "${opts[@]}" -qq download mesa-vulkan-drivers/bookworm-backports)
+  for f in .vulkan/debs/*.deb; do dpkg -x "$f" .vulkan/root; done
+  lvp=$(find "$ROOT/.vulkan/root" -name 'libvulkan_lvp.so' | head -n1)
+  [ -n "$lvp" ] || { echo "[setup] ERROR: libvulkan_lvp.so not found after unpacking mesa-vulkan-drivers" >&2; exit 1; }
+  printf '{"file_format_version":"1.0.0","ICD":{"library_path":"%s","api_version":"1.3.0"}}\n' "$lvp" > .vulkan/lvp_icd.json
+fi
+echo "[setup] done"
