@@ -17,7 +17,7 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   echo "[setup] installing torch==2.13.0"
   .venv/bin/pip install -q torch==2.13.0
 fi
-if ! .venv/bin/python -c "import dagrl_installed" 2>/dev/null; then
+if ! .venv/bin/pip show -q dagrl >/dev/null 2>&1; then
   echo "[setup] installing dagrl and its dependencies"
   .venv/bin/pip install -q -e ".[dev]"
 fi
@@ -31,21 +31,26 @@ if [ -n "${DAGRL_SKIP_VULKAN:-}" ]; then need_lvp=0; fi
 if [ "$need_lvp" = 1 ] && [ ! -f .vulkan/lvp_icd.json ]; then
   echo "[setup] no GPU Vulkan driver: fetching Mesa lavapipe from bookworm-backports into .vulkan/"
   mkdir -p .vulkan/apt/lists/partial .vulkan/apt/cache/archives/partial .vulkan/debs .vulkan/root
-  mirror=$(grep -hoE 'https?://[^ ]+/debian/?' /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null | grep -v security | head -n1)
+  mirror=$(cat /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null | grep -E '^(URIs:|deb )' \
+    | grep -oE 'https?://[^ ]+/debian/?( |$)' | grep -v security | head -n1 | tr -d ' ' || true)
   mirror=${mirror:-http://deb.debian.org/debian}
-  echo "deb $mirror bookworm-backports main" > .vulkan/apt/sources.list
-  echo "deb $mirror bookworm main" >> .vulkan/apt/sources.list
+  kr=/usr/share/keyrings/debian-archive-keyring.gpg
+  echo "deb [signed-by=$kr] $mirror bookworm-backports main" > .vulkan/apt/sources.list
+  echo "deb [signed-by=$kr] $mirror bookworm main" >> .vulkan/apt/sources.list
   opts=(-o "Dir::Etc::SourceList=$ROOT/.vulkan/apt/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
         -o "Dir::State::Lists=$ROOT/.vulkan/apt/lists" -o "Dir::Cache=$ROOT/.vulkan/apt/cache"
-        -o "APT::Default-Release=bookworm-backports" -o "Debug::NoLocking=1")
+        -o "Debug::NoLocking=1")
   apt-get "${opts[@]}" -qq update
-  (cd .vulkan/debs && apt-get "${opts[@]}" -qq download mesa-vulkan-drivers/bookworm-backports \
-      libllvm19/bookworm-backports libdrm2 libelf1 libxcb-dri3-0 libxcb-present0 libxcb-sync1 libxcb-xfixes0 \
-      libxshmfence1 libwayland-client0 libz3-4 libx11-xcb1 libxcb-randr0 libxml2 libedit2 libicu72 libzstd1 libexpat1 libtinfo6 2>/dev/null \
-    || apt-get "${opts[@]}" -qq download mesa-vulkan-drivers/bookworm-backports)
+  (cd .vulkan/debs && apt-get "${opts[@]}" -qq download mesa-vulkan-drivers/bookworm-backports 2>&1 | grep -v unsandboxed || true)
   for f in .vulkan/debs/*.deb; do dpkg -x "$f" .vulkan/root; done
   lvp=$(find "$ROOT/.vulkan/root" -name 'libvulkan_lvp.so' | head -n1)
   [ -n "$lvp" ] || { echo "[setup] ERROR: libvulkan_lvp.so not found after unpacking mesa-vulkan-drivers" >&2; exit 1; }
+  missing=$(ldd "$lvp" | grep "not found" || true)
+  if [ -n "$missing" ]; then
+    echo "[setup] ERROR: lavapipe needs system libraries that are missing: $missing" >&2
+    echo "[setup] fix: apt-get install -y libllvm15 libdrm2 libxcb-dri3-0 libxcb-present0 libxshmfence1 libwayland-client0" >&2
+    exit 1
+  fi
   printf '{"file_format_version":"1.0.0","ICD":{"library_path":"%s","api_version":"1.3.0"}}\n' "$lvp" > .vulkan/lvp_icd.json
 fi
 echo "[setup] done"

@@ -1,1 +1,0 @@
-"""Marker package: importable once `pip install -e .` has run (scripts/setup.sh checks it)."""
