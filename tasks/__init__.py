@@ -1,0 +1,1 @@
+"""Task functions: plain, cluster-free code called from the Dask graphs."""

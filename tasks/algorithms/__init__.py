@@ -1,0 +1,53 @@
+"""Pure RL math (plain torch, no Dask): advantage estimators, granularity helpers, PPO losses."""
+
+from tasks.algorithms.advantages import (
+    AdvantageFn,
+    advantage_names,
+    from_action_level,
+    gae,
+    get_advantage,
+    register_advantage,
+    to_action_level,
+)
+from tasks.algorithms.granularity import (
+    LOGPROB_TYPES,
+    REWARD_TYPES,
+    aggregate_rewards,
+    check_granularity,
+    expand_advantages,
+    loss_mask_for,
+    reduce_logprobs,
+)
+from tasks.algorithms.losses import (
+    REDUCTIONS,
+    aggregate_loss,
+    critic_loss,
+    entropy_bonus,
+    masked_mean,
+    normalize_advantages,
+    ppo_actor_loss,
+)
+
+__all__ = [
+    "AdvantageFn",
+    "advantage_names",
+    "from_action_level",
+    "gae",
+    "get_advantage",
+    "register_advantage",
+    "to_action_level",
+    "LOGPROB_TYPES",
+    "REWARD_TYPES",
+    "aggregate_rewards",
+    "check_granularity",
+    "expand_advantages",
+    "loss_mask_for",
+    "reduce_logprobs",
+    "REDUCTIONS",
+    "aggregate_loss",
+    "critic_loss",
+    "entropy_bonus",
+    "masked_mean",
+    "normalize_advantages",
+    "ppo_actor_loss",
+]

@@ -1,0 +1,244 @@
+"""PPO policy/value losses with masks and named reductions.
+
+Every loss takes a ``loss_mask`` of the same shape as its per-element terms (bool or float weights) and
+a named ``reduction``:
+
+* ``token-mean``: masked mean over all elements (verl ``agg_loss(loss_agg_mode="token-mean")``).
+* ``seq-mean``: per-row masked mean over all but the leading dim, then the mean over rows that have at
+  least one unmasked element (verl ``seq-mean-token-mean``, without its NaN on empty rows).
+
+Losses return dicts of named terms: ``loss`` is a differentiable scalar; the rest are detached 0-d
+tensors for logging (no ``.item()``, so no device sync inside the loss).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+__all__ = [
+    "REDUCTIONS",
+    "masked_mean",
+    "aggregate_loss",
+    "ppo_actor_loss",
+    "critic_loss",
+    "entropy_bonus",
+    "normalize_advantages",
+]
+
+REDUCTIONS: tuple[str, ...] = ("token-mean", "seq-mean")
+
+
+def _check_same_shape(**tensors: torch.Tensor) -> None:
+    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+    if len(set(shapes.values())) > 1:
+        raise ValueError(f"shape mismatch (no broadcasting): {shapes}")
+
+
+def masked_mean(
+    x: torch.Tensor, mask: torch.Tensor, dim: int | Sequence[int] | None = None
+) -> torch.Tensor:
+    """Mean of ``x`` over elements where ``mask`` is set.
+
+    Args:
+        x: float tensor, any shape.
+        mask: bool or float weights, same shape as ``x`` (ValueError otherwise). Masked-out entries of
+            ``x`` are ignored even if they are NaN/inf.
+        dim: dims to reduce; None reduces all to a 0-d tensor.
+    Returns:
+        sum(x * mask) / sum(mask) over ``dim``; 0 where sum(mask) == 0 (never NaN).
+    """
+    _check_same_shape(x=x, mask=mask)
+    if mask.dtype == torch.bool:
+        keep = mask
+        weights = mask.to(x.dtype)
+    else:
+        keep = mask != 0
+        weights = mask.to(x.dtype)
+    weighted = torch.where(keep, x * weights, torch.zeros_like(x))
+    if dim is None:
+        num, den = weighted.sum(), weights.sum()
+    else:
+        num, den = weighted.sum(dim=dim), weights.sum(dim=dim)
+    safe_den = torch.where(den != 0, den, torch.ones_like(den))
+    return torch.where(den != 0, num / safe_den, torch.zeros_like(num))
+
+
+def aggregate_loss(x: torch.Tensor, mask: torch.Tensor, *, reduction: str = "token-mean") -> torch.Tensor:
+    """Reduce per-element terms ``x`` [N, ...] with ``mask`` (same shape) to a scalar.
+
+    ``token-mean``: masked mean over all elements. ``seq-mean``: masked mean of each row ``x[i]``, then
+    the mean over rows with a non-zero mask (0 if none). ValueError on an unknown reduction (listing
+    the valid ones) or shape mismatch.
+    """
+    _check_same_shape(x=x, mask=mask)
+    if reduction == "token-mean":
+        return masked_mean(x, mask)
+    if reduction == "seq-mean":
+        if x.dim() == 0:
+            raise ValueError("reduction 'seq-mean' needs inputs with a leading row dim [N, ...]")
+        if x.dim() == 1:
+            return masked_mean(x, mask)  # each row is one element: same as token-mean
+        dims = tuple(range(1, x.dim()))
+        row_means = masked_mean(x, mask, dim=dims)  # [N, ...] -> [N]
+        row_has = (mask != 0).flatten(1).any(dim=1)  # [N, ...] -> [N*] -> [N]
+        return masked_mean(row_means, row_has)
+    raise ValueError(f"unknown reduction {reduction!r}; valid: {list(REDUCTIONS)}")
+
+
+def ppo_actor_loss(
+    *,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    dual_clip: float | None = None,
+    reduction: str = "token-mean",
+) -> dict[str, torch.Tensor]:
+    """PPO clipped surrogate loss (Schulman et al. 2017, "Proximal Policy Optimization Algorithms",
+    eq. 7) with separate lower/upper clip ranges (RLinf/verl ``clip_ratio_low``/``clip_ratio_high``)
+    and optional dual clip (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL").
+
+    All tensors have the same shape (e.g. [N], [N, C] or [N, C, D] per ``logprob_type``; no
+    broadcasting: expand advantages first with ``expand_advantages``)::
+
+        ratio = exp(logprobs - old_logprobs)           (log-ratio clamped to [-20, 20] like verl)
+        pg    = max(-A * ratio, -A * clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high))
+        pg    = min(pg, -A * dual_clip)   where A < 0   (dual clip, if set; dual_clip > 1)
+        loss  = reduction(pg, loss_mask)
+
+    ``old_logprobs`` and ``advantages`` are treated as constants (detached).
+
+    Returns dict: ``loss`` (differentiable scalar), ``clipfrac`` (fraction of masked elements where the
+    clipped term is active), ``dual_clipfrac`` (fraction where the dual clip is active; 0 without it),
+    ``approx_kl`` (k3 estimator mean((r - 1) - log r) of KL(old || new)), ``ratio_mean``; metrics are
+    detached 0-d tensors, all token-means.
+    Raises ValueError on shape mismatch, negative clip ratios, ``dual_clip <= 1`` or an unknown
+    reduction.
+    """
+    _check_same_shape(
+        logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, loss_mask=loss_mask
+    )
+    if clip_ratio_low < 0 or clip_ratio_high < 0:
+        raise ValueError(
+            f"clip_ratio_low/high must be >= 0, got {clip_ratio_low}, {clip_ratio_high}"
+        )
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1.0 (or None), got {dual_clip}")
+    keep = loss_mask if loss_mask.dtype == torch.bool else loss_mask != 0
+    old_logprobs, advantages = old_logprobs.detach(), advantages.detach()
+
+    # Zero the log-ratio at masked slots before exp so garbage there cannot produce inf*0 = NaN grads.
+    log_ratio = torch.where(keep, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    log_ratio = log_ratio.clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    surr_unclipped = -advantages * ratio
+    surr_clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    pg = torch.maximum(surr_unclipped, surr_clipped)
+    if dual_clip is not None:
+        surr_dual = -advantages * dual_clip
+        dual_active = (advantages < 0) & (pg > surr_dual)
+        pg = torch.where(advantages < 0, torch.minimum(pg, surr_dual), pg)
+    else:
+        dual_active = torch.zeros_like(keep)
+    loss = aggregate_loss(pg, loss_mask, reduction=reduction)
+
+    with torch.no_grad():
+        clipfrac = masked_mean((surr_clipped > surr_unclipped).to(pg.dtype), loss_mask)
+        dual_clipfrac = masked_mean(dual_active.to(pg.dtype), loss_mask)
+        approx_kl = masked_mean((ratio - 1.0) - log_ratio, loss_mask)
+        ratio_mean = masked_mean(ratio, loss_mask)
+    return {
+        "loss": loss,
+        "clipfrac": clipfrac.detach(),
+        "dual_clipfrac": dual_clipfrac.detach(),
+        "approx_kl": approx_kl.detach(),
+        "ratio_mean": ratio_mean.detach(),
+    }
+
+
+def _explained_variance(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """1 - Var[target - pred] / Var[target] over masked elements; 0 when Var[target] == 0."""
+    mean_t = masked_mean(target, mask)
+    var_t = masked_mean((target - mean_t) ** 2, mask)
+    resid = target - pred
+    var_r = masked_mean((resid - masked_mean(resid, mask)) ** 2, mask)
+    safe = torch.where(var_t > 0, var_t, torch.ones_like(var_t))
+    return torch.where(var_t > 0, 1.0 - var_r / safe, torch.zeros_like(var_t))
+
+
+def critic_loss(
+    *,
+    values: torch.Tensor,
+    returns: torch.Tensor,
+    loss_mask: torch.Tensor,
+    value_clip: float | None,
+    old_values: torch.Tensor | None = None,
+    reduction: str = "token-mean",
+) -> dict[str, torch.Tensor]:
+    """Value loss with optional PPO2 value clipping (as in OpenAI baselines ppo2 / verl
+    ``compute_value_loss``). All tensors share one shape, e.g. [N] or [N, C]::
+
+        unclipped = (v - R)^2
+        clipped   = (old + clamp(v - old, -c, c) - R)^2          (c = value_clip)
+        loss      = reduction(0.5 * max(unclipped, clipped), loss_mask)   if value_clip is set
+                  = reduction(0.5 * unclipped, loss_mask)                 otherwise
+
+    ``old_values`` and ``returns`` are constants (detached); ``old_values`` is required when
+    ``value_clip`` is set.
+
+    Returns dict: ``loss`` (differentiable scalar), ``clipfrac`` (fraction where the clipped term is
+    larger; 0 without clipping), ``explained_variance`` (1 - Var[R - v] / Var[R], masked, population
+    variances; 0 when Var[R] == 0); metrics detached 0-d tensors.
+    Raises ValueError on shape mismatch, ``value_clip <= 0`` or a missing ``old_values``.
+    """
+    returns = returns.detach()
+    if value_clip is None:
+        _check_same_shape(values=values, returns=returns, loss_mask=loss_mask)
+        per_elem = 0.5 * (values - returns) ** 2
+        clipfrac = torch.zeros((), dtype=values.dtype, device=values.device)
+    else:
+        if value_clip <= 0:
+            raise ValueError(f"value_clip must be > 0 (or None to disable), got {value_clip}")
+        if old_values is None:
+            raise ValueError("old_values is required when value_clip is set")
+        _check_same_shape(values=values, old_values=old_values, returns=returns, loss_mask=loss_mask)
+        old_values = old_values.detach()
+        unclipped = (values - returns) ** 2
+        v_clipped = old_values + (values - old_values).clamp(-value_clip, value_clip)
+        clipped = (v_clipped - returns) ** 2
+        per_elem = 0.5 * torch.maximum(unclipped, clipped)
+        with torch.no_grad():
+            clipfrac = masked_mean((clipped > unclipped).to(values.dtype), loss_mask)
+    loss = aggregate_loss(per_elem, loss_mask, reduction=reduction)
+    with torch.no_grad():
+        ev = _explained_variance(values, returns, loss_mask)
+    return {"loss": loss, "clipfrac": clipfrac.detach(), "explained_variance": ev.detach()}
+
+
+def entropy_bonus(
+    entropy: torch.Tensor, loss_mask: torch.Tensor, *, reduction: str = "token-mean"
+) -> torch.Tensor:
+    """Masked mean entropy (a positive number; the caller subtracts ``entropy_coef * bonus`` from the
+    loss). ``entropy`` and ``loss_mask`` share one shape (ValueError otherwise). Differentiable."""
+    return aggregate_loss(entropy, loss_mask, reduction=reduction)
+
+
+def normalize_advantages(
+    adv: torch.Tensor, mask: torch.Tensor, *, eps: float = 1e-8
+) -> torch.Tensor:
+    """(adv - mean) / (std + eps) with mean and std taken over masked elements only.
+
+    std is the population std (``unbiased=False``: divides by the mask sum, not sum - 1). ``mask`` is
+    bool or float of the same shape as ``adv`` (ValueError otherwise). Returns the same shape; masked-out
+    positions are set to 0. An empty mask returns all zeros.
+    """
+    _check_same_shape(adv=adv, mask=mask)
+    keep = mask if mask.dtype == torch.bool else mask != 0
+    mean = masked_mean(adv, mask)
+    var = masked_mean((adv - mean) ** 2, mask)
+    out = (adv - mean) / (var.sqrt() + eps)
+    return torch.where(keep, out, torch.zeros_like(out))
