@@ -1,0 +1,222 @@
+"""Atomic checkpoints: ``<run_dir>/checkpoints/global_step_<N>/``.
+
+Layout of one checkpoint::
+
+    global_step_<N>/
+      <key>.pt      one per top-level key whose value holds tensors (state dicts, RNG states, ...): torch.save
+      <key>.pkl.pt  one per other value that does not survive a JSON round trip (tuples, numpy RNG state): torch.save
+      meta.json     the top-level values that survive a JSON round trip exactly (step counters, cursors, ...)
+      index.json    written last: step, files with size and sha256, and which file (and kind) holds each key
+
+Writing goes to a hidden temp dir in ``checkpoints/`` (files fsynced), then ``os.rename`` into place; an existing
+``global_step_<N>`` is first renamed aside and removed only after the new one is in place. A directory without a
+readable ``index.json`` or whose files do not match it is incomplete and ignored by :func:`latest_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CHECKPOINTS_DIR = "checkpoints"
+INDEX_FILE = "index.json"
+META_FILE = "meta.json"
+_STEP_RE = re.compile(r"^global_step_(\d+)$")
+_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_RESERVED_KEYS = {"meta", "index"}
+
+
+def _has_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, Mapping):
+        return any(_has_tensor(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_has_tensor(v) for v in value)
+    return False
+
+
+def _json_roundtrips(value: Any) -> bool:
+    try:
+        return json.loads(json.dumps(value, allow_nan=False)) == value
+    except (TypeError, ValueError):
+        return False
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: Path, write) -> None:
+    with open(path, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def checkpoint_dir(run_dir: str | os.PathLike, step: int) -> Path:
+    return Path(run_dir) / CHECKPOINTS_DIR / f"global_step_{int(step)}"
+
+
+def checkpoint_step(path: str | os.PathLike) -> int:
+    m = _STEP_RE.match(Path(path).name)
+    if not m:
+        raise ValueError(f"{path} is not a checkpoint directory (expected a name global_step_<N>)")
+    return int(m.group(1))
+
+
+def save_checkpoint(run_dir: str | os.PathLike, step: int, state: Mapping[str, Any]) -> Path:
+    """Write ``state`` atomically to ``<run_dir>/checkpoints/global_step_<step>/`` and return that path."""
+    step = int(step)
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    for key in state:
+        if not isinstance(key, str) or not _KEY_RE.match(key) or key in _RESERVED_KEYS:
+            raise ValueError(f"checkpoint key {key!r} must be a file-name-safe str ([A-Za-z0-9_.-]) and not "
+                             f"one of {sorted(_RESERVED_KEYS)}")
+    parent = Path(run_dir) / CHECKPOINTS_DIR
+    parent.mkdir(parents=True, exist_ok=True)
+    final = parent / f"global_step_{step}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-global_step_{step}-", dir=parent))
+    old = None
+    try:
+        keys: dict[str, dict[str, str]] = {}
+        meta: dict[str, Any] = {}
+        for key, value in state.items():
+            if _has_tensor(value):
+                keys[key] = {"file": f"{key}.pt", "kind": "torch"}
+            elif _json_roundtrips(value):
+                meta[key] = value
+                keys[key] = {"file": META_FILE, "kind": "json"}
+                continue
+            else:
+                keys[key] = {"file": f"{key}.pkl.pt", "kind": "pickle"}
+            _write_file(tmp / keys[key]["file"], lambda f, v=value: torch.save(v, f))
+        if meta:
+            _write_file(tmp / META_FILE, lambda f: f.write(json.dumps(meta, indent=1, sort_keys=True).encode()))
+        files = {
+            p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
+            for p in sorted(tmp.iterdir())
+        }
+        index = {
+            "step": step,
+            "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "keys": keys,
+            "files": files,
+        }
+        _write_file(tmp / INDEX_FILE, lambda f: f.write(json.dumps(index, indent=1, sort_keys=True).encode()))
+        _fsync_dir(tmp)
+
+        if final.exists():
+            old = parent / f".old-global_step_{step}-{tmp.name.rsplit('-', 1)[-1]}"
+            os.rename(final, old)
+        os.rename(tmp, final)
+        _fsync_dir(parent)
+    except BaseException:
+        if old is not None and not final.exists():
+            os.rename(old, final)  # put the previous checkpoint back
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _read_index(path: Path) -> dict[str, Any]:
+    index_path = path / INDEX_FILE
+    if not index_path.is_file():
+        raise ValueError(f"checkpoint {path} is incomplete: {index_path} is missing")
+    try:
+        index = json.loads(index_path.read_text())
+        index["files"], index["keys"]  # noqa: B018 - shape check
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"checkpoint index {index_path} is unreadable: {e}") from None
+    return index
+
+
+def _is_complete(path: Path) -> bool:
+    """Cheap check (no hashing): index readable and every listed file present with its size."""
+    try:
+        index = _read_index(path)
+        return all((path / name).is_file() and (path / name).stat().st_size == info["size"]
+                   for name, info in index["files"].items())
+    except (ValueError, OSError, KeyError, TypeError):
+        return False
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
+    """Load a checkpoint written by :func:`save_checkpoint`, verifying sizes and sha256 of every file first."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"no checkpoint directory at {path}")
+    index = _read_index(path)
+    for name, info in index["files"].items():
+        f = path / name
+        if not f.is_file():
+            raise ValueError(f"checkpoint {path}: file {name} listed in {INDEX_FILE} is missing")
+        if f.stat().st_size != info["size"]:
+            raise ValueError(f"checkpoint {path}: file {name} has {f.stat().st_size} bytes, index says {info['size']}")
+        if _sha256(f) != info["sha256"]:
+            raise ValueError(f"checkpoint {path}: file {name} is corrupt (sha256 differs from {INDEX_FILE})")
+    meta = json.loads((path / META_FILE).read_text()) if META_FILE in index["files"] else {}
+    state: dict[str, Any] = {}
+    for key, entry in index["keys"].items():
+        if entry["kind"] == "json":
+            state[key] = meta[key]
+        elif entry["kind"] == "pickle":  # non-tensor python objects we wrote ourselves (verified by sha256)
+            state[key] = torch.load(path / entry["file"], map_location=map_location, weights_only=False)
+        else:
+            state[key] = torch.load(path / entry["file"], map_location=map_location, weights_only=True)
+    return state
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints of ``run_dir``, oldest step first (temp and incomplete dirs are ignored)."""
+    parent = Path(run_dir) / CHECKPOINTS_DIR
+    if not parent.is_dir():
+        return []
+    found = [p for p in parent.iterdir() if p.is_dir() and _STEP_RE.match(p.name) and _is_complete(p)]
+    return sorted(found, key=checkpoint_step)
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def prune_checkpoints(run_dir: str | os.PathLike, keep: int) -> list[Path]:
+    """Remove all but the ``keep`` newest complete checkpoints; returns the removed paths."""
+    if keep < 0:
+        raise ValueError(f"keep must be >= 0, got {keep}")
+    found = list_checkpoints(run_dir)
+    doomed = found[:-keep] if keep else found
+    for p in doomed:
+        shutil.rmtree(p)
+    return doomed

@@ -1,0 +1,67 @@
+"""Run directories: ``<root>/<experiment>/<run_id>/`` holding config.yaml, checkpoints/, trajectories, logs."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tempfile
+from pathlib import Path
+
+import yaml
+
+CONFIG_FILE = "config.yaml"
+
+
+def _check_name(what: str, name: str) -> None:
+    seps = {os.sep, "/"} | ({os.altsep} if os.altsep else set())
+    if not name or name in (".", "..") or any(s in name for s in seps):
+        raise ValueError(f"{what} {name!r} must be a single non-empty path component (no '/', not '.' or '..')")
+
+
+def new_run_dir(root: str | os.PathLike, experiment: str, run_id: str) -> Path:
+    """Create (or reuse, on resume) ``<root>/<experiment>/<run_id>/`` and return it."""
+    _check_name("experiment", experiment)
+    _check_name("run_id", run_id)
+    path = Path(root) / experiment / run_id
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def find_run_dir(root: str | os.PathLike, run_id: str) -> Path:
+    """The unique ``<root>/*/<run_id>`` directory; errors list close matches or the duplicates."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"runs root {root} does not exist")
+    hits = sorted(p for p in root.glob(f"*/{run_id}") if p.is_dir()) if run_id and "/" not in run_id else []
+    if len(hits) == 1:
+        return hits[0]
+    if len(hits) > 1:
+        raise ValueError(f"run id {run_id!r} exists in several experiments under {root}: "
+                         f"{[str(p) for p in hits]}; pass the run directory itself")
+    known = {p.name: p for exp in root.iterdir() if exp.is_dir() for p in exp.iterdir() if p.is_dir()}
+    close = [n for n in known if run_id and n.startswith(run_id)]
+    close += [n for n in difflib.get_close_matches(run_id, list(known), n=5, cutoff=0.6) if n not in close]
+    hint = ", ".join(f"{n} ({known[n].parent.name})" for n in close[:5]) if close else "none"
+    raise FileNotFoundError(f"no run {run_id!r} under {root} (looked in {root}/*/{run_id}); close matches: {hint}")
+
+
+def write_resolved_config(run_dir: str | os.PathLike, yaml_text: str) -> Path:
+    """Write ``<run_dir>/config.yaml`` atomically after checking it parses as YAML."""
+    try:
+        yaml.safe_load(yaml_text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"resolved config for {run_dir} is not valid YAML: {e}") from None
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{CONFIG_FILE}.", dir=run_dir)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(yaml_text)
+            f.flush()
+            os.fsync(f.fileno())
+        target = run_dir / CONFIG_FILE
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target

@@ -1,0 +1,89 @@
+import math
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from storage.tracking import Tracker, default_tracking_uri, flatten_config
+
+
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory):
+    # one sqlite db for the module: creating the schema costs ~1 s
+    return default_tracking_uri(tmp_path_factory.mktemp("mlflow"))
+
+
+def test_default_uri_convention(tmp_path):
+    uri = default_tracking_uri(tmp_path)
+    assert uri == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    assert uri.startswith("sqlite:////")
+
+
+def test_flatten_config():
+    cfg = {"algo": {"name": "ppo", "gamma": 0.99, "clip": {"low": 0.2, "high": 0.28}},
+           "env": {"ids": ["a", "b"], "num_envs": 8, "extra": {}}, "seed": 1, "notes": None}
+    assert flatten_config(cfg) == {
+        "algo.name": "ppo", "algo.gamma": "0.99", "algo.clip.low": "0.2", "algo.clip.high": "0.28",
+        "env.ids": '["a", "b"]', "env.num_envs": "8", "env.extra": "{}", "seed": "1", "notes": "None",
+    }
+    assert flatten_config({"a": {"b": 1}}, prefix="cfg", sep="/") == {"cfg/a/b": "1"}
+
+
+def test_params_metrics_artifacts(uri, tmp_path):
+    tr = Tracker(uri=uri, experiment="exp-a", run_name="first")
+    client = MlflowClient(tracking_uri=uri)
+    params = {f"p{i:03d}": i for i in range(250)}  # three batches of <= 100
+    params["long"] = "x" * 7000
+    assert tr.log_params(params) == 251
+    got = client.get_run(tr.run_id).data.params
+    assert got["p000"] == "0" and got["p249"] == "249"
+    assert got["long"] == "x" * 6000
+    assert len(got) == 251
+    assert client.get_run(tr.run_id).info.run_name == "first"
+
+    for step in range(3):
+        n = tr.log_metrics({"train/loss": 1.0 / (step + 1), "rollout/return": float(step), "train/bad": math.nan},
+                           step=step)
+        assert n == 2
+    tr.log_metrics({"train/inf": math.inf}, step=3)
+    assert tr.skipped_nonfinite == 4
+    assert tr.get_metric_history("train/loss") == [(0, 1.0), (1, 0.5), (2, 1.0 / 3)]
+    assert [(m.step, m.value) for m in client.get_metric_history(tr.run_id, "rollout/return")] == [
+        (0, 0.0), (1, 1.0), (2, 2.0)]
+    assert tr.get_metric_history("train/bad") == []
+
+    # artifacts land beside the db, not in the cwd
+    f = tmp_path / "perf.txt"
+    f.write_text("fast")
+    tr.log_artifact(f, artifact_path="perf")
+    tr.log_text("a: 1\n", "config.yaml")
+    art_root = Path(uri[len("sqlite:///"):]).parent / "mlartifacts"
+    assert (art_root / tr.run_id / "artifacts" / "perf" / "perf.txt").read_text() == "fast"
+    assert (art_root / tr.run_id / "artifacts" / "config.yaml").read_text() == "a: 1\n"
+    assert not Path("mlruns").exists() or not any(Path("mlruns").glob(f"*/{tr.run_id}"))
+
+    tr.set_terminated("FINISHED")
+    assert client.get_run(tr.run_id).info.status == "FINISHED"
+    with pytest.raises(ValueError, match="status must be one of"):
+        tr.set_terminated("DONE")
+
+
+def test_resume_same_run(uri):
+    first = Tracker(uri=uri, experiment="exp-b")
+    first.log_params({"algo.lr": "0.001", "seed": 1})
+    first.log_metrics({"train/loss": 2.0}, step=0)
+    first.set_terminated("KILLED")
+
+    resumed = Tracker(uri=uri, experiment="exp-b", run_id=first.run_id)
+    assert resumed.run_id == first.run_id
+    client = MlflowClient(tracking_uri=uri)
+    assert client.get_run(first.run_id).info.status == "RUNNING"
+    assert resumed.log_params({"algo.lr": "0.001", "seed": 1, "new.key": "v"}) == 1  # same values skipped
+    resumed.log_metrics({"train/loss": 1.0}, step=1)
+    assert resumed.get_metric_history("train/loss") == [(0, 2.0), (1, 1.0)]
+    exp = client.get_experiment_by_name("exp-b")
+    assert len(client.search_runs([exp.experiment_id])) == 1
+    with pytest.raises(ValueError, match="'algo.lr'.*0.001.*0.002"):
+        resumed.log_params({"algo.lr": "0.002"})
+    with pytest.raises(ValueError, match="belongs to experiment"):
+        Tracker(uri=uri, experiment="exp-other", run_id=first.run_id)

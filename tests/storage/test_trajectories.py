@@ -1,0 +1,198 @@
+import json
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+import pytest
+
+from storage.trajectories import (
+    SCHEMA_VERSION,
+    FieldSpec,
+    TrajectoryStore,
+    clear_cache,
+    describe,
+    write_shard,
+)
+
+T, B, S = 4, 6, 3  # chunk steps, envs, shard size -> 2 shards
+FIELDS = {
+    "obs": FieldSpec(shape=(2, 5), dtype="float32"),
+    "action": FieldSpec(shape=(7,), dtype="float32"),
+    "reward": FieldSpec(shape=(), dtype="float32"),
+    "terminated": FieldSpec(shape=(), dtype="bool"),
+}
+ATTRS = {"env_id": "PickCube-v1", "seeds": [1, 2], "reset_state_ids": [0, 1, 2, 3, 4, 5], "config_hash": "abc"}
+
+
+def _shard_data(epoch, shard, fields=FIELDS):
+    rng = np.random.default_rng(100 * epoch + shard)
+    out = {}
+    for name, spec in fields.items():
+        shape = (T, S, *spec.shape)
+        if spec.dtype == "bool":
+            out[name] = rng.random(shape) < 0.5
+        else:
+            out[name] = rng.standard_normal(shape).astype(spec.dtype)
+    return out
+
+
+def _make(path):
+    return TrajectoryStore.create(path, fields=FIELDS, T=T, num_envs=B, shard_size=S, attrs=ATTRS)
+
+
+def _write_in_subprocess(args):
+    path, epoch, shard = args
+    return write_shard(path, epoch=epoch, shard=shard, data=_shard_data(epoch, shard))
+
+
+def test_create_layout_and_chunks(tmp_path):
+    store = _make(tmp_path / "traj")
+    assert store.num_epochs == 0
+    assert store.fields == FIELDS
+    assert store.attrs["schema_version"] == SCHEMA_VERSION == 1
+    assert store.attrs["env_id"] == "PickCube-v1"
+    assert store.attrs["reset_state_ids"] == [0, 1, 2, 3, 4, 5]
+    assert "created_at" in store.attrs
+    store.reserve(0)
+    for name, spec in FIELDS.items():
+        d = store.to_dask(name)
+        assert d.shape == (1, T, B, *spec.shape)
+        assert d.dtype == np.dtype(spec.dtype)
+        arr = store._field_array(name)
+        assert arr.chunks == (1, T, S, *spec.shape)
+        # one dask chunk per (epoch, shard)
+        assert d.chunks[:3] == ((1,), (T,), (S, S))
+
+
+def test_two_shards_two_processes_round_trip(tmp_path):
+    path = str(tmp_path / "traj")
+    store = _make(path)
+    store.reserve(1)
+    jobs = [(path, e, s) for e in (0, 1) for s in (0, 1)]
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        stats = list(pool.map(_write_in_subprocess, jobs))
+    per_shard = sum(T * S * int(np.prod(spec.shape, dtype=int)) * np.dtype(spec.dtype).itemsize
+                    for spec in FIELDS.values())
+    assert [s["bytes"] for s in stats] == [per_shard] * 4
+    assert all(s["seconds"] >= 0 for s in stats)
+    for name in FIELDS:
+        expected = np.stack([
+            np.concatenate([_shard_data(e, 0)[name], _shard_data(e, 1)[name]], axis=1) for e in (0, 1)
+        ])
+        got = store.to_dask(name).compute()
+        np.testing.assert_array_equal(got, expected)
+        np.testing.assert_array_equal(store.read(name, epochs=[1]), expected[1:2])
+        np.testing.assert_array_equal(TrajectoryStore.open(path).read(name), expected)
+
+
+def test_write_shard_in_dask_tasks_and_cache_reopens_after_reserve(tmp_path):
+    dask = pytest.importorskip("dask")
+    path = str(tmp_path / "traj")
+    store = _make(path)
+    clear_cache()
+    for epoch in range(3):  # epoch 1 and 2 need the cached handle re-opened (E grew on the driver)
+        store.reserve(epoch)
+        tasks = [dask.delayed(write_shard)(path, epoch=epoch, shard=s, data=_shard_data(epoch, s)) for s in (0, 1)]
+        dask.compute(*tasks, scheduler="threads")
+        store.mark_complete(epoch, weight_version=epoch, global_step=10 * epoch)
+    np.testing.assert_array_equal(store.read("reward", epochs=[2])[0, :, S:], _shard_data(2, 1)["reward"])
+    np.testing.assert_array_equal(store.complete_epochs(), [0, 1, 2])
+
+
+def test_reserve_and_mark_complete(tmp_path):
+    store = _make(tmp_path / "traj")
+    store.reserve(2)
+    assert store.num_epochs == 3
+    store.reserve(0)  # never shrinks
+    assert store.num_epochs == 3
+    assert store.to_dask("obs").shape == (3, T, B, 2, 5)
+    assert store.complete_epochs().tolist() == []
+    store.mark_complete(1, weight_version=7, global_step=128, mean_return=0.5)
+    assert store.complete_epochs().tolist() == [1]
+    assert store.complete_epochs().dtype == np.int64
+    assert store.epoch_scalar("weight_version").tolist() == [-1, 7, -1]
+    assert store.epoch_scalar("global_step").dtype == np.int64
+    ret = store.epoch_scalar("mean_return")
+    assert ret[1] == 0.5 and np.isnan(ret[0]) and np.isnan(ret[2])
+    store.reserve(4)  # per-epoch arrays grow with the fields
+    assert store.epoch_scalar("weight_version").tolist() == [-1, 7, -1, -1, -1]
+    store.mark_complete(4, weight_version=8)
+    assert store.complete_epochs().tolist() == [1, 4]
+    with pytest.raises(ValueError, match="reserve"):
+        store.mark_complete(5)
+    with pytest.raises(ValueError, match="does not fit"):
+        store.mark_complete(3, weight_version=1.5)
+    text = describe(store.path)
+    assert "complete=2: 1, 4" in text and "obs" in text and "[5, 4, 6, 2, 5] float32" in text
+    assert "weight_version" in text and "PickCube-v1" in text
+
+
+def test_create_on_existing_identical_reopens_with_data(tmp_path):
+    path = tmp_path / "traj"
+    store = _make(path)
+    store.reserve(0)
+    write_shard(str(path), epoch=0, shard=1, data=_shard_data(0, 1))
+    store.mark_complete(0, weight_version=3)
+    created_at = store.attrs["created_at"]
+    again = TrajectoryStore.create(path, fields=dict(FIELDS), T=T, num_envs=B, shard_size=S,
+                                   attrs={**ATTRS, "resumed_from": 0})
+    assert again.num_epochs == 1
+    assert again.complete_epochs().tolist() == [0]
+    assert again.attrs["created_at"] == created_at
+    assert again.attrs["resumed_from"] == 0
+    np.testing.assert_array_equal(again.read("action")[0, :, S:], _shard_data(0, 1)["action"])
+
+
+def test_schema_and_layout_mismatch_errors(tmp_path):
+    path = tmp_path / "traj"
+    _make(path)
+    other = {**FIELDS, "obs": FieldSpec(shape=(3, 5), dtype="float32")}
+    with pytest.raises(ValueError, match=r"different layout.*field 'obs'.*new run directory") as e:
+        TrajectoryStore.create(path, fields=other, T=T, num_envs=B, shard_size=S, attrs=ATTRS)
+    assert str(path) in str(e.value)
+    with pytest.raises(ValueError, match="T: stored 4, asked 5"):
+        TrajectoryStore.create(path, fields=FIELDS, T=5, num_envs=B, shard_size=S, attrs=ATTRS)
+    # bump the stored schema version: open must refuse, naming the path
+    meta = path / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["attributes"]["schema_version"] = SCHEMA_VERSION + 1
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="schema_version 2") as e:
+        TrajectoryStore.open(path)
+    assert str(path) in str(e.value)
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        TrajectoryStore.open(tmp_path / "nowhere")
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(ValueError, match="not a dagrl trajectory store"):
+        TrajectoryStore.open(tmp_path / "plain")
+
+
+def test_create_argument_errors(tmp_path):
+    with pytest.raises(ValueError, match="not a multiple of shard_size"):
+        TrajectoryStore.create(tmp_path / "a", fields=FIELDS, T=T, num_envs=7, shard_size=3, attrs={})
+    with pytest.raises(ValueError, match="'seeds' is not JSON-serialisable"):
+        TrajectoryStore.create(tmp_path / "b", fields=FIELDS, T=T, num_envs=B, shard_size=S,
+                               attrs={"seeds": np.arange(3)})
+    with pytest.raises(ValueError, match="reserved"):
+        TrajectoryStore.create(tmp_path / "c", fields=FIELDS, T=T, num_envs=B, shard_size=S,
+                               attrs={"schema_version": 9})
+    with pytest.raises(ValueError, match="dtype"):
+        FieldSpec(shape=(1,), dtype="not-a-dtype")
+
+
+def test_write_shard_validation(tmp_path):
+    path = str(tmp_path / "traj")
+    store = _make(path)
+    with pytest.raises(ValueError, match="reserve"):
+        write_shard(path, epoch=0, shard=0, data=_shard_data(0, 0))
+    store.reserve(0)
+    good = _shard_data(0, 0)
+    with pytest.raises(ValueError, match=r"field 'action': expected dtype float32, got float64"):
+        write_shard(path, epoch=0, shard=0, data={**good, "action": good["action"].astype(np.float64)})
+    with pytest.raises(ValueError, match=r"field 'obs': expected shape \(4, 3, 2, 5\).*got \(4, 6, 2, 5\)"):
+        write_shard(path, epoch=0, shard=0, data={**good, "obs": np.zeros((T, B, 2, 5), np.float32)})
+    with pytest.raises(ValueError, match=r"missing fields \['reward'\]"):
+        write_shard(path, epoch=0, shard=0, data={k: v for k, v in good.items() if k != "reward"})
+    with pytest.raises(ValueError, match="shard 2 out of range"):
+        write_shard(path, epoch=0, shard=2, data=good)
+    # nothing was written by the failed calls
+    assert not store.read("obs").any()
