@@ -1,0 +1,219 @@
+"""Structured configs: the one vocabulary shared by conf/ (Hydra YAML), pipelines/ and tasks/.
+
+Hydra composes YAML; `pipelines.config.load_config` merges the result onto `Config` (unknown keys and wrong
+types are errors there) and then calls `Config.validate()`, which checks combinations and raises `ConfigError`
+with one line naming the key, the value and the fix. Derived values (`shard_size`, `batch_size`,
+`minibatch_size`) are properties computed here and nowhere else.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work. The message is one line: key, value, fix."""
+
+    def __init__(self, key: str, value, fix: str):
+        self.key, self.value, self.fix = key, value, fix
+        super().__init__(f"{key}={value!r}: {fix}")
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation on separate env instances with fixed seeds and deterministic actions."""
+
+    num_envs: int = 8
+    num_episodes: int = 16
+    seed: int = 1_000_000  # eval episode i uses reset seed `seed + i`, identical at every evaluation
+    ignore_terminations: bool = True  # run every eval episode to its time limit: success_at_end is meaningful
+
+
+@dataclass
+class EnvConfig:
+    """Simulator and env task. `num_envs` training envs are split into `num_shards` env shards."""
+
+    simulator: str = "maniskill"
+    env_id: str = "PushCube-v1"
+    obs_mode: str = "state"
+    control_mode: str = "pd_joint_delta_pos"
+    reward_mode: str = "normalized_dense"
+    sim_backend: str = "physx_cpu"
+    max_episode_steps: Optional[int] = None  # None: the env task's own limit (50 for PushCube-v1)
+    num_envs: int = 16
+    num_shards: int = 2
+    auto_reset: bool = True
+    ignore_terminations: bool = False
+    seed: int = 0  # training episode k of global env g uses reset seed seed + g + k * num_envs
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    @property
+    def shard_size(self) -> int:
+        return self.num_envs // self.num_shards
+
+
+@dataclass
+class PolicyConfig:
+    """Policy family and its sizes. `num_action_chunks` C actions are predicted per policy call."""
+
+    name: str = "mlp"
+    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256, 256])
+    activation: str = "tanh"
+    init_logstd: float = -0.5
+    num_action_chunks: int = 1
+    model_path: Optional[str] = None  # local checkpoint directory to start from
+
+
+@dataclass
+class AlgorithmConfig:
+    """PPO with GAE (ManiSkill's PPO baseline defaults for state-based tasks)."""
+
+    name: str = "ppo"
+    adv_type: str = "gae"
+    gamma: float = 0.8
+    gae_lambda: float = 0.9
+    reward_type: str = "chunk_level"
+    logprob_type: str = "chunk_level"
+    reward_scale: float = 1.0
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    dual_clip: Optional[float] = None
+    value_clip: Optional[float] = None
+    entropy_coef: float = 0.0
+    value_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    lr: float = 3e-4
+    update_epochs: int = 8
+    num_minibatches: int = 8
+    normalize_advantages: bool = True
+    target_kl: Optional[float] = 0.1  # stop the update's epochs early once approx_kl exceeds it
+
+
+@dataclass
+class RolloutConfig:
+    """One rollout per training step: `chunk_steps` policy calls per env (T)."""
+
+    chunk_steps: int = 100
+    chunk_steps_per_node: int = 50  # graph granularity: chunk steps carried by one env_step node
+    inference: str = "colocated"  # colocated: policy replica inside env_step nodes; disaggregated: policy_infer nodes
+
+
+@dataclass
+class RunnerConfig:
+    max_steps: int = 1000
+    max_env_steps: Optional[int] = None
+    max_wall_time_s: Optional[float] = None
+    val_check_interval: int = 10  # evaluate every N training steps (and after the last)
+    save_interval: int = 20  # checkpoint every N training steps (and after the last)
+    keep_checkpoints: int = 2
+    resume: Optional[str] = None  # a run id or "latest"
+    stop_on_eval_success: Optional[float] = None  # stop once eval/success_once reaches this value
+    progress: bool = True
+
+
+@dataclass
+class ClusterConfig:
+    address: Optional[str] = None  # tcp://host:8786 of an existing scheduler; None starts a local cluster
+    num_env_workers: int = 2
+    num_gpu_workers: int = 1
+    threads_per_worker: int = 1
+    memory_limit: str = "3GiB"
+    dashboard_address: str = "127.0.0.1:8787"
+    connect_timeout_s: float = 30.0
+
+
+@dataclass
+class TrackingConfig:
+    uri: Optional[str] = None  # None: sqlite:///<run_root>/mlflow.db
+    experiment: Optional[str] = None  # None: the config's `experiment`
+
+
+@dataclass
+class StorageConfig:
+    save_trajectories: bool = True
+
+
+@dataclass
+class Config:
+    experiment: str = "pushcube_ppo"
+    seed: int = 1
+    run_root: str = "runs"
+    env: EnvConfig = field(default_factory=EnvConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+
+    # ----- derived values: computed here only -----
+    @property
+    def batch_size(self) -> int:
+        """Chunk-step samples per training step: T * num_envs."""
+        return self.rollout.chunk_steps * self.env.num_envs
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.algorithm.num_minibatches
+
+    @property
+    def num_segments(self) -> int:
+        return self.rollout.chunk_steps // self.rollout.chunk_steps_per_node
+
+    def validate(self) -> "Config":
+        """Check every combination that cannot work; raise ConfigError (one line) on the first."""
+        e, a, r, p = self.env, self.algorithm, self.rollout, self.policy
+        _positive(self, ["env.num_envs", "env.num_shards", "env.eval.num_envs", "env.eval.num_episodes",
+                         "policy.num_action_chunks", "rollout.chunk_steps", "rollout.chunk_steps_per_node",
+                         "algorithm.update_epochs", "algorithm.num_minibatches", "runner.max_steps",
+                         "runner.val_check_interval", "runner.save_interval", "cluster.threads_per_worker"])
+        if e.num_envs % e.num_shards:
+            raise ConfigError("env.num_envs", e.num_envs,
+                              f"must be divisible by env.num_shards={e.num_shards} (each env shard holds the same "
+                              f"number of envs); e.g. env.num_envs={e.num_shards * max(1, e.num_envs // e.num_shards)}")
+        if r.chunk_steps % r.chunk_steps_per_node:
+            raise ConfigError("rollout.chunk_steps_per_node", r.chunk_steps_per_node,
+                              f"must divide rollout.chunk_steps={r.chunk_steps}")
+        if self.batch_size % a.num_minibatches:
+            raise ConfigError("algorithm.num_minibatches", a.num_minibatches,
+                              f"must divide the batch of rollout.chunk_steps*env.num_envs={self.batch_size} samples")
+        if r.inference not in ("colocated", "disaggregated"):
+            raise ConfigError("rollout.inference", r.inference, "use 'colocated' or 'disaggregated'")
+        for key, val, ok in [("algorithm.reward_type", a.reward_type, ("chunk_level", "action_level")),
+                             ("algorithm.logprob_type", a.logprob_type,
+                              ("chunk_level", "action_level", "token_level"))]:
+            if val not in ok:
+                raise ConfigError(key, val, f"use one of {list(ok)}")
+        if a.reward_type == "action_level" and a.logprob_type == "chunk_level":
+            raise ConfigError("algorithm.logprob_type", a.logprob_type,
+                              "action_level rewards need per-action log-probs: set algorithm.logprob_type="
+                              "action_level or token_level (or algorithm.reward_type=chunk_level)")
+        if not 0.0 < a.gamma <= 1.0:
+            raise ConfigError("algorithm.gamma", a.gamma, "must be in (0, 1]")
+        if not 0.0 <= a.gae_lambda <= 1.0:
+            raise ConfigError("algorithm.gae_lambda", a.gae_lambda, "must be in [0, 1]")
+        if a.clip_ratio_low <= 0 or a.clip_ratio_high <= 0:
+            raise ConfigError("algorithm.clip_ratio_low/high", (a.clip_ratio_low, a.clip_ratio_high),
+                              "both must be > 0")
+        if a.dual_clip is not None and a.dual_clip <= 1.0:
+            raise ConfigError("algorithm.dual_clip", a.dual_clip, "must be > 1 (or null to disable)")
+        if "/" in self.experiment or not self.experiment:
+            raise ConfigError("experiment", self.experiment, "use a non-empty name without '/'")
+        if self.runner.resume is not None and not self.runner.resume:
+            raise ConfigError("runner.resume", self.runner.resume, "use a run id, 'latest', or null")
+        if self.cluster.address is None and self.cluster.num_env_workers < 1:
+            raise ConfigError("cluster.num_env_workers", self.cluster.num_env_workers, "need at least 1")
+        if self.cluster.address is None and self.cluster.num_gpu_workers < 1:
+            raise ConfigError("cluster.num_gpu_workers", self.cluster.num_gpu_workers,
+                              "need at least 1 (a logical GPU worker on CPU machines)")
+        return self
+
+
+def _positive(cfg: Config, keys: list[str]) -> None:
+    for key in keys:
+        obj = cfg
+        for part in key.split("."):
+            obj = getattr(obj, part)
+        if obj < 1:
+            raise ConfigError(key, obj, "must be >= 1")

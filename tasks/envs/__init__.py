@@ -1,0 +1,46 @@
+"""Simulator adapters behind one registry, and the EnvShard that vectorises them.
+
+`make_shard(cfg, ...)` is the only entry point graph nodes use; callers never branch on the simulator name.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from tasks.config import ConfigError, EnvConfig
+from tasks.envs.shard import ChunkResult, EnvShard, SingleEnv
+
+_SIMULATORS: dict[str, tuple[str, str]] = {
+    # name -> (module, class); modules are imported lazily so heavy simulators stay optional
+    "maniskill": ("tasks.envs.maniskill", "ManiSkillEnv"),
+}
+
+
+def _module(simulator: str):
+    import importlib
+    if simulator not in _SIMULATORS:
+        raise ConfigError("env.simulator", simulator, f"known simulators: {sorted(_SIMULATORS)}")
+    return importlib.import_module(_SIMULATORS[simulator][0])
+
+
+def check_env_config(cfg: EnvConfig) -> None:
+    """Offline validation of an env config by its adapter. Raises ConfigError."""
+    _module(cfg.simulator).check_config(cfg)
+
+
+def make_single_env(cfg: EnvConfig) -> SingleEnv:
+    mod = _module(cfg.simulator)
+    return getattr(mod, _SIMULATORS[cfg.simulator][1])(cfg)
+
+
+def make_shard(cfg: EnvConfig, *, shard: int, num_shards: int, num_envs: int, auto_reset: bool,
+               ignore_terminations: bool, base_seed: int, episode_count=None,
+               seed_fn: Callable[[int, int], int] | None = None) -> EnvShard:
+    """Create env shard `shard` of `num_shards` splitting `num_envs` envs evenly."""
+    size = num_envs // num_shards
+    envs = [make_single_env(cfg) for _ in range(size)]
+    return EnvShard(envs, env_offset=shard * size, num_envs_total=num_envs, base_seed=base_seed,
+                    auto_reset=auto_reset, ignore_terminations=ignore_terminations, episode_count=episode_count,
+                    seed_fn=seed_fn)
+
+
+__all__ = ["ChunkResult", "EnvShard", "SingleEnv", "check_env_config", "make_shard", "make_single_env"]

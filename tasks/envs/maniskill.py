@@ -1,0 +1,95 @@
+"""ManiSkill3 adapter: one `physx_cpu` simulator instance per env (num_envs=1), many instances per process.
+
+Observation (`obs_mode=state`): the env task's flat state vector, float32 [O] (PushCube-v1: O=35 — Panda joint
+positions (rad) and velocities (rad/s), gripper/TCP pose (m, quaternion), goal and cube positions (m); see
+ManiSkill's `PushCubeEnv._get_obs_extra`). Action (`pd_joint_delta_pos`): float32 [8] in [-1, 1], seven joint
+position deltas normalised to ±0.1 rad plus the gripper command. Reward modes: `normalized_dense` (in [0, 1]),
+`dense`, `sparse`. `terminated` = success (or failure) as ManiSkill's `evaluate()` reports it; `truncated` = the
+TimeLimit (`max_episode_steps`, 50 for PushCube-v1/PickCube-v1).
+
+Determinism (MACHINE.md): `reset(seed=k)` + the same actions gives bit-identical observations and rewards across
+processes, so (seed, actions) replays an episode exactly.
+
+Imports of mani_skill/sapien happen inside functions: importing this module is cheap and needs no Vulkan.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tasks.config import ConfigError, EnvConfig
+from tasks.envs.vulkan import VulkanMissingError, ensure_vulkan
+
+OBS_MODES = ("state",)  # rgb observations arrive with the VLA policies
+SIM_BACKENDS = ("physx_cpu", "cpu")
+
+
+def _registry():
+    import mani_skill.envs  # noqa: F401  (registers the env tasks)
+    from mani_skill.utils.registration import REGISTERED_ENVS
+    return REGISTERED_ENVS
+
+
+def check_config(env: EnvConfig) -> None:
+    """Offline checks of an env config against ManiSkill's registry.
+
+    Raises:
+        ConfigError: unknown env id, an env task that needs downloaded assets, an unsupported obs mode or backend.
+    """
+    if env.obs_mode not in OBS_MODES:
+        raise ConfigError("env.obs_mode", env.obs_mode, f"supported: {list(OBS_MODES)}")
+    if env.sim_backend not in SIM_BACKENDS:
+        raise ConfigError("env.sim_backend", env.sim_backend,
+                          f"supported on CPU: {list(SIM_BACKENDS)} (GPU simulation is not wired in yet)")
+    reg = _registry()
+    if env.env_id not in reg:
+        import difflib
+        close = difflib.get_close_matches(env.env_id, list(reg), n=3)
+        raise ConfigError("env.env_id", env.env_id,
+                          f"not a ManiSkill env task; did you mean {close}? (e.g. PushCube-v1, PickCube-v1)")
+    from mani_skill.utils.assets.data import is_data_source_downloaded
+    missing = [a for a in (reg[env.env_id].asset_download_ids or []) if not is_data_source_downloaded(a)]
+    if missing:
+        raise ConfigError("env.env_id", env.env_id,
+                          f"needs downloaded assets {missing} (no downloads at run time); pick a task that ships "
+                          f"with ManiSkill (PushCube-v1, PickCube-v1, StackCube-v1, PullCube-v1, ...) or run "
+                          f"`python -m mani_skill.utils.download_asset {missing[0]}` on a machine with network first")
+
+
+def default_max_episode_steps(env_id: str) -> int:
+    return int(_registry()[env_id].max_episode_steps)
+
+
+class ManiSkillEnv:
+    """One ManiSkill env instance implementing `tasks.envs.shard.SingleEnv` (numpy in, numpy out)."""
+
+    def __init__(self, cfg: EnvConfig):
+        ensure_vulkan()
+        import gymnasium as gym
+        import mani_skill.envs  # noqa: F401
+        kwargs = dict(obs_mode=cfg.obs_mode, control_mode=cfg.control_mode, reward_mode=cfg.reward_mode,
+                      sim_backend="physx_cpu" if cfg.sim_backend == "cpu" else cfg.sim_backend,
+                      render_mode=None, num_envs=1)
+        if cfg.max_episode_steps:
+            kwargs["max_episode_steps"] = cfg.max_episode_steps
+        try:
+            self.env = gym.make(cfg.env_id, **kwargs)
+        except RuntimeError as exc:  # SAPIEN without a usable Vulkan device
+            if "vk::" in str(exc) or "Vulkan" in str(exc):
+                from tasks.envs.vulkan import FIX
+                raise VulkanMissingError(f"Vulkan failed in SAPIEN ({exc}): {FIX}") from None
+            raise
+        self.obs_dim = int(np.prod(self.env.observation_space.shape[1:]))
+        self.action_dim = int(np.prod(self.env.action_space.shape[1:] or self.env.action_space.shape))
+
+    def reset(self, seed: int) -> np.ndarray:
+        obs, _ = self.env.reset(seed=seed)
+        return obs.reshape(-1).numpy().astype(np.float32, copy=False)
+
+    def step(self, action: np.ndarray):
+        import torch
+        obs, r, term, trunc, info = self.env.step(torch.from_numpy(action).reshape(1, -1))
+        return (obs.reshape(-1).numpy().astype(np.float32, copy=False), float(r.reshape(-1)[0]),
+                bool(term.reshape(-1)[0]), bool(trunc.reshape(-1)[0]), bool(info["success"].reshape(-1)[0]))
+
+    def close(self) -> None:
+        self.env.close()

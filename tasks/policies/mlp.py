@@ -1,0 +1,91 @@
+"""Gaussian MLP actor-critic for state observations (ManiSkill's PPO baseline architecture).
+
+Actor: obs [B, O] -> tanh MLP -> mean [B, C*D]; a state-independent learned log-std [C*D] (init
+`init_logstd`). Critic: a separate tanh MLP obs -> [B, V] with V = 1 (chunk-level values) or C (action-level
+values, one per action position of the chunk, as RLinf's action-level value heads). Orthogonal init with gain
+sqrt(2), the actor's last layer 0.01*sqrt(2), the critic's last layer 1 (cleanrl / ManiSkill `ppo.py`).
+
+Actions are unbounded Gaussian samples; the env shard clips them to [-1, 1]. Log-probs are of the unclipped
+sample, per dimension: [B, C, D] float32 (the granularity reduction happens in tasks.algorithms.granularity).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.distributions import Normal
+
+from tasks.config import PolicyConfig
+
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
+
+
+def _mlp(sizes: list[int], act: type[nn.Module], last_gain: float) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        lin = nn.Linear(a, b)
+        last = i == len(sizes) - 2
+        nn.init.orthogonal_(lin.weight, last_gain if last else math.sqrt(2))
+        nn.init.zeros_(lin.bias)
+        layers += [lin] if last else [lin, act()]
+    return nn.Sequential(*layers)
+
+
+class MLPPolicy(nn.Module):
+    """Gaussian MLP actor-critic.
+
+    Args:
+        cfg: policy config (hidden_sizes, activation, init_logstd, num_action_chunks C).
+        obs_dim: O. action_dim: D. num_values: 1 (chunk-level values) or C (action-level values).
+
+    Raises:
+        ValueError: unknown activation.
+    """
+
+    def __init__(self, cfg: PolicyConfig, obs_dim: int, action_dim: int, num_values: int = 1):
+        super().__init__()
+        if cfg.activation not in ACTIVATIONS:
+            raise ValueError(f"policy.activation={cfg.activation!r}: use one of {sorted(ACTIVATIONS)}")
+        act = ACTIVATIONS[cfg.activation]
+        self.C, self.D, self.num_values = cfg.num_action_chunks, action_dim, num_values
+        self.actor_mean = _mlp([obs_dim, *cfg.hidden_sizes, self.C * self.D], act, 0.01 * math.sqrt(2))
+        self.critic = _mlp([obs_dim, *cfg.hidden_sizes, num_values], act, 1.0)
+        self.actor_logstd = nn.Parameter(torch.full((self.C * self.D,), float(cfg.init_logstd)))
+
+    def _dist(self, obs: torch.Tensor) -> Normal:
+        mean = self.actor_mean(obs).view(-1, self.C, self.D)  # [B, C*D] -> [B, C, D]
+        std = self.actor_logstd.exp().view(self.C, self.D).expand_as(mean)
+        return Normal(mean, std)
+
+    def values(self, obs: torch.Tensor) -> torch.Tensor:
+        """obs [B, O] -> values [B] (num_values=1) or [B, C]."""
+        v = self.critic(obs)
+        return v.squeeze(-1) if self.num_values == 1 else v
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> dict[str, torch.Tensor]:
+        """Sample an action chunk.
+
+        Args:
+            obs: float32 [B, O].
+            deterministic: return the mean (eval); log-probs are then those of the mean.
+
+        Returns:
+            actions [B, C, D], logprobs [B, C, D], values [B] or [B, C] (all float32).
+        """
+        dist = self._dist(obs)
+        actions = dist.mean if deterministic else dist.sample()
+        return {"actions": actions, "logprobs": dist.log_prob(actions), "values": self.values(obs)}
+
+    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Recompute under the current parameters (differentiable).
+
+        Args:
+            obs: float32 [N, O]; actions: float32 [N, C, D] (unclipped samples from `act`).
+
+        Returns:
+            logprobs [N, C, D], entropy [N, C, D], values [N] or [N, C].
+        """
+        dist = self._dist(obs)
+        return {"logprobs": dist.log_prob(actions), "entropy": dist.entropy(), "values": self.values(obs)}

@@ -1,0 +1,183 @@
+"""Advantage and actor-update task functions, and the actor resident on the GPU-resource worker.
+
+Flattening: a trajectory's [T, B, ...] fields become [N = T*B, ...] samples for the update. With
+`reward_type=chunk_level` advantages/returns are [N]; with `action_level` they are [N, C] and values [N, C].
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tasks import resident
+from tasks.algorithms import (aggregate_rewards, critic_loss, entropy_bonus, expand_advantages, from_action_level,
+                              get_advantage, loss_mask_for, normalize_advantages, ppo_actor_loss, reduce_logprobs,
+                              to_action_level)
+from tasks.config import Config
+from tasks.policies import make_policy
+from tasks.rollout import num_values
+
+SAMPLE_FIELDS = ("obs", "actions", "logprobs", "values", "advantages", "returns", "step_mask")
+
+
+def advantages(cfg: Config, traj: dict) -> dict:
+    """GAE on one shard's trajectory (envs are independent, so shards are too).
+
+    Returns the sample fields [T, B, ...] (advantages/returns [T, B] for chunk-level rewards, [T, B, C] for
+    action-level) and `stats` (reward/value/advantage means for logging).
+    """
+    a = cfg.algorithm
+    t = {k: torch.from_numpy(np.asarray(traj[k])) for k in ("rewards", "values", "final_values",
+                                                             "terminated", "truncated", "step_mask")}
+    boot = torch.from_numpy(traj["bootstrap_values"])  # [B, V]
+    values = torch.cat([t["values"], boot[None]])  # [T, B, V] + [1, B, V] -> [T+1, B, V]
+    rewards = aggregate_rewards(t["rewards"] * a.reward_scale, reward_type=a.reward_type)
+    est = get_advantage(a.adv_type)
+    if a.reward_type == "chunk_level":  # [T, B] rewards, [T+1, B, 1] -> [T+1, B] values
+        adv, ret = est(rewards=rewards, values=values[..., 0], terminated=t["terminated"],
+                       truncated=t["truncated"], final_values=t["final_values"][..., 0], gamma=a.gamma,
+                       lam=a.gae_lambda)
+    else:  # per-action time axis [T*C, B], back to [T, B, C]
+        flat = to_action_level(rewards=rewards, values=values, terminated=t["terminated"],
+                               truncated=t["truncated"], final_values=t["final_values"], step_mask=t["step_mask"])
+        adv, ret = est(**flat, gamma=a.gamma, lam=a.gae_lambda)
+        C = cfg.policy.num_action_chunks
+        adv, ret = from_action_level(adv, num_action_chunks=C), from_action_level(ret, num_action_chunks=C)
+    out = {k: traj[k] for k in ("obs", "actions", "logprobs", "values", "step_mask")}
+    out.update(advantages=adv.numpy(), returns=ret.numpy())
+    out["stats"] = {"rollout/reward_mean": float(t["rewards"].sum(-1).mean()),
+                    "rollout/value_mean": float(t["values"].mean()),
+                    "rollout/advantage_mean": float(adv.mean()), "rollout/return_mean": float(ret.mean())}
+    return out
+
+
+@dataclass
+class Actor:
+    """The trainer's resident state: policy, optimizer, weight version."""
+
+    policy: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    version: int = 0
+
+    def weights(self) -> dict:
+        """Versioned weights for rollout replicas: {"version": int, "state_dict": CPU tensors}."""
+        return {"version": self.version,
+                "state_dict": {k: v.detach().clone() for k, v in self.policy.state_dict().items()}}
+
+
+def _build_actor(cfg: Config, obs_dim: int, action_dim: int) -> Actor:
+    policy = make_policy(cfg.policy, obs_dim=obs_dim, action_dim=action_dim, num_values=num_values(cfg),
+                         seed=cfg.seed)
+    opt = torch.optim.Adam(policy.parameters(), lr=cfg.algorithm.lr, eps=1e-5)
+    return Actor(policy, opt)
+
+
+def actor_init(cfg: Config, run_id: str, dims: tuple[int, int], checkpoint: dict | None = None) -> dict:
+    """Create the resident actor for env dims (obs_dim, action_dim): fresh (seeded by `cfg.seed`) or from a
+    loaded checkpoint dict with keys `policy`, `optimizer`, `meta.weight_version`; return its versioned weights."""
+    torch.manual_seed(cfg.seed)
+    actor = _build_actor(cfg, *dims)
+    if checkpoint is not None:
+        actor.policy.load_state_dict(checkpoint["policy"])
+        actor.optimizer.load_state_dict(checkpoint["optimizer"])
+        actor.version = int(checkpoint["meta"]["weight_version"])
+    resident.put(f"{run_id}/actor", actor)
+    return actor.weights()
+
+
+def actor_state(run_id: str) -> dict:
+    """Policy and optimizer state of the resident actor, for a checkpoint (CPU tensors)."""
+    actor: Actor = resident.get(f"{run_id}/actor")
+    if actor is None:
+        raise RuntimeError(f"no resident actor for run {run_id} on this worker")
+    return {"policy": actor.policy.state_dict(), "optimizer": actor.optimizer.state_dict(),
+            "rng_torch": torch.get_rng_state(), "weight_version": actor.version}
+
+
+def _flatten(samples: list[dict]) -> dict[str, torch.Tensor]:
+    """Concatenate shards along B, then [T, B, ...] -> [T*B, ...]."""
+    out = {}
+    for k in SAMPLE_FIELDS:
+        x = np.concatenate([s[k] for s in samples], axis=1)  # [T, B_total, ...]
+        out[k] = torch.from_numpy(x.reshape(-1, *x.shape[2:]))  # [T, B, ...] -> [N, ...]
+    return out
+
+
+def actor_update(cfg: Config, run_id: str, weights: dict, *samples: dict) -> dict:
+    """PPO update on the samples of every shard; returns new versioned weights and metrics.
+
+    `weights` are the weights the rollout used; if the resident actor is missing (a fresh worker after a loss),
+    it is rebuilt from them with a fresh optimizer and `train/actor_rebuilt` = 1 is reported.
+    """
+    t0 = time.perf_counter()
+    a, C = cfg.algorithm, cfg.policy.num_action_chunks
+    data = _flatten(samples)
+    N, D = data["actions"].shape[0], data["actions"].shape[-1]
+    rebuilt = 0.0
+
+    def rebuild() -> Actor:
+        actor = _build_actor(cfg, data["obs"].shape[-1], D)
+        actor.policy.load_state_dict(weights["state_dict"])
+        actor.version = weights["version"]
+        return actor
+
+    actor, created = resident.get_or_create(f"{run_id}/actor", rebuild)
+    if created:
+        rebuilt = 1.0
+    step_mask = data["step_mask"]  # [N, C]
+    old_lp = reduce_logprobs(data["logprobs"], step_mask=step_mask, logprob_type=a.logprob_type)
+    lp_mask = loss_mask_for(step_mask, logprob_type=a.logprob_type, action_dim=D)
+    adv = data["advantages"]  # [N] or [N, C]
+    adv_mask = step_mask.any(-1) if adv.dim() == 1 else step_mask
+    if a.normalize_advantages:  # global normalisation over the whole batch
+        adv = normalize_advantages(adv, adv_mask)
+    adv = expand_advantages(adv, logprob_type=a.logprob_type, num_action_chunks=C, action_dim=D)
+    old_values = data["values"] if num_values(cfg) > 1 else data["values"][:, 0]  # [N, V] -> [N] or [N, C]
+    returns = data["returns"]
+    v_mask = adv_mask
+    policy, opt = actor.policy, actor.optimizer
+    policy.train()
+    mb = N // a.num_minibatches
+    sums: dict[str, float] = {}
+    count, epochs_run, stop = 0, 0, False
+    for _ in range(a.update_epochs):
+        perm = torch.randperm(N)
+        for i in range(a.num_minibatches):
+            idx = perm[i * mb:(i + 1) * mb]
+            out = policy.evaluate(data["obs"][idx], data["actions"][idx])
+            new_lp = reduce_logprobs(out["logprobs"], step_mask=step_mask[idx], logprob_type=a.logprob_type)
+            pl = ppo_actor_loss(logprobs=new_lp, old_logprobs=old_lp[idx], advantages=adv[idx],
+                                loss_mask=lp_mask[idx], clip_ratio_low=a.clip_ratio_low,
+                                clip_ratio_high=a.clip_ratio_high, dual_clip=a.dual_clip)
+            vl = critic_loss(values=out["values"], returns=returns[idx], loss_mask=v_mask[idx],
+                             value_clip=a.value_clip, old_values=old_values[idx])
+            ent = entropy_bonus(reduce_logprobs(out["entropy"], step_mask=step_mask[idx],
+                                                logprob_type=a.logprob_type), lp_mask[idx])
+            loss = pl["loss"] + a.value_coef * vl["loss"] - a.entropy_coef * ent
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), a.max_grad_norm)
+            opt.step()
+            count += 1
+            for k, v in (("actor_loss", pl["loss"]), ("critic_loss", vl["loss"]), ("entropy", ent),
+                         ("approx_kl", pl["approx_kl"]), ("clipfrac", pl["clipfrac"]),
+                         ("ratio_mean", pl["ratio_mean"]), ("explained_variance", vl["explained_variance"]),
+                         ("grad_norm", gn), ("loss", loss)):
+                sums[k] = sums.get(k, 0.0) + float(v)
+            if a.target_kl is not None and float(pl["approx_kl"]) > a.target_kl:
+                stop = True
+                break
+        epochs_run += 1
+        if stop:
+            break
+    policy.eval()
+    actor.version = weights["version"] + 1
+    metrics = {f"train/{k}": v / max(count, 1) for k, v in sums.items()}
+    metrics.update({"train/epochs_run": float(epochs_run), "train/minibatch_updates": float(count),
+                    "train/lr": opt.param_groups[0]["lr"], "train/actor_rebuilt": rebuilt,
+                    "train/weight_version": float(actor.version), "time/update": time.perf_counter() - t0})
+    out = actor.weights()
+    out["metrics"] = metrics
+    return out
