@@ -166,7 +166,11 @@ class Tracker:
 
     # ---- artifacts and status --------------------------------------------------------------------------
     def log_artifact(self, local_path: str | Path, artifact_path: str | None = None) -> None:
-        self._client.log_artifact(self._run_id, str(local_path), artifact_path)
+        """Log a file, or every file of a directory (under `artifact_path`)."""
+        if Path(local_path).is_dir():
+            self._client.log_artifacts(self._run_id, str(local_path), artifact_path)
+        else:
+            self._client.log_artifact(self._run_id, str(local_path), artifact_path)
 
     def log_text(self, text: str, artifact_file: str) -> None:
         self._client.log_text(self._run_id, text, artifact_file)

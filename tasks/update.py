@@ -76,13 +76,13 @@ def _build_actor(cfg: Config, obs_dim: int, action_dim: int) -> Actor:
 
 def actor_init(cfg: Config, run_id: str, dims: tuple[int, int], checkpoint: dict | None = None) -> dict:
     """Create the resident actor for env dims (obs_dim, action_dim): fresh (seeded by `cfg.seed`) or from a
-    loaded checkpoint dict with keys `policy`, `optimizer`, `meta.weight_version`; return its versioned weights."""
+    loaded checkpoint dict with keys `policy`, `optimizer`, `run.weight_version`; return its versioned weights."""
     torch.manual_seed(cfg.seed)
     actor = _build_actor(cfg, *dims)
     if checkpoint is not None:
         actor.policy.load_state_dict(checkpoint["policy"])
         actor.optimizer.load_state_dict(checkpoint["optimizer"])
-        actor.version = int(checkpoint["meta"]["weight_version"])
+        actor.version = int(checkpoint["run"]["weight_version"])
     resident.put(f"{run_id}/actor", actor)
     return actor.weights()
 

@@ -1,0 +1,1 @@
+"""Builds and runs graphs: the only package that holds a Dask client."""

@@ -1,0 +1,154 @@
+"""Graph builders: one training step (and the init / eval / checkpoint graphs) as a Dask HighLevelGraph.
+
+Builders are pure: they return a graph of task tuples and compute nothing (tests/pipelines/test_graphs.py proves
+it). Each node is its own layer so it carries its own annotations: stateful nodes (env shards, the actor) are
+pinned to the worker holding the state with `allow_other_workers=False`; the rest need no restriction.
+
+Keys are readable and unique per run and step; the dashboard's task stream groups by the prefix before the first
+dash-number, so it shows `env_step_s0`, `trajectory_s0`, `store_s0`, `advantages_s0`, `actor_update`, ...
+
+One training step, colocated inference (policy replica inside the env_step nodes; `rollout.chunk_steps_per_node`
+chunk steps per node so each node carries seconds of work against ~15 ms of scheduling):
+
+    weights(v) ─┬─> env_step_s{s}-…-0 ─> env_step_s{s}-…-1 ─> … ─> trajectory_s{s} ─┬─> store_s{s} (zarr region)
+                │                                                                └─> advantages_s{s} ─┐
+                └──────────────────────────────────────────────────────────────────> actor_update ◄───┘ -> weights(v+1)
+                                                                       step_metrics ◄─ (trajectories, update)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
+from pipelines.cluster import Placement
+from tasks import rollout, update
+from tasks.config import Config
+
+
+@dataclass
+class GraphBuilder:
+    """Accumulates nodes (one layer each) with their annotations and dependencies."""
+
+    layers: dict[str, MaterializedLayer] = field(default_factory=dict)
+    deps: dict[str, set] = field(default_factory=dict)
+
+    def add(self, key: str, fn, *args, deps: tuple[str, ...] = (), worker: str | None = None,
+            resources: dict | None = None) -> str:
+        annotations: dict[str, Any] = {}
+        if worker is not None:
+            annotations.update(workers=[worker], allow_other_workers=False)
+        if resources:
+            annotations["resources"] = resources
+        self.layers[key] = MaterializedLayer({key: (fn, *args)}, annotations=annotations or None)
+        self.deps[key] = {d for d in deps if d in self.layers}
+        return key
+
+    def graph(self) -> HighLevelGraph:
+        return HighLevelGraph(dict(self.layers), dict(self.deps))
+
+
+@dataclass
+class StepGraph:
+    graph: HighLevelGraph
+    update: str  # key of actor_update: new weights + train metrics
+    metrics: str  # key of step_metrics
+    stores: list[str]  # keys of store_s{s}: written zarr regions
+
+
+def _store(path: str, epoch: int, shard: int, traj: dict) -> dict:
+    from storage.trajectories import write_shard
+    return write_shard(path, epoch=epoch, shard=shard, data={k: traj[k] for k in rollout.STEP_FIELDS})
+
+
+def step_metrics(update_out: dict, *parts: dict) -> dict:
+    """Merge a step's metrics: update metrics, advantage stats (mean over shards), episodes, timings, cursors."""
+    n = len(parts) // 2
+    trajs, advs = parts[:n], parts[n:]
+    m = dict(update_out["metrics"])
+    for key in advs[0]["stats"]:
+        m[key] = sum(a["stats"][key] for a in advs) / n
+    episodes = [e for t in trajs for e in t["episodes"]]
+    for k in ("success_once", "success_at_end", "return", "episode_len"):
+        if episodes:
+            m[f"env/{k}"] = sum(float(e[k]) for e in episodes) / len(episodes)
+    m["env/num_episodes"] = float(len(episodes))
+    for k in ("env", "infer", "total"):
+        m[f"time/rollout_{k}_max"] = max(t["timing"][k] for t in trajs)
+    return {"metrics": m, "cursors": [t["cursor"] for t in trajs], "episodes": episodes}
+
+
+def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: list[dict | None],
+                     placement: Placement, store_path: str | None) -> StepGraph:
+    """One training step's graph. `weights` is a Future (or value) of the versioned weights to roll out with.
+
+    Args:
+        cursors: per shard, the seed cursor to re-create a shard from if its worker lost it (None at start).
+        store_path: zarr store to write trajectories to (None: not stored).
+    """
+    g = GraphBuilder()
+    tag = f"{run_id}-{step}"
+    trajs, advs, stores = [], [], []
+    nseg, per = cfg.num_segments, cfg.rollout.chunk_steps_per_node
+    for s in range(cfg.env.num_shards):
+        w = placement.shard_workers[s]
+        prev = None
+        segs = []
+        for k in range(nseg):
+            key = f"env_step_s{s}-{tag}-{k}"
+            g.add(key, rollout.env_step, cfg, run_id, s, weights, per, cursors[s], k == 0, prev,
+                  deps=(prev,) if prev else (), worker=w, resources={"CPU": 1})
+            segs.append(key)
+            prev = key
+        traj = g.add(f"trajectory_s{s}-{tag}", rollout.trajectory, *segs, deps=tuple(segs))
+        trajs.append(traj)
+        if store_path is not None:
+            stores.append(g.add(f"store_s{s}-{tag}", _store, store_path, step, s, traj, deps=(traj,)))
+        advs.append(g.add(f"advantages_s{s}-{tag}", update.advantages, cfg, traj, deps=(traj,)))
+    upd = g.add(f"actor_update-{tag}", update.actor_update, cfg, run_id, weights, *advs, deps=tuple(advs),
+                worker=placement.actor_worker, resources={"GPU": 1})
+    met = g.add(f"step_metrics-{tag}", step_metrics, upd, *trajs, *advs, deps=(upd, *trajs, *advs))
+    return StepGraph(g.graph(), upd, met, stores)
+
+
+def build_init(cfg: Config, *, run_id: str, placement: Placement, checkpoint_path: str | None) -> tuple[HighLevelGraph, str, str]:
+    """Probe env dims on an env worker, create the resident actor (fresh or from a checkpoint).
+
+    Returns (graph, key of (obs_dim, action_dim), key of the initial versioned weights).
+    """
+    g = GraphBuilder()
+    dims = g.add(f"env_spec-{run_id}", rollout.env_dims, cfg, worker=placement.shard_workers[0])
+    deps: tuple[str, ...] = (dims,)
+    ckpt = None
+    if checkpoint_path is not None:
+        from storage.checkpoints import load_checkpoint
+        ckpt = g.add(f"load_checkpoint-{run_id}", load_checkpoint, checkpoint_path, worker=placement.actor_worker)
+        deps += (ckpt,)
+    w = g.add(f"actor_init-{run_id}", update.actor_init, cfg, run_id, dims, ckpt, deps=deps,
+              worker=placement.actor_worker, resources={"GPU": 1})
+    return g.graph(), dims, w
+
+
+def build_eval(cfg: Config, *, run_id: str, step: int, weights, placement: Placement) -> tuple[HighLevelGraph, list[str]]:
+    """Deterministic evaluation on every eval shard with the given weights; returns (graph, episode-list keys)."""
+    g = GraphBuilder()
+    keys = [g.add(f"eval_s{s}-{run_id}-{step}", rollout.evaluate, cfg, run_id, s, weights,
+                  worker=placement.shard_workers[s], resources={"CPU": 1}) for s in range(cfg.env.num_shards)]
+    return g.graph(), keys
+
+
+def build_checkpoint(*, run_id: str, step: int, run_dir: str, meta: dict, placement: Placement) -> tuple[HighLevelGraph, str]:
+    """Fetch the resident actor's state on its worker and write an atomic checkpoint with `meta` (runner state)."""
+    g = GraphBuilder()
+    state = g.add(f"actor_state-{run_id}-{step}", update.actor_state, run_id, worker=placement.actor_worker)
+    key = g.add(f"checkpoint-{run_id}-{step}", _save_checkpoint, run_dir, step, state, meta, deps=(state,),
+                worker=placement.actor_worker)
+    return g.graph(), key
+
+
+def _save_checkpoint(run_dir: str, step: int, state: dict, meta: dict) -> str:
+    from storage.checkpoints import save_checkpoint
+    meta = {**meta, "weight_version": state["weight_version"]}
+    return str(save_checkpoint(run_dir, step, {"policy": state["policy"], "optimizer": state["optimizer"],
+                                               "rng_torch": state["rng_torch"], "run": meta}))

@@ -1,0 +1,254 @@
+"""The training loop: weight versions, one graph per step, eval, checkpoints, metrics, resume.
+
+Only this module and pipelines.run hold a Dask client. Per step: reserve the zarr epoch, build and submit the
+step graph, wait for `step_metrics` and the store writes, mark the epoch complete, log one MLflow batch, advance
+the progress bar; every `val_check_interval` steps an eval graph; every `save_interval` steps a checkpoint.
+"""
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from pipelines import graphs
+from pipelines.cluster import ClusterHandle, Placement, cluster_rss_bytes, plan_placement
+from pipelines.config import to_dict, to_yaml
+from storage.checkpoints import latest_checkpoint, load_checkpoint, prune_checkpoints
+from storage.rundir import find_run_dir, new_run_dir, write_resolved_config
+from storage.tracking import Tracker, default_tracking_uri, flatten_config
+from storage.trajectories import FieldSpec, TrajectoryStore
+from tasks.config import Config, ConfigError
+from tasks.rollout import num_values
+
+log = logging.getLogger("dagrl")
+
+
+@dataclass
+class RunState:
+    """Everything the driver needs to continue a run; saved as checkpoint meta."""
+
+    run_id: str
+    mlflow_run_id: str | None = None
+    step: int = 0  # training steps completed
+    env_steps: int = 0
+    cursors: list = field(default_factory=list)
+    elapsed_s: float = 0.0
+    best_eval_success_once: float = -1.0
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    run_dir: Path
+    mlflow_run_id: str
+    tracking_uri: str
+    store_path: Path | None
+    steps: int
+    env_steps: int
+    wall_s: float
+    last_eval: dict
+    peak_rss_gb: float
+
+
+def new_run_id() -> str:
+    return datetime.now().strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def trajectory_fields(cfg: Config, obs_dim: int, action_dim: int) -> dict[str, FieldSpec]:
+    """The zarr schema of a rollout: trailing dims after [T, B] and dtypes (tasks.rollout STEP_FIELDS)."""
+    C, V = cfg.policy.num_action_chunks, num_values(cfg)
+    return {"obs": FieldSpec((obs_dim,), "float32"), "actions": FieldSpec((C, action_dim), "float32"),
+            "logprobs": FieldSpec((C, action_dim), "float32"), "values": FieldSpec((V,), "float32"),
+            "final_values": FieldSpec((V,), "float32"), "rewards": FieldSpec((C,), "float32"),
+            "terminated": FieldSpec((), "bool"), "truncated": FieldSpec((), "bool"),
+            "step_mask": FieldSpec((C,), "bool"), "success": FieldSpec((), "bool"),
+            "episode_seed": FieldSpec((), "int64"), "episode_id": FieldSpec((), "int64")}
+
+
+class Runner:
+    """Drives one experiment on a connected cluster. `run()` returns a RunResult."""
+
+    def __init__(self, cfg: Config, handle: ClusterHandle, *, echo=print):
+        self.cfg, self.handle, self.client, self.echo = cfg, handle, handle.client, echo
+        self.root = Path(cfg.run_root).resolve()
+        self.placement: Placement = plan_placement(cfg, self.client)
+        self.state, ckpt = self._start_or_resume()
+        self.run_dir = new_run_dir(self.root, cfg.experiment, self.state.run_id)
+        write_resolved_config(self.run_dir, to_yaml(cfg))
+        uri = cfg.tracking.uri or default_tracking_uri(self.root)
+        self.tracker = Tracker(uri=uri, experiment=cfg.tracking.experiment or cfg.experiment,
+                               run_name=self.state.run_id, run_id=self.state.mlflow_run_id)
+        self.tracking_uri = uri
+        self.state.mlflow_run_id = self.tracker.run_id
+        self.tracker.log_params(flatten_config(to_dict(cfg)))
+        self.tracker.log_artifact(self.run_dir / "config.yaml")
+        self.weights, dims = self._init_actor(ckpt)
+        self.store = None
+        if cfg.storage.save_trajectories:
+            self.store = TrajectoryStore.create(
+                self.run_dir / "trajectories.zarr", fields=trajectory_fields(cfg, *dims), T=cfg.rollout.chunk_steps,
+                num_envs=cfg.env.num_envs, shard_size=cfg.env.shard_size,
+                attrs={"run_id": self.state.run_id, "env_id": cfg.env.env_id, "simulator": cfg.env.simulator,
+                       "obs_mode": cfg.env.obs_mode, "control_mode": cfg.env.control_mode,
+                       "reward_mode": cfg.env.reward_mode, "base_seed": cfg.env.seed,
+                       "seed_rule": "episode k of global env g: base_seed + g + k * num_envs",
+                       "num_action_chunks": cfg.policy.num_action_chunks,
+                       "max_episode_steps": cfg.env.max_episode_steps})
+        self.peak_rss = 0
+        self.last_eval: dict = {}
+
+    # ----- set-up -----
+    def _start_or_resume(self) -> tuple[RunState, dict | None]:
+        resume = self.cfg.runner.resume
+        if resume is None:
+            return RunState(run_id=new_run_id(), cursors=[None] * self.cfg.env.num_shards), None
+        exp_dir = self.root / self.cfg.experiment
+        if resume == "latest":
+            runs = sorted((p for p in exp_dir.glob("*") if latest_checkpoint(p)), key=lambda p: p.stat().st_mtime) \
+                if exp_dir.is_dir() else []
+            if not runs:
+                raise ConfigError("runner.resume", resume, f"no run with a checkpoint under {exp_dir}")
+            run_dir = runs[-1]
+        else:
+            try:
+                run_dir = find_run_dir(self.root, resume)
+            except (FileNotFoundError, ValueError) as exc:
+                raise ConfigError("runner.resume", resume, str(exc)) from None
+        ckpt_path = latest_checkpoint(run_dir)
+        if ckpt_path is None:
+            raise ConfigError("runner.resume", resume, f"{run_dir} has no complete checkpoint to resume from")
+        meta = load_checkpoint(ckpt_path)["run"]
+        st = meta["runner"]
+        state = RunState(**st)
+        if len(state.cursors) != self.cfg.env.num_shards:
+            raise ConfigError("env.num_shards", self.cfg.env.num_shards,
+                              f"the checkpoint has {len(state.cursors)} shards; resume with the same env layout")
+        self.echo(f"resuming run {state.run_id} from {ckpt_path} (step {state.step})")
+        return state, {"path": str(ckpt_path)}
+
+    def _init_actor(self, ckpt: dict | None):
+        graph, dims_key, w_key = graphs.build_init(self.cfg, run_id=self.state.run_id, placement=self.placement,
+                                                   checkpoint_path=ckpt["path"] if ckpt else None)
+        dims_f, w_f = self.client.get(graph, [dims_key, w_key], sync=False)
+        return w_f, dims_f.result()
+
+    # ----- the loop -----
+    def _done(self, t_start: float) -> bool:
+        r, s = self.cfg.runner, self.state
+        if s.step >= r.max_steps:
+            return True
+        if r.max_env_steps is not None and s.env_steps >= r.max_env_steps:
+            return True
+        if r.max_wall_time_s is not None and s.elapsed_s + (time.perf_counter() - t_start) >= r.max_wall_time_s:
+            return True
+        if r.stop_on_eval_success is not None and s.best_eval_success_once >= r.stop_on_eval_success:
+            return True
+        return False
+
+    def train_step(self) -> dict:
+        cfg, st = self.cfg, self.state
+        step = st.step
+        t0 = time.perf_counter()
+        if self.store is not None:
+            self.store.reserve(step)
+        sg = graphs.build_train_step(cfg, run_id=st.run_id, step=step, weights=self.weights, cursors=st.cursors,
+                                     placement=self.placement,
+                                     store_path=str(self.store.path) if self.store is not None else None)
+        futs = self.client.get(sg.graph, [sg.update, sg.metrics, *sg.stores], sync=False)
+        upd_f, met_f, store_fs = futs[0], futs[1], futs[2:]
+        out = met_f.result()
+        store_out = self.client.gather(store_fs)
+        version = int(out["metrics"]["train/weight_version"])
+        if self.store is not None:
+            self.store.mark_complete(step, weight_version=version - 1, global_step=step)
+        self.weights = upd_f
+        st.cursors = out["cursors"]
+        env_steps = cfg.env.num_envs * cfg.rollout.chunk_steps * cfg.policy.num_action_chunks
+        st.env_steps += env_steps
+        st.step += 1
+        wall = time.perf_counter() - t0
+        m = out["metrics"]
+        m["time/step"] = wall
+        m["rollout/env_steps_per_s"] = env_steps / wall
+        m["rollout/env_steps_total"] = float(st.env_steps)
+        m["time/overhead_share"] = max(0.0, 1.0 - (m["time/rollout_total_max"] + m["time/update"]) / wall)
+        if store_out:
+            m["time/store_max"] = max(s["seconds"] for s in store_out)
+            m["system/store_mb"] = sum(s["bytes"] for s in store_out) / 1e6
+        self.peak_rss = max(self.peak_rss, cluster_rss_bytes())
+        m["system/rss_total_gb"] = self.peak_rss / 2**30
+        return m
+
+    def evaluate(self) -> dict:
+        st = self.state
+        t0 = time.perf_counter()
+        graph, keys = graphs.build_eval(self.cfg, run_id=st.run_id, step=st.step, weights=self.weights,
+                                        placement=self.placement)
+        episodes = [e for part in self.client.get(graph, keys) for e in part]
+        m = {f"eval/{k}": float(np.mean([e[k] for e in episodes])) for k in
+             ("success_once", "success_at_end", "return", "episode_len")}
+        m["eval/num_episodes"] = float(len(episodes))
+        m["time/eval"] = time.perf_counter() - t0
+        st.best_eval_success_once = max(st.best_eval_success_once, m["eval/success_once"])
+        self.last_eval = m
+        return m
+
+    def checkpoint(self, elapsed: float) -> str:
+        from dataclasses import asdict
+        st = self.state
+        meta = {"runner": {**asdict(st), "elapsed_s": elapsed}, "experiment": self.cfg.experiment}
+        graph, key = graphs.build_checkpoint(run_id=st.run_id, step=st.step, run_dir=str(self.run_dir), meta=meta,
+                                             placement=self.placement)
+        path = self.client.get(graph, key)
+        prune_checkpoints(self.run_dir, self.cfg.runner.keep_checkpoints)
+        return path
+
+    def run(self) -> RunResult:
+        cfg, st = self.cfg, self.state
+        t_start = time.perf_counter()
+        bar = None
+        if cfg.runner.progress:
+            from tqdm import tqdm
+            bar = tqdm(total=cfg.runner.max_steps, initial=st.step, desc=cfg.experiment, unit="step",
+                       dynamic_ncols=True)
+        last_ckpt = None
+        status = "FAILED"
+        try:
+            while not self._done(t_start):
+                m = self.train_step()
+                r = cfg.runner
+                if st.step % r.val_check_interval == 0:
+                    m.update(self.evaluate())
+                if st.step % r.save_interval == 0:
+                    last_ckpt = self.checkpoint(st.elapsed_s + time.perf_counter() - t_start)
+                self.tracker.log_metrics(m, step=st.step)
+                if bar is not None:
+                    bar.update(1)
+                    post = {"env_sps": f"{m['rollout/env_steps_per_s']:.0f}",
+                            "success": f"{m.get('env/success_once', float('nan')):.2f}"}
+                    if self.last_eval:
+                        post["eval"] = f"{self.last_eval['eval/success_once']:.2f}"
+                    bar.set_postfix(post)
+            if not self.last_eval or st.step % cfg.runner.val_check_interval:
+                self.tracker.log_metrics(self.evaluate(), step=st.step)
+            elapsed = st.elapsed_s + time.perf_counter() - t_start
+            if last_ckpt is None or st.step % cfg.runner.save_interval:
+                last_ckpt = self.checkpoint(elapsed)
+            self.tracker.log_text(str(last_ckpt), "final_checkpoint.txt")
+            self.tracker.log_artifact(Path(last_ckpt), "final_checkpoint")
+            status = "FINISHED"
+        except KeyboardInterrupt:
+            status = "KILLED"
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+            self.tracker.set_terminated(status)
+        return RunResult(st.run_id, self.run_dir, self.tracker.run_id, self.tracking_uri,
+                         self.store.path if self.store is not None else None, st.step, st.env_steps,
+                         time.perf_counter() - t_start, self.last_eval, self.peak_rss / 2**30)
