@@ -1,0 +1,62 @@
+"""`python -m pipelines.validate [conf=NAME] [key=value ...] [--show] [--connect]`: every config check, offline.
+
+Runs exactly the checks `pipelines.run` runs before starting workers (schema: unknown keys and types;
+combinations; env task, asset downloads, policy name; Vulkan driver) and prints the derived layout of a training
+step. No cluster is started. With `--connect` and `cluster.address` set, it also connects to that scheduler and
+checks that its workers have the resources the placement needs (nothing is submitted).
+Exit codes: 0 valid, 2 invalid (one line on stderr).
+"""
+from __future__ import annotations
+
+import sys
+
+
+def describe(cfg) -> str:
+    """Human summary of the derived layout of one training step."""
+    e, r, p, a = cfg.env, cfg.rollout, cfg.policy, cfg.algorithm
+    nodes = e.num_shards * (cfg.num_segments + 3) + 2
+    return "\n".join([
+        f"experiment {cfg.experiment}: {e.simulator}:{e.env_id} obs={e.obs_mode} control={e.control_mode}",
+        f"  envs {e.num_envs} in {e.num_shards} env shards of {e.shard_size}; eval {e.eval.num_envs} envs, "
+        f"{e.eval.num_episodes} episodes every {cfg.runner.val_check_interval} steps",
+        f"  rollout T={r.chunk_steps} chunk steps x C={p.num_action_chunks} actions "
+        f"= {e.num_envs * r.chunk_steps * p.num_action_chunks} env steps per training step ({r.inference} inference)",
+        f"  update: batch {cfg.batch_size} samples, {a.num_minibatches} minibatches of {cfg.minibatch_size}, "
+        f"{a.update_epochs} epochs; reward {a.reward_type}, logprob {a.logprob_type}",
+        f"  graph: {nodes} nodes per step ({cfg.num_segments} env_step nodes of {r.chunk_steps_per_node} chunk steps "
+        f"per shard)",
+        f"  cluster: " + (cfg.cluster.address or f"local, {cfg.cluster.num_env_workers} env workers (CPU) + "
+                          f"{cfg.cluster.num_gpu_workers} GPU workers"),
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from pipelines.run import _quiet
+    _quiet()
+    from pipelines.config import load_config, to_yaml
+    from tasks.config import ConfigError
+    from tasks.envs.vulkan import VulkanMissingError
+    flags = {a for a in argv if a.startswith("--")}
+    unknown = flags - {"--show", "--connect"}
+    if unknown:
+        print(f"error: unknown flag(s) {sorted(unknown)}; use --show or --connect", file=sys.stderr)
+        return 2
+    try:
+        cfg, _ = load_config([a for a in argv if not a.startswith("--")])
+        if "--connect" in flags and cfg.cluster.address:
+            from distributed import Client
+            from pipelines.cluster import plan_placement
+            with Client(cfg.cluster.address, timeout=cfg.cluster.connect_timeout_s) as client:
+                plan_placement(cfg, client)
+    except (ConfigError, VulkanMissingError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if "--show" in flags:
+        print(to_yaml(cfg))
+    print("ok: " + describe(cfg))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
