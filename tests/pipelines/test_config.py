@@ -1,0 +1,112 @@
+"""Config loading: Hydra composition onto the structured schema, validation errors, and the CLI's exit on them."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines.config import load_config
+from tasks.config import Config, ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_default_config_composes():
+    cfg, dcfg = load_config([])
+    assert isinstance(cfg, Config)
+    assert cfg.experiment == "pushcube_ppo" and dcfg.experiment == "pushcube_ppo"
+    assert (cfg.env.env_id, cfg.env.num_envs, cfg.env.num_shards) == ("PushCube-v1", 16, 2)
+    assert cfg.policy.hidden_sizes == [256, 256, 256]
+    # derived values
+    assert cfg.env.shard_size == 8 and cfg.batch_size == 1600 and cfg.minibatch_size == 200
+    assert cfg.num_segments == 2
+
+
+def test_conf_smoke_selects_the_smoke_experiment():
+    cfg, _ = load_config(["conf=smoke"])
+    assert cfg.experiment == "smoke"
+    assert (cfg.env.num_envs, cfg.rollout.chunk_steps, cfg.runner.max_steps) == (4, 10, 3)
+    assert cfg.cluster.dashboard_address == "127.0.0.1:0"
+
+
+def test_overrides_are_typed():
+    cfg, _ = load_config(["conf=smoke", "env.num_envs=8", "algorithm.gamma=0.95", "runner.resume=latest",
+                          "policy.hidden_sizes=[32,32]"], components=False)
+    assert cfg.env.num_envs == 8 and isinstance(cfg.env.num_envs, int)
+    assert cfg.algorithm.gamma == 0.95 and cfg.runner.resume == "latest"
+    assert cfg.policy.hidden_sizes == [32, 32]
+
+
+@pytest.mark.parametrize("overrides, key, words", [
+    (["env.foo=1"], "env.foo", "unknown key"),
+    (["+bar=1"], "bar", "unknown key"),
+    (["+env.foo=1"], "env.foo", "unknown key"),
+    (["env.num_envs=abc"], "env.num_envs", "wrong type"),
+    (["conf=nope"], "conf", "available: ['pickcube_ppo', 'pushcube_ppo', 'smoke']"),
+    (["env.num_envs=5"], "env.num_envs", "divisible by env.num_shards=2"),
+    (["algorithm.num_minibatches=7"], "algorithm.num_minibatches", "must divide"),
+    (["rollout.chunk_steps_per_node=7"], "rollout.chunk_steps_per_node", "must divide rollout.chunk_steps=100"),
+    (["algorithm.reward_type=action_level", "algorithm.logprob_type=chunk_level"], "algorithm.logprob_type",
+     "per-action log-probs"),
+    (["env.env_id=NotAnEnv-v1"], "env.env_id", "not a ManiSkill env task"),
+    (["env.env_id=PickSingleYCB-v1"], "env.env_id", "needs downloaded assets"),
+    (["policy.name=nope"], "policy.name", "known policies: ['mlp']"),
+    (["env.obs_mode=rgb"], "env.obs_mode", "supported"),
+    (["env.eval.num_envs=3"], "env.eval.num_envs", "divisible by env.num_shards=2"),
+    (["runner.max_steps=0"], "runner.max_steps", ">= 1"),
+    (["algorithm.gamma=1.5"], "algorithm.gamma", "(0, 1]"),
+])
+def test_bad_input_is_a_one_line_config_error_naming_the_key(overrides, key, words):
+    if "PickSingleYCB-v1" in overrides[0]:
+        from mani_skill.utils.assets.data import is_data_source_downloaded
+        if is_data_source_downloaded("ycb"):
+            pytest.skip("YCB assets are downloaded on this machine")
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides)
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"{key}="), msg
+    assert info.value.key == key
+    assert words in msg
+
+
+def test_missing_vulkan_is_reported_with_the_fix(monkeypatch, tmp_path):
+    import tasks.envs.vulkan as vk
+    monkeypatch.setattr(vk, "PROJECT_ICD", tmp_path / "nope" / "lvp_icd.json")
+    monkeypatch.setattr(vk, "SYSTEM_ICD_DIRS", ())
+    monkeypatch.delenv("VK_ICD_FILENAMES", raising=False)
+    monkeypatch.delenv("VK_DRIVER_FILES", raising=False)
+    with pytest.raises(vk.VulkanMissingError, match="scripts/setup.sh"):
+        load_config([])
+    # components=False skips the driver check (offline schema validation only)
+    cfg, _ = load_config([], components=False)
+    assert cfg.experiment == "pushcube_ppo"
+
+
+def _cli(args, cwd):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run([sys.executable, "-m", "pipelines.run", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_cli_bad_config_exits_2_with_one_line_and_writes_nothing(tmp_path):
+    run_root = tmp_path / "runs"
+    proc = _cli(["env.num_envs=5", f"run_root={run_root}"], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: env.num_envs=5: must be divisible by env.num_shards=2")
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not run_root.exists()
+    assert list(tmp_path.iterdir()) == []  # nothing in the working directory either (no Hydra outputs/, no mlruns)
+
+
+def test_cli_show_prints_the_resolved_config(tmp_path):
+    proc = _cli(["conf=smoke", "--show", "env.num_envs=8"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "experiment: smoke" in proc.stdout and "num_envs: 8" in proc.stdout
+    assert list(tmp_path.iterdir()) == []

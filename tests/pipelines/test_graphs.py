@@ -1,0 +1,205 @@
+"""Graph builders: building is lazy, keys are readable and unique, placement annotations; and one training step's
+graph executed for real with dask's synchronous scheduler (no cluster) on a fake simulator."""
+from __future__ import annotations
+
+import math
+
+import dask
+import numpy as np
+import pytest
+from dask.highlevelgraph import HighLevelGraph
+from dask.utils import key_split
+
+import tasks.envs
+from pipelines import graphs
+from pipelines.cluster import Placement
+from pipelines.runner import trajectory_fields
+from storage.trajectories import TrajectoryStore
+from tasks import resident, rollout, update
+from tasks.config import Config
+
+RUN_A, RUN_B = "20260101-120000-a1b2", "20260101-120000-c3d4"
+PLACEMENT = Placement(shard_workers=["tcp://10.0.0.1:4001", "tcp://10.0.0.2:4002"],
+                      actor_worker="tcp://10.0.0.3:4003")
+
+
+@pytest.fixture(autouse=True)
+def clean_resident():
+    resident.release("")
+    yield
+    resident.release("")
+
+
+def small_config(**rollout_kw) -> Config:
+    cfg = Config()
+    cfg.env.num_envs, cfg.env.num_shards = 4, 2
+    cfg.rollout.chunk_steps, cfg.rollout.chunk_steps_per_node = 6, 2
+    for k, v in rollout_kw.items():
+        setattr(cfg.rollout, k, v)
+    cfg.policy.hidden_sizes = [16, 16]
+    cfg.algorithm.num_minibatches, cfg.algorithm.update_epochs = 2, 2
+    return cfg.validate()
+
+
+def build(cfg, run_id=RUN_A, step=0, store_path="/nonexistent/trajectories.zarr"):
+    weights = {"version": 0, "state_dict": {}}
+    return graphs.build_train_step(cfg, run_id=run_id, step=step, weights=weights, cursors=[None, None],
+                                   placement=PLACEMENT, store_path=store_path)
+
+
+def test_building_a_step_graph_computes_nothing(monkeypatch):
+    calls = []
+
+    def record(name):
+        def fn(*args, **kwargs):
+            calls.append(name)
+            raise AssertionError(f"{name} ran while the graph was only being built")
+        return fn
+
+    for mod, name in ((rollout, "env_step"), (rollout, "trajectory"), (update, "advantages"),
+                      (update, "actor_update"), (graphs, "step_metrics"), (graphs, "_store")):
+        monkeypatch.setattr(mod, name, record(name))
+    sg = build(small_config())
+    assert isinstance(sg.graph, HighLevelGraph)
+    assert calls == []
+    assert resident.keys() == []
+    # the graph does hold the recorded functions: they would run on execution, not before
+    tasks = dict(sg.graph)
+    env_step_fns = {tasks[k][0].__qualname__ for k in tasks if key_split(k).startswith("env_step")}
+    assert env_step_fns == {"test_building_a_step_graph_computes_nothing.<locals>.record.<locals>.fn"}
+
+
+def test_keys_are_readable_and_unique():
+    cfg = small_config()
+    steps = [build(cfg, RUN_A, 0), build(cfg, RUN_A, 1), build(cfg, RUN_B, 0)]
+    keysets = [set(dict(sg.graph)) for sg in steps]
+    assert all(len(ks) == len(dict(steps[0].graph)) for ks in keysets)
+    assert keysets[0].isdisjoint(keysets[1]) and keysets[0].isdisjoint(keysets[2])
+    assert keysets[1].isdisjoint(keysets[2])
+    prefixes = {key_split(k) for k in keysets[0]}
+    assert prefixes == {"env_step_s0", "env_step_s1", "trajectory_s0", "trajectory_s1", "store_s0", "store_s1",
+                        "advantages_s0", "advantages_s1", "actor_update", "step_metrics"}
+    assert steps[0].update == f"actor_update-{RUN_A}-0" and steps[0].metrics == f"step_metrics-{RUN_A}-0"
+    assert sorted(steps[0].stores) == [f"store_s0-{RUN_A}-0", f"store_s1-{RUN_A}-0"]
+    # without a store path there are no store nodes
+    no_store = build(cfg, store_path=None)
+    assert no_store.stores == [] and not any(key_split(k).startswith("store") for k in dict(no_store.graph))
+
+
+@pytest.mark.parametrize("chunk_steps, per_node", [(6, 2), (6, 6), (6, 1)])
+def test_env_step_nodes_per_shard(chunk_steps, per_node):
+    cfg = small_config(chunk_steps=chunk_steps, chunk_steps_per_node=per_node)
+    sg = build(cfg)
+    env_keys = [k for k in dict(sg.graph) if key_split(k).startswith("env_step")]
+    assert len(env_keys) == cfg.env.num_shards * chunk_steps // per_node
+    # segments of one shard are chained in order: segment k depends on segment k-1
+    for s in range(cfg.env.num_shards):
+        for k in range(1, chunk_steps // per_node):
+            assert sg.graph.dependencies[f"env_step_s{s}-{RUN_A}-0-{k}"] == {f"env_step_s{s}-{RUN_A}-0-{k - 1}"}
+        assert sg.graph.dependencies[f"env_step_s{s}-{RUN_A}-0-0"] == set()
+
+
+def test_placement_annotations():
+    sg = build(small_config())
+    layers = sg.graph.layers
+    for key, layer in layers.items():
+        ann = layer.annotations or {}
+        kind = key_split(key)
+        if kind.startswith("env_step_s"):
+            s = int(kind[len("env_step_s"):])
+            assert ann == {"workers": [PLACEMENT.shard_workers[s]], "allow_other_workers": False,
+                           "resources": {"CPU": 1}}
+        elif kind == "actor_update":
+            assert ann == {"workers": [PLACEMENT.actor_worker], "allow_other_workers": False,
+                           "resources": {"GPU": 1}}
+        else:  # stateless nodes: anywhere
+            assert ann == {}, (key, ann)
+    assert sg.graph.dependencies[sg.update] == {f"advantages_s0-{RUN_A}-0", f"advantages_s1-{RUN_A}-0"}
+    assert sg.graph.dependencies[sg.metrics] == {sg.update, *(f"{p}_s{s}-{RUN_A}-0" for p in ("trajectory", "advantages")
+                                                             for s in (0, 1))}
+
+
+# ----- the step graph executed for real, synchronously, on a fake simulator -----------------------------------
+class FakeEnv:
+    """Deterministic: obs = [t/10, seed/100, 1], reward = mean of the action, truncated after 4 steps."""
+
+    obs_dim, action_dim = 3, 2
+
+    def __init__(self, cfg=None):
+        self.t, self.seed = 0, 0
+
+    def _obs(self):
+        return np.array([self.t / 10, self.seed / 100, 1.0], np.float32)
+
+    def reset(self, seed):
+        self.t, self.seed = 0, seed
+        return self._obs()
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(), float(action.mean()), False, self.t >= 4, False
+
+    def close(self):
+        pass
+
+
+def test_step_graph_runs_with_the_synchronous_scheduler(monkeypatch, tmp_path):
+    monkeypatch.setattr(tasks.envs, "make_single_env", lambda cfg: FakeEnv(cfg))
+    cfg = small_config()
+    store = TrajectoryStore.create(tmp_path / "trajectories.zarr", fields=trajectory_fields(cfg, 3, 2),
+                                   T=cfg.rollout.chunk_steps, num_envs=cfg.env.num_envs,
+                                   shard_size=cfg.env.shard_size)
+    store.reserve(0)
+    weights = update.actor_init(cfg, RUN_A, (FakeEnv.obs_dim, FakeEnv.action_dim))
+    assert weights["version"] == 0
+    sg = graphs.build_train_step(cfg, run_id=RUN_A, step=0, weights=weights, cursors=[None, None],
+                                 placement=PLACEMENT, store_path=str(store.path))
+    upd, met, *written = dask.get(sg.graph, [sg.update, sg.metrics, *sg.stores])
+
+    assert upd["version"] == 1
+    m = upd["metrics"]
+    for k in ("train/actor_loss", "train/critic_loss", "train/entropy", "train/approx_kl", "train/grad_norm"):
+        assert math.isfinite(m[k]), (k, m[k])
+    assert m["train/weight_version"] == 1.0 and m["train/actor_rebuilt"] == 0.0
+    assert 1 <= m["train/minibatch_updates"] <= cfg.algorithm.update_epochs * cfg.algorithm.num_minibatches
+    assert set(upd["state_dict"]) == set(weights["state_dict"])
+    assert any(not np.array_equal(upd["state_dict"][k], weights["state_dict"][k]) for k in weights["state_dict"])
+
+    # 6 chunk steps of episodes truncated after 4: one finished episode per env, returns = sum of action means
+    metrics = met["metrics"]
+    assert metrics["env/num_episodes"] == 4.0 and metrics["env/episode_len"] == 4.0
+    assert metrics["train/weight_version"] == 1.0 and "rollout/advantage_mean" in metrics
+    assert met["cursors"] == [{"episode_count": [1, 1]}, {"episode_count": [1, 1]}]
+    assert sorted(e["seed"] for e in met["episodes"]) == [0, 1, 2, 3]  # seed rule: 0 + g + k*4, k=0
+
+    # the stored trajectories: obs are the fake observations, seeds follow the rule
+    assert all(w["bytes"] > 0 for w in written)
+    obs = store.read("obs")  # [E, T, B, O]
+    assert obs.shape == (1, 6, 4, 3)
+    np.testing.assert_allclose(obs[0, :, 0, 0], [0, .1, .2, .3, 0, .1], rtol=1e-6)  # t/10, reset after 4 steps
+    seeds = store.read("episode_seed")[0]
+    np.testing.assert_array_equal(seeds[:4], [[0, 1, 2, 3]] * 4)
+    np.testing.assert_array_equal(seeds[4:], [[4, 5, 6, 7]] * 2)
+    trunc = store.read("truncated")[0]
+    np.testing.assert_array_equal(trunc.sum(0), [1, 1, 1, 1])
+    assert trunc[3].all()
+    fv = store.read("final_values")[0]
+    assert (fv[3] != 0).all() and (np.delete(fv, 3, axis=0) == 0).all()  # V(final_obs) only where truncated
+    # the resident state the nodes created on this (single) process
+    assert resident.keys() == sorted([f"{RUN_A}/actor", f"{RUN_A}/policy", f"{RUN_A}/shard/0", f"{RUN_A}/shard/1"])
+    assert resident.get(f"{RUN_A}/policy").version == 0
+
+
+def test_init_and_eval_graphs_run_with_the_synchronous_scheduler(monkeypatch):
+    monkeypatch.setattr(tasks.envs, "make_single_env", lambda cfg: FakeEnv(cfg))
+    cfg = small_config()
+    cfg.env.eval.num_envs, cfg.env.eval.num_episodes = 2, 3
+    graph, dims_key, w_key = graphs.build_init(cfg, run_id=RUN_B, placement=PLACEMENT, checkpoint_path=None)
+    assert resident.keys() == []
+    dims, weights = dask.get(graph, [dims_key, w_key])
+    assert dims == (3, 2) and weights["version"] == 0
+    graph, keys = graphs.build_eval(cfg, run_id=RUN_B, step=0, weights=weights, placement=PLACEMENT)
+    episodes = [e for part in dask.get(graph, keys) for e in part]
+    # eval episode i runs with seed eval.seed + i, all of them to the 4-step limit
+    assert sorted(e["seed"] for e in episodes) == [cfg.env.eval.seed + i for i in range(3)]
+    assert [e["episode_len"] for e in episodes] == [4, 4, 4]

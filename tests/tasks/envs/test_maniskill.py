@@ -1,0 +1,91 @@
+"""The ManiSkill adapter on the real simulator (PushCube-v1, physx_cpu, software or GPU Vulkan).
+
+Needs the Vulkan set-up of scripts/setup.sh (tasks.envs.vulkan finds the driver by itself).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tasks.config import ConfigError, EnvConfig
+from tasks.envs import make_shard
+from tasks.envs.maniskill import check_config, default_max_episode_steps
+
+
+def shard(num_envs: int = 2, base_seed: int = 7, **kw):
+    cfg = EnvConfig(env_id="PushCube-v1", **kw)
+    return make_shard(cfg, shard=0, num_shards=1, num_envs=num_envs, auto_reset=True, ignore_terminations=False,
+                      base_seed=base_seed)
+
+
+@pytest.fixture(scope="module")
+def rollouts():
+    """Two separate shards, same seeds, same (random, small) actions: 60 chunk steps of C=1 each."""
+    actions = np.random.default_rng(0).uniform(-0.2, 0.2, (60, 2, 1, 8)).astype(np.float32)
+    out = []
+    for _ in range(2):
+        sh = shard()
+        first = sh.current_obs()
+        results = [sh.chunk_step(a) for a in actions]
+        out.append((sh.obs_dim, sh.action_dim, first, results))
+        sh.close()
+    return out
+
+
+def test_dims_of_pushcube_state_obs_and_joint_delta_actions(rollouts):
+    obs_dim, action_dim, first, results = rollouts[0]
+    assert (obs_dim, action_dim) == (35, 8)
+    assert first.shape == (2, 35) and first.dtype == np.float32
+    assert results[0].obs.shape == (2, 35) and results[0].rewards.shape == (2, 1)
+    assert np.isfinite(np.stack([r.obs for r in results])).all()
+    rewards = np.stack([r.rewards for r in results])
+    assert ((rewards >= 0) & (rewards <= 1)).all()  # normalized_dense is in [0, 1]
+    assert default_max_episode_steps("PushCube-v1") == 50
+
+
+def test_same_seeds_and_actions_give_bit_identical_rollouts(rollouts):
+    (_, _, first_a, ra), (_, _, first_b, rb) = rollouts
+    np.testing.assert_array_equal(first_a, first_b)
+    assert not np.array_equal(first_a[0], first_a[1])  # different seeds: different initial states
+    for x, y in zip(ra, rb):
+        np.testing.assert_array_equal(x.obs, y.obs)
+        np.testing.assert_array_equal(x.rewards, y.rewards)
+        np.testing.assert_array_equal(x.final_obs, y.final_obs)
+        assert x.terminated.tolist() == y.terminated.tolist() and x.truncated.tolist() == y.truncated.tolist()
+    # the actions move the robot: observations change along the rollout
+    assert not np.array_equal(ra[0].obs, ra[10].obs)
+
+
+def test_episode_truncates_at_50_steps(rollouts):
+    _, _, _, results = rollouts[0]
+    ends = [(t, b) for t, r in enumerate(results) for b in range(2) if r.terminated[b] or r.truncated[b]]
+    # small random actions do not push the cube to the goal: both episodes hit the time limit at step 50
+    assert ends == [(49, 0), (49, 1)]
+    r = results[49]
+    assert r.truncated.tolist() == [True, True] and r.terminated.tolist() == [False, False]
+    assert [e["episode_len"] for e in r.episodes] == [50, 50]
+    assert [e["seed"] for e in r.episodes] == [7, 8]
+    assert not np.array_equal(r.final_obs, r.obs)  # obs after the automatic reset, final_obs before it
+    assert results[50].episode_seed.tolist() == [9, 10]  # seed 7 + g + 1 * 2
+    # the automatic reset used those seeds: a fresh shard reset with seeds 9, 10 starts from the same states
+    fresh = shard(base_seed=9)
+    np.testing.assert_array_equal(fresh.current_obs(), r.obs)
+    fresh.close()
+
+
+def test_check_config_errors():
+    with pytest.raises(ConfigError, match="env.env_id='NotAnEnv-v1'.*not a ManiSkill env task"):
+        check_config(EnvConfig(env_id="NotAnEnv-v1"))
+    with pytest.raises(ConfigError, match=r"env.obs_mode='rgb'"):
+        check_config(EnvConfig(obs_mode="rgb"))
+    with pytest.raises(ConfigError, match="env.sim_backend"):
+        check_config(EnvConfig(sim_backend="gpu"))
+    check_config(EnvConfig(env_id="PickCube-v1"))  # ships with ManiSkill: no error
+
+
+def test_check_config_rejects_env_tasks_that_need_downloads():
+    from mani_skill.utils.assets.data import is_data_source_downloaded
+    if is_data_source_downloaded("ycb"):
+        pytest.skip("YCB assets are downloaded on this machine")
+    with pytest.raises(ConfigError, match=r"env.env_id='PickSingleYCB-v1': needs downloaded assets \['ycb'\]"):
+        check_config(EnvConfig(env_id="PickSingleYCB-v1"))
