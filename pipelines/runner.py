@@ -81,11 +81,15 @@ class Runner:
         self.run_dir = new_run_dir(self.root, cfg.experiment, self.state.run_id)
         write_resolved_config(self.run_dir, to_yaml(cfg))
         uri = cfg.tracking.uri or default_tracking_uri(self.root)
+        params, changed = self._params(uri)
         self.tracker = Tracker(uri=uri, experiment=cfg.tracking.experiment or cfg.experiment,
                                run_name=self.state.run_id, run_id=self.state.mlflow_run_id)
         self.tracking_uri = uri
         self.state.mlflow_run_id = self.tracker.run_id
-        self.tracker.log_params(flatten_config(to_dict(cfg)))
+        self.tracker.log_params(params)
+        if changed:
+            self.tracker.log_text("".join(f"{k}: {v}\n" for k, v in changed.items()),
+                                  f"resumes/step_{self.state.step}.yaml")
         self.tracker.log_artifact(self.run_dir / "config.yaml")
         self.weights, dims = self._init_actor(ckpt)
         self.store = None
@@ -130,6 +134,25 @@ class Runner:
                               f"the checkpoint has {len(state.cursors)} shards; resume with the same env layout")
         self.echo(f"resuming run {state.run_id} from {ckpt_path} (step {state.step})")
         return state, {"path": str(ckpt_path)}
+
+    def _params(self, uri: str) -> tuple[dict, dict]:
+        """MLflow params (the flattened resolved config) and, on resume, the `runner.*`/`cluster.*`/`tracking.*`
+        values that differ from the resumed run (MLflow params are immutable: these go to an artifact instead).
+
+        Raises:
+            ConfigError: on resume, a key that shapes training (env, policy, algorithm, rollout, ...) differs.
+        """
+        flat = flatten_config(to_dict(self.cfg))
+        if self.state.mlflow_run_id is None:
+            return flat, {}
+        from mlflow.tracking import MlflowClient
+        existing = MlflowClient(uri).get_run(self.state.mlflow_run_id).data.params
+        changed = {k: v for k, v in flat.items() if k in existing and existing[k] != str(v)[:6000]}
+        for k in changed:
+            if not k.startswith(("runner.", "cluster.", "tracking.")):
+                raise ConfigError(k, flat[k], f"differs from the resumed run ({existing[k]!r}); resume with the "
+                                             f"same training config or start a new run")
+        return {k: v for k, v in flat.items() if k not in changed}, changed
 
     def _init_actor(self, ckpt: dict | None):
         graph, dims_key, w_key = graphs.build_init(self.cfg, run_id=self.state.run_id, placement=self.placement,

@@ -102,10 +102,6 @@ def test_smoke_run_checkpoint_loads(smoke):
     assert (run_dir / "config.yaml").read_text().startswith("experiment: smoke")
 
 
-@pytest.mark.xfail(raises=ValueError, strict=True, reason=(
-    "bug: Runner logs every config key as an immutable MLflow param, runner.* included; a resume changes "
-    "runner.resume (None -> 'latest') and usually runner.max_steps, so Tracker.log_params raises ValueError "
-    "('param ... is already ..., cannot change it') and no run can be resumed through pipelines.run"))
 def test_resume_continues_the_same_run(smoke):
     root, client, run, run_dir = smoke
     assert _run(root, "runner.resume=latest", "runner.max_steps=5") == 0

@@ -47,7 +47,7 @@ class ChunkResult:
     success [B] bool: the success flag after the last executed action.
     final_obs [B, O] float32: the episode's last observation where it ended (zeros elsewhere), for
         bootstrapping V(final_obs) on truncation.
-    episode_seed [B] int64, episode_id [B] int64: the episode this chunk step belonged to.
+    episode_seed [B] int64, episode_id [B] int64: the episode this chunk step belonged to (-1 for idle envs).
     episodes: one dict per finished episode: env, seed, episode_id, return, episode_len, success_once,
         success_at_end.
     """
@@ -151,8 +151,9 @@ class EnvShard:
         step_mask = np.zeros((B, C), bool)
         terminated, truncated, success = np.zeros(B, bool), np.zeros(B, bool), np.zeros(B, bool)
         final_obs = np.zeros((B, self.obs_dim), np.float32)
-        episode_seed = self.seed.copy()
-        episode_id = np.array([self._episode_id(b) for b in range(B)], np.int64)
+        # idle envs (auto_reset=False, episode over) belong to no episode: -1
+        episode_seed = np.where(self.active, self.seed, -1).astype(np.int64)
+        episode_id = np.array([self._episode_id(b) if self.active[b] else -1 for b in range(B)], np.int64)
         episodes = []
         for b in range(B):
             if not self.active[b]:
