@@ -64,12 +64,18 @@ def get_replica(cfg: Config, run_id: str, weights: dict, obs_dim: int, action_di
 
 def get_shard(cfg: Config, run_id: str, shard: int, cursor: dict | None) -> EnvShard:
     """The resident training env shard `shard`; created (continuing `cursor`) on first use."""
-    torch.set_num_threads(cfg.cluster.threads_per_worker)
     e = cfg.env
-    sh, _ = resident.get_or_create(f"{run_id}/shard/{shard}", lambda: make_shard(
-        e, shard=shard, num_shards=e.num_shards, num_envs=e.num_envs, auto_reset=e.auto_reset,
-        ignore_terminations=e.ignore_terminations, base_seed=e.seed,
-        episode_count=(cursor or {}).get("episode_count")))
+
+    def create() -> EnvShard:
+        torch.set_num_threads(cfg.cluster.threads_per_worker)
+        # every worker process starts with torch's same default seed: without this, shards on different workers
+        # would draw identical exploration noise
+        torch.manual_seed(cfg.seed * 100_003 + shard * 7_919 + int(sum((cursor or {}).get("episode_count", []))))
+        return make_shard(e, shard=shard, num_shards=e.num_shards, num_envs=e.num_envs, auto_reset=e.auto_reset,
+                          ignore_terminations=e.ignore_terminations, base_seed=e.seed,
+                          episode_count=(cursor or {}).get("episode_count"))
+
+    sh, _ = resident.get_or_create(f"{run_id}/shard/{shard}", create)
     return sh
 
 
