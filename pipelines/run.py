@@ -18,7 +18,7 @@ import warnings
 def _quiet() -> None:
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    for name in ("mani_skill", "distributed", "alembic", "mlflow"):
+    for name in ("mani_skill", "mani_skill ", "distributed", "alembic", "mlflow"):
         logging.getLogger(name).setLevel(logging.ERROR)
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
 

@@ -100,6 +100,8 @@ class Runner:
                 attrs={"run_id": self.state.run_id, "env_id": cfg.env.env_id, "simulator": cfg.env.simulator,
                        "obs_mode": cfg.env.obs_mode, "control_mode": cfg.env.control_mode,
                        "reward_mode": cfg.env.reward_mode, "base_seed": cfg.env.seed,
+                       "sim_backend": cfg.env.sim_backend, "auto_reset": cfg.env.auto_reset,
+                       "ignore_terminations": cfg.env.ignore_terminations,
                        "seed_rule": "episode k of global env g: base_seed + g + k * num_envs",
                        "num_action_chunks": cfg.policy.num_action_chunks,
                        "max_episode_steps": cfg.env.max_episode_steps})

@@ -67,7 +67,8 @@ class ManiSkillEnv:
         import logging
         import gymnasium as gym
         import mani_skill.envs  # noqa: F401
-        logging.getLogger("mani_skill").setLevel(logging.ERROR)  # "sapien_cuda not found, falling back" on CPU
+        for name in ("mani_skill", "mani_skill "):  # ManiSkill 3.0.1 names its logger with a trailing space
+            logging.getLogger(name).setLevel(logging.ERROR)  # "sapien_cuda not found, falling back" on CPU
         kwargs = dict(obs_mode=cfg.obs_mode, control_mode=cfg.control_mode, reward_mode=cfg.reward_mode,
                       sim_backend="physx_cpu" if cfg.sim_backend == "cpu" else cfg.sim_backend,
                       render_mode=None, num_envs=1)
