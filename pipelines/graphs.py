@@ -80,28 +80,25 @@ def step_metrics(update_out: dict, *parts: dict) -> dict:
 
 
 def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: list[dict | None],
-                     placement: Placement, store_path: str | None) -> StepGraph:
+                     placement: Placement, store_path: str | None,
+                     dims: tuple[int, int] | None = None) -> StepGraph:
     """One training step's graph. `weights` is a Future (or value) of the versioned weights to roll out with.
 
     Args:
         cursors: per shard, the seed cursor to re-create a shard from if its worker lost it (None at start).
         store_path: zarr store to write trajectories to (None: not stored).
+        dims: (obs_dim, action_dim); needed by disaggregated inference only.
     """
     g = GraphBuilder()
     tag = f"{run_id}-{step}"
     trajs, advs, stores = [], [], []
-    nseg, per = cfg.num_segments, cfg.rollout.chunk_steps_per_node
-    for s in range(cfg.env.num_shards):
-        w = placement.shard_workers[s]
-        prev = None
-        segs = []
-        for k in range(nseg):
-            key = f"env_step_s{s}-{tag}-{k}"
-            g.add(key, rollout.env_step, cfg, run_id, s, weights, per, cursors[s], k == 0, prev,
-                  deps=(prev,) if prev else (), worker=w, resources={"CPU": 1})
-            segs.append(key)
-            prev = key
-        traj = g.add(f"trajectory_s{s}-{tag}", rollout.trajectory, *segs, deps=tuple(segs))
+    if cfg.rollout.inference == "colocated":
+        traj_keys = _colocated_rollout(g, cfg, tag, run_id, weights, cursors, placement)
+    else:
+        if dims is None:
+            raise ValueError("disaggregated inference needs the env dims (obs_dim, action_dim)")
+        traj_keys = _disaggregated_rollout(g, cfg, tag, run_id, weights, cursors, placement, dims)
+    for s, traj in enumerate(traj_keys):
         trajs.append(traj)
         if store_path is not None:
             stores.append(g.add(f"store_s{s}-{tag}", _store, store_path, step, s, traj, deps=(traj,)))
@@ -110,6 +107,48 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
                 worker=placement.actor_worker, resources={"GPU": 1})
     met = g.add(f"step_metrics-{tag}", step_metrics, upd, *trajs, *advs, deps=(upd, *trajs, *advs))
     return StepGraph(g.graph(), upd, met, stores)
+
+
+def _colocated_rollout(g: GraphBuilder, cfg: Config, tag: str, run_id: str, weights, cursors, placement) -> list[str]:
+    """Per shard a chain of env_step nodes, each running `chunk_steps_per_node` chunk steps with inference inside."""
+    out = []
+    nseg, per = cfg.num_segments, cfg.rollout.chunk_steps_per_node
+    for s in range(cfg.env.num_shards):
+        prev, segs = None, []
+        for k in range(nseg):
+            key = f"env_step_s{s}-{tag}-{k}"
+            g.add(key, rollout.env_step, cfg, run_id, s, weights, per, cursors[s], k == 0, prev,
+                  deps=(prev,) if prev else (), worker=placement.shard_workers[s], resources={"CPU": 1})
+            segs.append(key)
+            prev = key
+        out.append(g.add(f"trajectory_s{s}-{tag}", rollout.trajectory, *segs, deps=tuple(segs)))
+    return out
+
+
+def _disaggregated_rollout(g: GraphBuilder, cfg: Config, tag: str, run_id: str, weights, cursors, placement,
+                           dims: tuple[int, int]) -> list[str]:
+    """A policy_infer node per chunk step on the actor's worker (one inference group of all shards) and an
+    env_step node per shard per chunk step on the shard's worker: T * (S + 1) nodes, for policies whose
+    inference outweighs the ~15 ms a node costs."""
+    S, T = cfg.env.num_shards, cfg.rollout.chunk_steps
+    gpu = placement.actor_worker
+    last = [g.add(f"env_observe_s{s}-{tag}", rollout.env_observe, cfg, run_id, s, cursors[s],
+                  worker=placement.shard_workers[s], resources={"CPU": 1}) for s in range(S)]
+    first = list(last)
+    chain: list[list[str]] = [[] for _ in range(S)]
+    for t in range(T + 1):
+        inf = g.add(f"policy_infer-{tag}-{t}", rollout.policy_infer, cfg, run_id, weights, dims, t < T, *last,
+                    deps=tuple(last), worker=gpu, resources={"GPU": 1})
+        for s in range(S):
+            chain[s].append(inf)
+        if t == T:
+            break
+        last = [g.add(f"env_step_s{s}-{tag}-{t}", rollout.env_step_chunk, cfg, run_id, s, inf, cursors[s],
+                      deps=(inf,), worker=placement.shard_workers[s], resources={"CPU": 1}) for s in range(S)]
+        for s in range(S):
+            chain[s].append(last[s])
+    return [g.add(f"trajectory_s{s}-{tag}", rollout.trajectory_disaggregated, cfg, s, first[s], *chain[s],
+                  deps=(first[s], *chain[s])) for s in range(S)]
 
 
 def build_init(cfg: Config, *, run_id: str, placement: Placement, checkpoint_path: str | None) -> tuple[HighLevelGraph, str, str]:

@@ -92,6 +92,7 @@ class Runner:
                                   f"resumes/step_{self.state.step}.yaml")
         self.tracker.log_artifact(self.run_dir / "config.yaml")
         self.weights, dims = self._init_actor(ckpt)
+        self.dims = tuple(dims)
         self.store = None
         if cfg.storage.save_trajectories:
             self.store = TrajectoryStore.create(
@@ -182,7 +183,7 @@ class Runner:
         if self.store is not None:
             self.store.reserve(step)
         sg = graphs.build_train_step(cfg, run_id=st.run_id, step=step, weights=self.weights, cursors=st.cursors,
-                                     placement=self.placement,
+                                     placement=self.placement, dims=self.dims,
                                      store_path=str(self.store.path) if self.store is not None else None)
         futs = self.client.get(sg.graph, [sg.update, sg.metrics, *sg.stores], sync=False)
         upd_f, met_f, store_fs = futs[0], futs[1], futs[2:]

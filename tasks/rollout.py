@@ -158,3 +158,90 @@ def evaluate(cfg: Config, run_id: str, shard: int, weights: dict) -> list[dict]:
             episodes += res.episodes
             obs = res.obs
     return [e for e in episodes if e["episode_id"] < ev.num_episodes]
+
+
+# ----- disaggregated inference: env_step and policy_infer are separate nodes, one per chunk step -----
+
+def env_observe(cfg: Config, run_id: str, shard: int, cursor: dict | None, first: bool = True) -> dict:
+    """The observation a rollout starts from, {"obs": [B, O]} (resets first without auto_reset)."""
+    sh = get_shard(cfg, run_id, shard, cursor)
+    if first and not cfg.env.auto_reset:
+        sh.reset_all()
+    return {"obs": sh.current_obs(), "truncated": np.zeros(sh.num_envs, bool), "final_obs": None}
+
+
+def env_step_chunk(cfg: Config, run_id: str, shard: int, infer_out: list[dict], cursor: dict | None) -> dict:
+    """One chunk step of shard `shard` with the actions `policy_infer` computed for it (disaggregated mode)."""
+    t0 = time.perf_counter()
+    sh = get_shard(cfg, run_id, shard, cursor)
+    res = sh.chunk_step(infer_out[shard]["actions"])
+    out = {k: getattr(res, k) for k in ("obs", "rewards", "terminated", "truncated", "step_mask", "success",
+                                        "final_obs", "episode_seed", "episode_id", "episodes")}
+    out["cursor"] = sh.state_dict()
+    out["env_time"] = time.perf_counter() - t0
+    return out
+
+
+def policy_infer(cfg: Config, run_id: str, weights: dict, dims: tuple[int, int], sample: bool,
+                 *env_outs: dict) -> list[dict]:
+    """Batched inference for an inference group: one forward pass over the observations of its shards.
+
+    Args:
+        dims: (obs_dim, action_dim) of the env task (the inference worker hosts no env to ask).
+        env_outs: per shard, the latest env output (obs [B, O], truncated [B], final_obs [B, O] or None).
+        sample: draw an action chunk (False: values only, for the bootstrap after the last chunk step).
+
+    Returns per shard: actions [B,C,D], logprobs [B,C,D], values [B,V] (when sampling, else only values), and
+    final_values [B,V] = V(final_obs) where the previous chunk step truncated an episode.
+    """
+    t0 = time.perf_counter()
+    obs = np.concatenate([o["obs"] for o in env_outs])  # [S*B, O]
+    sizes = [len(o["obs"]) for o in env_outs]
+    rep = get_replica(cfg, run_id, weights, *dims)
+    V = num_values(cfg)
+    with torch.no_grad():
+        if sample:
+            out = rep.module.act(torch.from_numpy(obs))
+            acts = {"actions": out["actions"].numpy(), "logprobs": out["logprobs"].numpy(),
+                    "values": out["values"].reshape(len(obs), V).numpy()}
+        else:
+            acts = {"values": rep.module.values(torch.from_numpy(obs)).reshape(len(obs), V).numpy()}
+        results, start = [], 0
+        for o, n in zip(env_outs, sizes):
+            r = {k: v[start:start + n] for k, v in acts.items()}
+            fv = np.zeros((n, V), np.float32)
+            if o["final_obs"] is not None and o["truncated"].any():
+                fv[o["truncated"]] = rep.module.values(torch.from_numpy(o["final_obs"][o["truncated"]])) \
+                    .reshape(-1, V).numpy()
+            r["final_values"] = fv
+            r["infer_time"] = (time.perf_counter() - t0) / len(sizes)
+            results.append(r)
+            start += n
+    return results
+
+
+def trajectory_disaggregated(cfg: Config, shard: int, first_obs: dict, *parts) -> dict:
+    """Assemble one shard's trajectory from T env outputs and T+1 inference outputs (the last: bootstrap).
+
+    parts = (infer_0, env_0, infer_1, env_1, ..., infer_{T-1}, env_{T-1}, infer_T); each infer_t is the group's
+    list of per-shard dicts, `shard` indexes into it (position of the shard within its group).
+    """
+    T = (len(parts) - 1) // 2
+    infers, envs = parts[0::2], parts[1::2]
+    steps: dict[str, list] = {k: [] for k in STEP_FIELDS}
+    for t in range(T):
+        inf, env = infers[t][shard], envs[t]
+        steps["obs"].append(first_obs["obs"] if t == 0 else envs[t - 1]["obs"])
+        for k in ("actions", "logprobs", "values"):
+            steps[k].append(inf[k])
+        steps["final_values"].append(infers[t + 1][shard]["final_values"])
+        for k in ("rewards", "terminated", "truncated", "step_mask", "success", "episode_seed", "episode_id"):
+            steps[k].append(env[k])
+    traj = {k: np.stack(v) for k, v in steps.items()}
+    traj["bootstrap_values"] = infers[T][shard]["values"]
+    traj["episodes"] = [e for env in envs for e in env["episodes"]]
+    traj["cursor"] = envs[-1]["cursor"]
+    env_t = sum(env["env_time"] for env in envs)
+    inf_t = sum(i[shard]["infer_time"] for i in infers)
+    traj["timing"] = {"env": env_t, "infer": inf_t, "total": env_t + inf_t}
+    return traj
