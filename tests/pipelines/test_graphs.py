@@ -203,3 +203,41 @@ def test_init_and_eval_graphs_run_with_the_synchronous_scheduler(monkeypatch):
     # eval episode i runs with seed eval.seed + i, all of them to the 4-step limit
     assert sorted(e["seed"] for e in episodes) == [cfg.env.eval.seed + i for i in range(3)]
     assert [e["episode_len"] for e in episodes] == [4, 4, 4]
+
+
+def _rollout_with(monkeypatch, inference: str) -> tuple[dict, list[str], dict]:
+    """Run one step with the given inference mode; return shard 0's trajectory, the key prefixes, the update."""
+    import torch
+    resident.release("")
+    monkeypatch.setattr(tasks.envs, "make_single_env", lambda cfg: FakeEnv(cfg))
+    cfg = small_config(inference=inference)
+    weights = update.actor_init(cfg, RUN_A, (FakeEnv.obs_dim, FakeEnv.action_dim))
+    sg = graphs.build_train_step(cfg, run_id=RUN_A, step=0, weights=weights, cursors=[None, None],
+                                 placement=PLACEMENT, store_path=None, dims=(3, 2))
+    torch.manual_seed(123)  # shards seed their own noise on creation; this fixes everything after
+    traj = dask.get(sg.graph, f"trajectory_s0-{RUN_A}-0")
+    upd = dask.get(sg.graph, sg.update)
+    return traj, sorted({key_split(k) for k in sg.graph.layers}), upd
+
+
+def test_disaggregated_rollout_matches_colocated(monkeypatch):
+    col, col_prefixes, _ = _rollout_with(monkeypatch, "colocated")
+    dis, dis_prefixes, upd = _rollout_with(monkeypatch, "disaggregated")
+    assert "policy_infer" in dis_prefixes and "env_observe_s0" in dis_prefixes
+    assert "policy_infer" not in col_prefixes
+    # same env dynamics and bookkeeping in both modes; the fake env's obs/rewards do not depend on the noise
+    # except through rewards, so compare the action-independent fields exactly and shapes of the rest
+    for k in ("obs", "terminated", "truncated", "step_mask", "episode_seed", "episode_id"):
+        np.testing.assert_array_equal(col[k], dis[k], err_msg=k)
+    for k in rollout.STEP_FIELDS:
+        assert col[k].shape == dis[k].shape, k
+    # behaviour log-probs belong to the stored actions under the rollout weights in both modes
+    pol = resident.get(f"{RUN_A}/policy").module
+    import torch
+    T, B = dis["obs"].shape[:2]
+    lp = pol.evaluate(torch.from_numpy(dis["obs"].reshape(T * B, -1)),
+                      torch.from_numpy(dis["actions"].reshape(T * B, *dis["actions"].shape[2:])))["logprobs"]
+    np.testing.assert_allclose(lp.detach().numpy().reshape(dis["logprobs"].shape), dis["logprobs"], rtol=1e-5,
+                               atol=1e-5)
+    assert (dis["final_values"][3] != 0).all() and (np.delete(dis["final_values"], 3, axis=0) == 0).all()
+    assert upd["version"] == 1
