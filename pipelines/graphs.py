@@ -81,16 +81,17 @@ def step_metrics(update_out: dict, *parts: dict) -> dict:
 
 def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: list[dict | None],
                      placement: Placement, store_path: str | None,
-                     dims: tuple[int, int] | None = None) -> StepGraph:
+                     dims: tuple[int, int] | None = None, attempt: int = 0) -> StepGraph:
     """One training step's graph. `weights` is a Future (or value) of the versioned weights to roll out with.
 
     Args:
         cursors: per shard, the seed cursor to re-create a shard from if its worker lost it (None at start).
         store_path: zarr store to write trajectories to (None: not stored).
         dims: (obs_dim, action_dim); needed by disaggregated inference only.
+        attempt: retry number of this step (keys of a retry differ from those of the failed attempt).
     """
     g = GraphBuilder()
-    tag = f"{run_id}-{step}"
+    tag = f"{run_id}-{step}" + (f"-retry{attempt}" if attempt else "")
     trajs, advs, stores = [], [], []
     if cfg.rollout.inference == "colocated":
         traj_keys = _colocated_rollout(g, cfg, tag, run_id, weights, cursors, placement)
@@ -151,20 +152,22 @@ def _disaggregated_rollout(g: GraphBuilder, cfg: Config, tag: str, run_id: str, 
                   deps=(first[s], *chain[s])) for s in range(S)]
 
 
-def build_init(cfg: Config, *, run_id: str, placement: Placement, checkpoint_path: str | None) -> tuple[HighLevelGraph, str, str]:
+def build_init(cfg: Config, *, run_id: str, placement: Placement, checkpoint_path: str | None,
+               tag: str = "") -> tuple[HighLevelGraph, str, str]:
     """Probe env dims on an env worker, create the resident actor (fresh or from a checkpoint).
 
     Returns (graph, key of (obs_dim, action_dim), key of the initial versioned weights).
     """
     g = GraphBuilder()
-    dims = g.add(f"env_spec-{run_id}", rollout.env_dims, cfg, worker=placement.shard_workers[0])
+    run_id_tag = f"{run_id}{'-' + tag if tag else ''}"
+    dims = g.add(f"env_spec-{run_id_tag}", rollout.env_dims, cfg, worker=placement.shard_workers[0])
     deps: tuple[str, ...] = (dims,)
     ckpt = None
     if checkpoint_path is not None:
         from storage.checkpoints import load_checkpoint
-        ckpt = g.add(f"load_checkpoint-{run_id}", load_checkpoint, checkpoint_path, worker=placement.actor_worker)
+        ckpt = g.add(f"load_checkpoint-{run_id_tag}", load_checkpoint, checkpoint_path, worker=placement.actor_worker)
         deps += (ckpt,)
-    w = g.add(f"actor_init-{run_id}", update.actor_init, cfg, run_id, dims, ckpt, deps=deps,
+    w = g.add(f"actor_init-{run_id_tag}", update.actor_init, cfg, run_id, dims, ckpt, deps=deps,
               worker=placement.actor_worker, resources={"GPU": 1})
     return g.graph(), dims, w
 

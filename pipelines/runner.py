@@ -157,9 +157,9 @@ class Runner:
                                              f"same training config or start a new run")
         return {k: v for k, v in flat.items() if k not in changed}, changed
 
-    def _init_actor(self, ckpt: dict | None):
+    def _init_actor(self, ckpt: dict | None, tag: str = ""):
         graph, dims_key, w_key = graphs.build_init(self.cfg, run_id=self.state.run_id, placement=self.placement,
-                                                   checkpoint_path=ckpt["path"] if ckpt else None)
+                                                   checkpoint_path=ckpt["path"] if ckpt else None, tag=tag)
         dims_f, w_f = self.client.get(graph, [dims_key, w_key], sync=False)
         return w_f, dims_f.result()
 
@@ -177,16 +177,29 @@ class Runner:
         return False
 
     def train_step(self) -> dict:
+        """Run one training step's graph; on a lost worker, recover and retry (up to `runner.max_retries`)."""
         cfg, st = self.cfg, self.state
-        step = st.step
         t0 = time.perf_counter()
-        if self.store is not None:
-            self.store.reserve(step)
-        sg = graphs.build_train_step(cfg, run_id=st.run_id, step=step, weights=self.weights, cursors=st.cursors,
-                                     placement=self.placement, dims=self.dims,
-                                     store_path=str(self.store.path) if self.store is not None else None)
-        futs = self.client.get(sg.graph, [sg.update, sg.metrics, *sg.stores], sync=False)
-        upd_f, met_f, store_fs = futs[0], futs[1], futs[2:]
+        retries = 0
+        while True:
+            step = st.step
+            if self.store is not None:
+                self.store.reserve(step)
+            sg = graphs.build_train_step(cfg, run_id=st.run_id, step=step, weights=self.weights,
+                                         cursors=st.cursors, placement=self.placement, dims=self.dims,
+                                         store_path=str(self.store.path) if self.store is not None else None,
+                                         attempt=retries)
+            futs = self.client.get(sg.graph, [sg.update, sg.metrics, *sg.stores], sync=False)
+            upd_f, met_f, store_fs = futs[0], futs[1], futs[2:]
+            lost = self._wait_or_lost(futs)
+            if not lost:
+                break
+            retries += 1
+            self.client.cancel(futs)
+            if retries > cfg.runner.max_retries:
+                raise RuntimeError(f"step {step}: workers {sorted(lost)} lost {retries} times; giving up "
+                                   f"(resume with runner.resume={st.run_id})")
+            self._recover(lost, step)
         out = met_f.result()
         store_out = self.client.gather(store_fs)
         version = int(out["metrics"]["train/weight_version"])
@@ -208,7 +221,56 @@ class Runner:
             m["system/store_mb"] = sum(s["bytes"] for s in store_out) / 1e6
         self.peak_rss = max(self.peak_rss, cluster_rss_bytes())
         m["system/rss_total_gb"] = self.peak_rss / 2**30
+        m["train/retries"] = float(retries)
         return m
+
+    # ----- failures -----
+    def _wait_or_lost(self, futures) -> set[str]:
+        """Wait for `futures`; return the placed worker addresses that left the cluster meanwhile (empty: done).
+
+        A task pinned to a worker that died would wait forever in `no-worker`, so the set of live workers is
+        checked every second while waiting.
+        """
+        from distributed import wait
+        placed = {*self.placement.shard_workers, self.placement.actor_worker}
+        while True:
+            try:
+                wait(futures, timeout=1.0)
+                return set()
+            except TimeoutError:
+                live = set(self.client.scheduler_info(n_workers=-1)["workers"])
+                if not placed <= live:
+                    return placed - live
+
+    def _recover(self, lost: set[str], step: int) -> None:
+        """Re-plan placement on the live workers and drop resident env shards so that every shard is re-created
+        from the step's seed cursor. If the actor's worker was lost (its weights and optimizer with it), roll the
+        run back to the latest checkpoint (or to a fresh actor when there is none yet)."""
+        cfg, st = self.cfg, self.state
+        actor_lost = self.placement.actor_worker in lost
+        self.echo(f"dagrl: worker(s) {sorted(lost)} lost during step {step}; "
+                  f"{'restoring the actor from the last checkpoint and ' if actor_lost else ''}retrying")
+        n = cfg.cluster.num_env_workers + cfg.cluster.num_gpu_workers if cfg.cluster.address is None else 1
+        self.client.wait_for_workers(n, timeout=max(120.0, cfg.cluster.connect_timeout_s))
+        deadline = time.monotonic() + 120.0
+        while True:
+            try:
+                self.placement = plan_placement(cfg, self.client)
+                break
+            except ConfigError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
+        from tasks import resident
+        self.client.run(resident.release, f"{st.run_id}/shard/")
+        if actor_lost:
+            ckpt = latest_checkpoint(self.run_dir)
+            if ckpt is not None:
+                saved = load_checkpoint(ckpt)["run"]["runner"]
+                st.step, st.env_steps, st.cursors = saved["step"], saved["env_steps"], saved["cursors"]
+            else:
+                st.step, st.env_steps, st.cursors = 0, 0, [None] * cfg.env.num_shards
+            self.weights, _ = self._init_actor({"path": str(ckpt)} if ckpt else None, tag=f"r{step}")
 
     def evaluate(self) -> dict:
         st = self.state

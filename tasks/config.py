@@ -108,6 +108,7 @@ class RunnerConfig:
     keep_checkpoints: int = 2
     resume: Optional[str] = None  # a run id or "latest"
     stop_on_eval_success: Optional[float] = None  # stop once eval/success_once reaches this value
+    max_retries: int = 3  # retries of one step after losing a worker
     progress: bool = True
 
 
