@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dagrl: done: {res.steps} steps, {res.env_steps} env steps in {res.wall_s:.0f}s | "
               f"eval success_once {ev.get('eval/success_once', float('nan')):.3f} "
               f"success_at_end {ev.get('eval/success_at_end', float('nan')):.3f} over "
-              f"{ev.get('eval/num_episodes', 0):.0f} episodes | peak memory {res.peak_rss_gb:.2f} GiB")
+              f"{ev.get('eval/num_episodes', 0):.0f} episodes (best success_once "
+              f"{runner.state.best_eval_success_once:.3f} at step {runner.state.best_eval_step}) | "
+              f"peak memory {res.peak_rss_gb:.2f} GiB")
         print(f"dagrl: trajectories {res.store_path} | view: mlflow ui --backend-store-uri {res.tracking_uri}")
         return 0
     except KeyboardInterrupt:

@@ -39,6 +39,7 @@ class RunState:
     cursors: list = field(default_factory=list)
     elapsed_s: float = 0.0
     best_eval_success_once: float = -1.0
+    best_eval_step: int = -1
 
 
 @dataclass
@@ -282,7 +283,9 @@ class Runner:
              ("success_once", "success_at_end", "return", "episode_len")}
         m["eval/num_episodes"] = float(len(episodes))
         m["time/eval"] = time.perf_counter() - t0
-        st.best_eval_success_once = max(st.best_eval_success_once, m["eval/success_once"])
+        if m["eval/success_once"] > st.best_eval_success_once:
+            st.best_eval_success_once, st.best_eval_step = m["eval/success_once"], st.step
+        m["eval/best_success_once"] = st.best_eval_success_once
         self.last_eval = m
         return m
 
