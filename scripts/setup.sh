@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up dagrl on a fresh Linux machine: a virtual environment in .venv with pinned dependencies,
 # and — when no GPU Vulkan driver is present — Mesa 25's software Vulkan (lavapipe) from Debian's
-# bookworm-backports unpacked under .vulkan/ (no system package is installed; see docs/setup.md).
+# bookworm-backports unpacked under .vulkan/ (no system package is installed; see README).
 # Idempotent: re-running it skips what is already in place.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,10 +17,11 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   echo "[setup] installing torch==2.13.0"
   .venv/bin/pip install -q torch==2.13.0
 fi
-if ! .venv/bin/pip show -q dagrl >/dev/null 2>&1; then
-  echo "[setup] installing dagrl and its dependencies"
-  .venv/bin/pip install -q -e ".[dev]"
-fi
+# always (cheap when satisfied): picks up dependencies added since the venv was made
+echo "[setup] installing dagrl and its dependencies into .venv"
+.venv/bin/pip install -q -e ".[dev]" 2>&1 | grep -vE "^WARNING: Location .* is ignored" || true
+.venv/bin/python -W ignore -c "import dask, distributed, zarr, mlflow, hydra, mani_skill, torch" 2>/dev/null \
+  || { echo "[setup] ERROR: the dependencies did not install; see pip's output above" >&2; exit 1; }
 
 # Software Vulkan: only when no Vulkan ICD is found on the system and none was unpacked before.
 need_lvp=1
