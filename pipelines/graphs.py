@@ -92,15 +92,14 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
     """
     g = GraphBuilder()
     tag = f"{run_id}-{step}" + (f"-retry{attempt}" if attempt else "")
-    trajs, advs, stores = [], [], []
+    advs, stores = [], []
     if cfg.rollout.inference == "colocated":
-        traj_keys = _colocated_rollout(g, cfg, tag, run_id, weights, cursors, placement)
+        trajs = _colocated_rollout(g, cfg, tag, run_id, weights, cursors, placement)
     else:
         if dims is None:
             raise ValueError("disaggregated inference needs the env dims (obs_dim, action_dim)")
-        traj_keys = _disaggregated_rollout(g, cfg, tag, run_id, weights, cursors, placement, dims)
-    for s, traj in enumerate(traj_keys):
-        trajs.append(traj)
+        trajs = _disaggregated_rollout(g, cfg, tag, run_id, weights, cursors, placement, dims)
+    for s, traj in enumerate(trajs):
         if store_path is not None:
             stores.append(g.add(f"store_s{s}-{tag}", _store, store_path, step, s, traj, deps=(traj,)))
         advs.append(g.add(f"advantages_s{s}-{tag}", update.advantages, cfg, traj, deps=(traj,)))
