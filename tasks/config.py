@@ -199,6 +199,31 @@ class Config:
                               "both must be > 0")
         if a.dual_clip is not None and a.dual_clip <= 1.0:
             raise ConfigError("algorithm.dual_clip", a.dual_clip, "must be > 1 (or null to disable)")
+        for key, val, ok, fix in [
+            ("algorithm.lr", a.lr, a.lr > 0, "must be > 0"),
+            ("algorithm.max_grad_norm", a.max_grad_norm, a.max_grad_norm > 0, "must be > 0"),
+            ("algorithm.reward_scale", a.reward_scale, a.reward_scale > 0, "must be > 0"),
+            ("algorithm.entropy_coef", a.entropy_coef, a.entropy_coef >= 0, "must be >= 0"),
+            ("algorithm.value_coef", a.value_coef, a.value_coef >= 0, "must be >= 0"),
+            ("algorithm.value_clip", a.value_clip, a.value_clip is None or a.value_clip > 0, "must be > 0 or null"),
+            ("algorithm.target_kl", a.target_kl, a.target_kl is None or a.target_kl > 0, "must be > 0 or null"),
+            ("env.max_episode_steps", e.max_episode_steps, e.max_episode_steps is None or e.max_episode_steps > 0,
+             "must be >= 1 or null (the env task's own limit)"),
+            ("policy.hidden_sizes", p.hidden_sizes, len(p.hidden_sizes) > 0 and min(p.hidden_sizes) > 0,
+             "needs at least one layer, all sizes >= 1"),
+            ("runner.max_wall_time_s", self.runner.max_wall_time_s,
+             self.runner.max_wall_time_s is None or self.runner.max_wall_time_s > 0, "must be > 0 or null"),
+            ("runner.max_env_steps", self.runner.max_env_steps,
+             self.runner.max_env_steps is None or self.runner.max_env_steps > 0, "must be >= 1 or null"),
+            ("runner.keep_checkpoints", self.runner.keep_checkpoints, self.runner.keep_checkpoints >= 1,
+             "must be >= 1"),
+            ("runner.max_retries", self.runner.max_retries, self.runner.max_retries >= 0, "must be >= 0"),
+            ("runner.stop_on_eval_success", self.runner.stop_on_eval_success,
+             self.runner.stop_on_eval_success is None or 0 < self.runner.stop_on_eval_success <= 1,
+             "must be in (0, 1] or null"),
+        ]:
+            if not ok:
+                raise ConfigError(key, val, fix)
         if "/" in self.experiment or not self.experiment:
             raise ConfigError("experiment", self.experiment, "use a non-empty name without '/'")
         if self.runner.resume is not None and not self.runner.resume:

@@ -110,3 +110,17 @@ def test_cli_show_prints_the_resolved_config(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "experiment: smoke" in proc.stdout and "num_envs: 8" in proc.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("override,key", [
+    ("runner.max_wall_time_s=-5", "runner.max_wall_time_s"),
+    ("algorithm.lr=0", "algorithm.lr"),
+    ("policy.hidden_sizes=[]", "policy.hidden_sizes"),
+    ("runner.max_retries=-1", "runner.max_retries"),
+    ("env.num_shards=0", "env.num_shards"),
+    ("runner.stop_on_eval_success=1.5", "runner.stop_on_eval_success"),
+])
+def test_out_of_range_values_name_the_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        load_config([override], components=False)
+    assert str(err.value).startswith(key + "=") and "\n" not in str(err.value)
