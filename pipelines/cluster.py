@@ -77,6 +77,9 @@ def start_cluster(cfg: Config) -> ClusterHandle:
     n_cuda = torch.cuda.device_count()
     common = {"nthreads": c.threads_per_worker, "host": "127.0.0.1", "memory_limit": c.memory_limit,
               "silence_logs": logging.ERROR, "dashboard": False}
+    # torch threads of the actor: the cores the env workers leave (1 on a 2-core machine, where 2 threads were
+    # measured no faster idle and up to 18x slower under load)
+    actor_threads = max(1, (os.cpu_count() or 1) - c.num_env_workers)
     workers = {}
     for i in range(c.num_env_workers):
         workers[f"env-{i}"] = {"cls": Nanny, "options": {**common, "name": f"env-{i}", "resources": {"CPU": 1},
@@ -84,7 +87,7 @@ def start_cluster(cfg: Config) -> ClusterHandle:
     for i in range(c.num_gpu_workers):
         workers[f"gpu-{i}"] = {"cls": Nanny, "options": {
             **common, "name": f"gpu-{i}", "resources": {"GPU": 1},
-            "env": {**_worker_env(i if n_cuda else None, "none"), "OMP_NUM_THREADS": str(os.cpu_count() or 1)}}}
+            "env": {**_worker_env(i if n_cuda else None, "none"), "OMP_NUM_THREADS": str(actor_threads)}}}
     scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": c.dashboard_address}}
     cluster = SpecCluster(scheduler=scheduler, workers=workers, silence_logs=logging.ERROR)
     client = Client(cluster)
