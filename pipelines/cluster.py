@@ -65,12 +65,7 @@ def start_cluster(cfg: Config) -> ClusterHandle:
                  "distributed.core", "distributed.http.proxy"):
         logging.getLogger(name).setLevel(logging.ERROR)
     if c.address:
-        try:
-            client = Client(c.address, timeout=c.connect_timeout_s)
-        except OSError as exc:
-            raise ConnectionError(f"cluster.address={c.address!r}: cannot reach the scheduler ({exc}); start it "
-                                  f"(`dask scheduler`, docker compose up) or drop cluster.address for a local "
-                                  f"cluster") from None
+        client = connect(c.address, c.connect_timeout_s)
         return ClusterHandle(client, None, client.dashboard_link)
     from distributed import Nanny, Scheduler, SpecCluster
     import torch
@@ -93,6 +88,36 @@ def start_cluster(cfg: Config) -> ClusterHandle:
     client = Client(cluster)
     client.wait_for_workers(len(workers), timeout=120)
     return ClusterHandle(client, cluster, client.dashboard_link)
+
+
+def connect(address: str, timeout_s: float):
+    """A Client for an existing scheduler, or ConnectionError (one line, with the fix) within `timeout_s`.
+
+    The deadline is enforced here: distributed's own `timeout` does not cover a peer that accepts the TCP
+    connection but never answers the handshake (a wrong port), where `Client()` would wait forever.
+    """
+    import threading
+    from distributed import Client
+    fix = ("start it (`dask scheduler`, `docker compose up`) or drop cluster.address for the embedded local "
+           "cluster")
+    box: dict = {}
+
+    def attempt():  # in a daemon thread, so a hung handshake cannot keep the process alive
+        try:
+            box["client"] = Client(address, timeout=timeout_s)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            box["error"] = exc
+
+    t = threading.Thread(target=attempt, daemon=True, name="dagrl-connect")
+    t.start()
+    t.join(timeout_s + 5)
+    if "client" in box:
+        return box["client"]
+    if "error" in box:
+        raise ConnectionError(f"cluster.address={address!r}: cannot reach the scheduler ({box['error']}); "
+                              f"{fix}") from None
+    raise ConnectionError(f"cluster.address={address!r}: no Dask scheduler answered within {timeout_s:.0f} s "
+                          f"(cluster.connect_timeout_s); {fix}")
 
 
 def plan_placement(cfg: Config, client) -> Placement:

@@ -45,11 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg, _ = load_config([a for a in argv if not a.startswith("--")])
         if "--connect" in flags and cfg.cluster.address:
-            from distributed import Client
-            from pipelines.cluster import plan_placement
-            with Client(cfg.cluster.address, timeout=cfg.cluster.connect_timeout_s) as client:
+            from pipelines.cluster import connect, plan_placement
+            with connect(cfg.cluster.address, cfg.cluster.connect_timeout_s) as client:
                 plan_placement(cfg, client)
-    except (ConfigError, VulkanMissingError, OSError) as exc:
+    except (ConfigError, VulkanMissingError, ConnectionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if "--show" in flags:

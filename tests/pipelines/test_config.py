@@ -124,3 +124,25 @@ def test_out_of_range_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as err:
         load_config([override], components=False)
     assert str(err.value).startswith(key + "=") and "\n" not in str(err.value)
+
+
+def test_cluster_address_that_never_answers_fails_fast(tmp_path, capsys):
+    """A port that accepts TCP but is no Dask scheduler: one-line error within the timeout, exit 2."""
+    import socket
+    import time
+
+    from pipelines.run import main
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(5)
+    port = srv.getsockname()[1]
+    try:
+        t0 = time.monotonic()
+        rc = main(["conf=smoke", f"run_root={tmp_path}", f"cluster.address=tcp://127.0.0.1:{port}",
+                   "cluster.connect_timeout_s=2"])
+        assert rc == 2 and time.monotonic() - t0 < 30
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: cluster.address=") and "Traceback" not in err[0]
+        assert not any(tmp_path.iterdir())
+    finally:
+        srv.close()
