@@ -171,19 +171,23 @@ def build_init(cfg: Config, *, run_id: str, placement: Placement, checkpoint_pat
     return g.graph(), dims, w
 
 
-def build_eval(cfg: Config, *, run_id: str, step: int, weights, placement: Placement) -> tuple[HighLevelGraph, list[str]]:
+def build_eval(cfg: Config, *, run_id: str, step: int, weights, placement: Placement,
+               attempt: int = 0) -> tuple[HighLevelGraph, list[str]]:
     """Deterministic evaluation on every eval shard with the given weights; returns (graph, episode-list keys)."""
     g = GraphBuilder()
-    keys = [g.add(f"eval_s{s}-{run_id}-{step}", rollout.evaluate, cfg, run_id, s, weights,
+    tag = f"{run_id}-{step}" + (f"-retry{attempt}" if attempt else "")
+    keys = [g.add(f"eval_s{s}-{tag}", rollout.evaluate, cfg, run_id, s, weights,
                   worker=placement.shard_workers[s], resources={"CPU": 1}) for s in range(cfg.env.num_shards)]
     return g.graph(), keys
 
 
-def build_checkpoint(*, run_id: str, step: int, run_dir: str, meta: dict, placement: Placement) -> tuple[HighLevelGraph, str]:
+def build_checkpoint(*, run_id: str, step: int, run_dir: str, meta: dict, placement: Placement,
+                     attempt: int = 0) -> tuple[HighLevelGraph, str]:
     """Fetch the resident actor's state on its worker and write an atomic checkpoint with `meta` (runner state)."""
     g = GraphBuilder()
-    state = g.add(f"actor_state-{run_id}-{step}", update.actor_state, run_id, worker=placement.actor_worker)
-    key = g.add(f"checkpoint-{run_id}-{step}", _save_checkpoint, run_dir, step, state, meta, deps=(state,),
+    tag = f"{run_id}-{step}" + (f"-retry{attempt}" if attempt else "")
+    state = g.add(f"actor_state-{tag}", update.actor_state, run_id, worker=placement.actor_worker)
+    key = g.add(f"checkpoint-{tag}", _save_checkpoint, run_dir, step, state, meta, deps=(state,),
                 worker=placement.actor_worker)
     return g.graph(), key
 

@@ -181,26 +181,20 @@ class Runner:
         """Run one training step's graph; on a lost worker, recover and retry (up to `runner.max_retries`)."""
         cfg, st = self.cfg, self.state
         t0 = time.perf_counter()
-        retries = 0
-        while True:
-            step = st.step
+        retries, step = 0, st.step
+
+        def build(attempt: int):
+            nonlocal retries, step
+            retries, step = attempt, st.step  # a lost actor rolls st.step back to its checkpoint
             if self.store is not None:
                 self.store.reserve(step)
             sg = graphs.build_train_step(cfg, run_id=st.run_id, step=step, weights=self.weights,
                                          cursors=st.cursors, placement=self.placement, dims=self.dims,
                                          store_path=str(self.store.path) if self.store is not None else None,
-                                         attempt=retries)
-            futs = self.client.get(sg.graph, [sg.update, sg.metrics, *sg.stores], sync=False)
-            upd_f, met_f, store_fs = futs[0], futs[1], futs[2:]
-            lost = self._wait_or_lost(futs)
-            if not lost:
-                break
-            retries += 1
-            self.client.cancel(futs)
-            if retries > cfg.runner.max_retries:
-                raise RuntimeError(f"step {step}: workers {sorted(lost)} lost {retries} times; giving up "
-                                   f"(resume with runner.resume={st.run_id})")
-            self._recover(lost, step)
+                                         attempt=attempt)
+            return sg.graph, [sg.update, sg.metrics, *sg.stores]
+
+        upd_f, met_f, *store_fs = self._compute(build, "training step")
         out = met_f.result()
         store_out = self.client.gather(store_fs)
         version = int(out["metrics"]["train/weight_version"])
@@ -226,6 +220,21 @@ class Runner:
         return m
 
     # ----- failures -----
+    def _compute(self, build, what: str) -> list:
+        """Submit `build(attempt) -> (graph, keys)` and wait, watching the placed workers; after a loss, recover
+        (`_recover`) and resubmit with new keys, up to `runner.max_retries` times. Returns the finished futures."""
+        for attempt in range(self.cfg.runner.max_retries + 1):
+            graph, keys = build(attempt)
+            futs = self.client.get(graph, keys, sync=False)
+            lost = self._wait_or_lost(futs)
+            if not lost:
+                return futs
+            self.client.cancel(futs)
+            if attempt < self.cfg.runner.max_retries:
+                self._recover(lost, self.state.step)
+        raise RuntimeError(f"{what} at step {self.state.step}: placed workers lost {self.cfg.runner.max_retries + 1} "
+                           f"times; giving up (resume with runner.resume={self.state.run_id})")
+
     def _wait_or_lost(self, futures) -> set[str]:
         """Wait for `futures`; return the placed worker addresses that left the cluster meanwhile (empty: done).
 
@@ -263,7 +272,7 @@ class Runner:
                     raise
                 time.sleep(1.0)
         from tasks import resident
-        self.client.run(resident.release, f"{st.run_id}/shard/")
+        self.client.run(resident.release, f"{st.run_id}/shard/", on_error="ignore")
         if actor_lost:
             ckpt = latest_checkpoint(self.run_dir)
             if ckpt is not None:
@@ -276,9 +285,10 @@ class Runner:
     def evaluate(self) -> dict:
         st = self.state
         t0 = time.perf_counter()
-        graph, keys = graphs.build_eval(self.cfg, run_id=st.run_id, step=st.step, weights=self.weights,
-                                        placement=self.placement)
-        episodes = [e for part in self.client.get(graph, keys) for e in part]
+        futs = self._compute(lambda attempt: graphs.build_eval(
+            self.cfg, run_id=st.run_id, step=st.step, weights=self.weights, placement=self.placement,
+            attempt=attempt), "evaluation")
+        episodes = [e for part in self.client.gather(futs) for e in part]
         m = {f"eval/{k}": float(np.mean([e[k] for e in episodes])) for k in
              ("success_once", "success_at_end", "return", "episode_len")}
         m["eval/num_episodes"] = float(len(episodes))
@@ -292,10 +302,14 @@ class Runner:
     def checkpoint(self, elapsed: float) -> str:
         from dataclasses import asdict
         st = self.state
-        meta = {"runner": {**asdict(st), "elapsed_s": elapsed}, "experiment": self.cfg.experiment}
-        graph, key = graphs.build_checkpoint(run_id=st.run_id, step=st.step, run_dir=str(self.run_dir), meta=meta,
-                                             placement=self.placement)
-        path = self.client.get(graph, key)
+
+        def build(attempt: int):
+            meta = {"runner": {**asdict(st), "elapsed_s": elapsed}, "experiment": self.cfg.experiment}
+            graph, key = graphs.build_checkpoint(run_id=st.run_id, step=st.step, run_dir=str(self.run_dir),
+                                                 meta=meta, placement=self.placement, attempt=attempt)
+            return graph, [key]
+
+        path = self._compute(build, "checkpoint")[0].result()
         prune_checkpoints(self.run_dir, self.cfg.runner.keep_checkpoints)
         return path
 

@@ -18,10 +18,10 @@ def test_default_config_composes():
     cfg, dcfg = load_config([])
     assert isinstance(cfg, Config)
     assert cfg.experiment == "pushcube_ppo" and dcfg.experiment == "pushcube_ppo"
-    assert (cfg.env.env_id, cfg.env.num_envs, cfg.env.num_shards) == ("PushCube-v1", 16, 2)
+    assert (cfg.env.env_id, cfg.env.num_envs, cfg.env.num_shards) == ("PushCube-v1", 32, 2)
     assert cfg.policy.hidden_sizes == [256, 256, 256]
     # derived values
-    assert cfg.env.shard_size == 8 and cfg.batch_size == 1600 and cfg.minibatch_size == 200
+    assert cfg.env.shard_size == 16 and cfg.batch_size == 3200 and cfg.minibatch_size == 400
     assert cfg.num_segments == 2
 
 
