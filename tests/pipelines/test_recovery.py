@@ -42,8 +42,11 @@ def test_killed_worker_is_recovered(tmp_path, victim):
         assert res.steps == 6 and res.env_steps == 6 * 4 * 40
         retries = runner.tracker.get_metric_history("train/retries")
         assert sum(v for _, v in retries) == 1.0
-        if victim == "actor":  # rolled back to the step-2 checkpoint: step 3 logged twice, the retry second
-            assert [s for s, _ in retries] == [1, 2, 3, 3, 4, 5, 6]
+        steps = [s for s, _ in retries]
+        if victim == "actor":  # rolled back to the last checkpoint (every 2 steps): at most one step redone
+            assert sorted(set(steps)) == [1, 2, 3, 4, 5, 6] and len(steps) in (6, 7) and steps == sorted(steps)
+        else:
+            assert steps == [1, 2, 3, 4, 5, 6]
         store = TrajectoryStore.open(res.store_path)
         assert store.complete_epochs().tolist() == list(range(6))
         assert runner.placement.shard_workers[1] != addr or victim == "actor"
