@@ -94,7 +94,10 @@ def check_components(cfg: Config) -> None:
     """
     from tasks.envs import check_env_config
     from tasks.policies import check_policy_config
+    from tasks.algorithms import advantage_names
     check_policy_config(cfg.policy)
+    if cfg.algorithm.adv_type not in advantage_names():
+        raise ConfigError("algorithm.adv_type", cfg.algorithm.adv_type, f"known estimators: {advantage_names()}")
     check_env_config(cfg.env)
     if cfg.env.eval.num_envs % cfg.env.num_shards:
         raise ConfigError("env.eval.num_envs", cfg.env.eval.num_envs,

@@ -79,10 +79,10 @@ class Runner:
         self.root = Path(cfg.run_root).resolve()
         self.placement: Placement = plan_placement(cfg, self.client)
         self.state, ckpt = self._start_or_resume()
+        uri = cfg.tracking.uri or default_tracking_uri(self.root)
+        params, changed = self._params(uri)  # on resume: refuses a changed training key before writing anything
         self.run_dir = new_run_dir(self.root, cfg.experiment, self.state.run_id)
         write_resolved_config(self.run_dir, to_yaml(cfg))
-        uri = cfg.tracking.uri or default_tracking_uri(self.root)
-        params, changed = self._params(uri)
         self.tracker = Tracker(uri=uri, experiment=cfg.tracking.experiment or cfg.experiment,
                                run_name=self.state.run_id, run_id=self.state.mlflow_run_id)
         self.tracking_uri = uri

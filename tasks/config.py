@@ -224,6 +224,15 @@ class Config:
         ]:
             if not ok:
                 raise ConfigError(key, val, fix)
+        if a.name != "ppo":
+            raise ConfigError("algorithm.name", a.name, "only 'ppo' is implemented so far (GRPO is planned)")
+        if p.model_path is not None:
+            raise ConfigError("policy.model_path", p.model_path,
+                              "loading a pretrained policy is not implemented yet; remove the key (null)")
+        if self.experiment in (".", ".."):
+            raise ConfigError("experiment", self.experiment, "use a plain name (it becomes a directory)")
+        if self.cluster.address is not None and not self.cluster.address.rsplit(":", 1)[-1].isdigit():
+            raise ConfigError("cluster.address", self.cluster.address, "use tcp://HOST:PORT (e.g. tcp://host:8786)")
         if "/" in self.experiment or not self.experiment:
             raise ConfigError("experiment", self.experiment, "use a non-empty name without '/'")
         if self.runner.resume is not None and not self.runner.resume:

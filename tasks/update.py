@@ -40,8 +40,10 @@ def advantages(cfg: Config, traj: dict) -> dict:
                        truncated=t["truncated"], final_values=t["final_values"][..., 0], gamma=a.gamma,
                        lam=a.gae_lambda)
     else:  # per-action time axis [T*C, B], back to [T, B, C]
+        # V(final_obs) bootstraps the episode's last executed action: the value at position 0 of the next state
         flat = to_action_level(rewards=rewards, values=values, terminated=t["terminated"],
-                               truncated=t["truncated"], final_values=t["final_values"], step_mask=t["step_mask"])
+                               truncated=t["truncated"], final_values=t["final_values"][..., 0],
+                               step_mask=t["step_mask"])
         adv, ret = est(**flat, gamma=a.gamma, lam=a.gae_lambda)
         C = cfg.policy.num_action_chunks
         adv, ret = from_action_level(adv, num_action_chunks=C), from_action_level(ret, num_action_chunks=C)

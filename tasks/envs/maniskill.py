@@ -21,6 +21,7 @@ from tasks.envs.vulkan import VulkanMissingError, ensure_vulkan
 
 OBS_MODES = ("state",)  # rgb observations arrive with the VLA policies
 SIM_BACKENDS = ("physx_cpu", "cpu")
+REWARD_MODES = ("normalized_dense", "dense", "sparse")
 
 
 def _registry():
@@ -40,6 +41,8 @@ def check_config(env: EnvConfig) -> None:
     if env.sim_backend not in SIM_BACKENDS:
         raise ConfigError("env.sim_backend", env.sim_backend,
                           f"supported on CPU: {list(SIM_BACKENDS)} (GPU simulation is not wired in yet)")
+    if env.reward_mode not in REWARD_MODES:
+        raise ConfigError("env.reward_mode", env.reward_mode, f"use one of {list(REWARD_MODES)}")
     reg = _registry()
     if env.env_id not in reg:
         import difflib

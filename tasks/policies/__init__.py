@@ -35,5 +35,10 @@ def make_policy(cfg: PolicyConfig, *, obs_dim: int, action_dim: int, num_values:
 
 
 def check_policy_config(cfg: PolicyConfig) -> None:
+    """Offline checks of a policy config. Raises ConfigError."""
     if cfg.name not in _POLICIES:
         raise ConfigError("policy.name", cfg.name, f"known policies: {sorted(_POLICIES)}")
+    if cfg.name == "mlp":
+        from tasks.policies.mlp import ACTIVATIONS
+        if cfg.activation not in ACTIVATIONS:
+            raise ConfigError("policy.activation", cfg.activation, f"use one of {sorted(ACTIVATIONS)}")

@@ -241,3 +241,18 @@ def test_disaggregated_rollout_matches_colocated(monkeypatch):
                                atol=1e-5)
     assert (dis["final_values"][3] != 0).all() and (np.delete(dis["final_values"], 3, axis=0) == 0).all()
     assert upd["version"] == 1
+
+
+def test_action_level_rewards_train_through_the_step_graph(monkeypatch):
+    """reward_type=action_level with C=2: per-action GAE ([T, B, C] advantages) and an update with finite losses."""
+    monkeypatch.setattr(tasks.envs, "make_single_env", lambda cfg: FakeEnv(cfg))
+    cfg = small_config()
+    cfg.policy.num_action_chunks = 2
+    cfg.algorithm.reward_type, cfg.algorithm.logprob_type = "action_level", "action_level"
+    cfg.validate()
+    weights = update.actor_init(cfg, RUN_A, (FakeEnv.obs_dim, FakeEnv.action_dim))
+    sg = graphs.build_train_step(cfg, run_id=RUN_A, step=0, weights=weights, cursors=[None, None],
+                                 placement=PLACEMENT, store_path=None)
+    adv, upd = dask.get(sg.graph, [f"advantages_s0-{RUN_A}-0", sg.update])
+    assert adv["advantages"].shape == (6, 2, 2) and adv["values"].shape == (6, 2, 2)
+    assert upd["version"] == 1 and math.isfinite(upd["metrics"]["train/critic_loss"])
