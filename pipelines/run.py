@@ -47,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from pipelines.runner import Runner
+    import signal
+
+    def _term(signum, frame):  # SIGTERM (timeout, kill, schedulers) ends the run like Ctrl-C: MLflow run KILLED
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)
     try:
         print(f"dagrl: experiment {cfg.experiment} | dashboard {handle.dashboard_link}", flush=True)
         try:

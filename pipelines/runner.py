@@ -78,6 +78,7 @@ class Runner:
         self.cfg, self.handle, self.client, self.echo = cfg, handle, handle.client, echo
         self.root = Path(cfg.run_root).resolve()
         self.placement: Placement = plan_placement(cfg, self.client)
+        self._placed_ids = self._worker_ids()
         self.state, ckpt = self._start_or_resume()
         uri = cfg.tracking.uri or default_tracking_uri(self.root)
         params, changed = self._params(uri)  # on resume: refuses a changed training key before writing anything
@@ -194,9 +195,7 @@ class Runner:
                                          attempt=attempt)
             return sg.graph, [sg.update, sg.metrics, *sg.stores]
 
-        upd_f, met_f, *store_fs = self._compute(build, "training step")
-        out = met_f.result()
-        store_out = self.client.gather(store_fs)
+        (upd_f,), (out, *store_out) = self._compute(build, "training step", keep=1)
         version = int(out["metrics"]["train/weight_version"])
         if self.store is not None:
             self.store.mark_complete(step, weight_version=version - 1, global_step=step)
@@ -220,20 +219,37 @@ class Runner:
         return m
 
     # ----- failures -----
-    def _compute(self, build, what: str) -> list:
-        """Submit `build(attempt) -> (graph, keys)` and wait, watching the placed workers; after a loss, recover
-        (`_recover`) and resubmit with new keys, up to `runner.max_retries` times. Returns the finished futures."""
+    def _compute(self, build, what: str, keep: int = 0) -> tuple[list, list]:
+        """Submit `build(attempt) -> (graph, keys)`, wait and fetch, watching the placed workers; after a loss,
+        recover (`_recover`) and resubmit with new keys, up to `runner.max_retries` times.
+
+        Returns (the first `keep` keys as futures, the results of the others). Results are fetched under the same
+        watch: a result held by a worker that dies after finishing would otherwise be recomputed from pinned
+        tasks that can no longer run, and the fetch would wait forever.
+        """
         for attempt in range(self.cfg.runner.max_retries + 1):
             graph, keys = build(attempt)
             futs = self.client.get(graph, keys, sync=False)
             lost = self._wait_or_lost(futs)
             if not lost:
-                return futs
+                results = self._fetch_or_lost(futs[keep:])
+                if isinstance(results, list):
+                    return futs[:keep], results
+                lost = results
             self.client.cancel(futs)
             if attempt < self.cfg.runner.max_retries:
                 self._recover(lost, self.state.step)
         raise RuntimeError(f"{what} at step {self.state.step}: placed workers lost {self.cfg.runner.max_retries + 1} "
                            f"times; giving up (resume with runner.resume={self.state.run_id})")
+
+    def _worker_ids(self) -> dict[str, str]:
+        """address -> worker id (a restarted worker can come back on the same address with a new id and no state)"""
+        return {a: w.get("id", a) for a, w in self.client.scheduler_info(n_workers=-1)["workers"].items()}
+
+    def _lost_workers(self) -> set[str]:
+        now = self._worker_ids()
+        placed = {*self.placement.shard_workers, self.placement.actor_worker}
+        return {a for a in placed if now.get(a) != self._placed_ids.get(a)}
 
     def _wait_or_lost(self, futures) -> set[str]:
         """Wait for `futures`; return the placed worker addresses that left the cluster meanwhile (empty: done).
@@ -242,15 +258,33 @@ class Runner:
         checked every second while waiting.
         """
         from distributed import wait
-        placed = {*self.placement.shard_workers, self.placement.actor_worker}
         while True:
             try:
                 wait(futures, timeout=1.0)
                 return set()
             except TimeoutError:
-                live = set(self.client.scheduler_info(n_workers=-1)["workers"])
-                if not placed <= live:
-                    return placed - live
+                lost = self._lost_workers()
+                if lost:
+                    return lost
+
+    def _fetch_or_lost(self, futures) -> list | set[str]:
+        """Results of finished futures, or the set of lost placed workers if fetching stalls on one."""
+        out = []
+        for f in futures:
+            while True:
+                try:
+                    out.append(f.result(timeout=1.0))
+                    break
+                except TimeoutError:
+                    lost = self._lost_workers()
+                    if lost:
+                        return lost
+                except Exception:  # a task that failed because its worker restarted under it: retry, not fail
+                    lost = self._lost_workers()
+                    if lost:
+                        return lost
+                    raise
+        return out
 
     def _recover(self, lost: set[str], step: int) -> None:
         """Re-plan placement on the live workers and drop resident env shards so that every shard is re-created
@@ -266,6 +300,7 @@ class Runner:
         while True:
             try:
                 self.placement = plan_placement(cfg, self.client)
+                self._placed_ids = self._worker_ids()
                 break
             except ConfigError:
                 if time.monotonic() > deadline:
@@ -285,10 +320,10 @@ class Runner:
     def evaluate(self) -> dict:
         st = self.state
         t0 = time.perf_counter()
-        futs = self._compute(lambda attempt: graphs.build_eval(
+        _, parts = self._compute(lambda attempt: graphs.build_eval(
             self.cfg, run_id=st.run_id, step=st.step, weights=self.weights, placement=self.placement,
             attempt=attempt), "evaluation")
-        episodes = [e for part in self.client.gather(futs) for e in part]
+        episodes = [e for part in parts for e in part]
         m = {f"eval/{k}": float(np.mean([e[k] for e in episodes])) for k in
              ("success_once", "success_at_end", "return", "episode_len")}
         m["eval/num_episodes"] = float(len(episodes))
@@ -309,7 +344,7 @@ class Runner:
                                                  meta=meta, placement=self.placement, attempt=attempt)
             return graph, [key]
 
-        path = self._compute(build, "checkpoint")[0].result()
+        path = self._compute(build, "checkpoint")[1][0]
         prune_checkpoints(self.run_dir, self.cfg.runner.keep_checkpoints)
         return path
 

@@ -18,6 +18,7 @@ from pipelines.runner import Runner
 from storage.trajectories import TrajectoryStore
 
 
+@pytest.mark.slow  # timing-dependent (where the kill lands); run with `pytest -m slow`
 @pytest.mark.parametrize("victim", ["env", "actor"])
 def test_killed_worker_is_recovered(tmp_path, victim):
     cfg, _ = load_config(["conf=smoke", f"run_root={tmp_path}", "runner.max_steps=6", "rollout.chunk_steps=40",
