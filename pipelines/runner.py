@@ -6,7 +6,6 @@ the progress bar; every `val_check_interval` steps an eval graph; every `save_in
 """
 from __future__ import annotations
 
-import logging
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -25,7 +24,6 @@ from storage.trajectories import FieldSpec, TrajectoryStore
 from tasks.config import Config, ConfigError
 from tasks.rollout import num_values
 
-log = logging.getLogger("dagrl")
 
 
 @dataclass
