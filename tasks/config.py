@@ -35,7 +35,8 @@ class EnvConfig:
 
     simulator: str = "maniskill"
     env_id: str = "PushCube-v1"
-    obs_mode: str = "state"
+    obs_mode: str = "state"  # state: the flat state vector; rgb: the state vector plus one camera image
+    image_size: int = 64  # square camera image (pixels) with obs_mode=rgb, captured once per chunk step
     control_mode: str = "pd_joint_delta_pos"
     reward_mode: str = "normalized_dense"
     sim_backend: str = "physx_cpu"
@@ -56,20 +57,36 @@ class EnvConfig:
 class PolicyConfig:
     """Policy family and its sizes. `num_action_chunks` C actions are predicted per policy call."""
 
-    name: str = "mlp"
-    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256, 256])
-    activation: str = "tanh"
-    init_logstd: float = -0.5
+    name: str = "mlp"  # mlp | flow_vla (pi0-style flow matching) | token_vla (OpenVLA-OFT-style action tokens)
+    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256, 256])  # mlp
+    activation: str = "tanh"  # mlp
+    init_logstd: float = -0.5  # mlp
     num_action_chunks: int = 1
-    model_path: Optional[str] = None  # local checkpoint directory to start from
+    model_path: Optional[str] = None  # local checkpoint directory (save_pretrained layout) to start from
+    # ----- VLAs (flow_vla, token_vla) -----
+    preset: str = "tiny"  # model sizes: tiny (trains on CPU) or a real-size preset (see the policy module)
+    sizes: dict[str, int] = field(default_factory=dict)  # per-key overrides of the preset's sizes
+    use_state: bool = True  # condition on the env's state vector (pi0's proprio input)
+    max_prompt_len: int = 48  # instruction tokens (byte-level tokenizer), padded/truncated
+    value_head: str = "mean_token"  # mean_token | first_token | last_token: pooling of prefix features
+    num_denoise_steps: int = 4  # flow_vla: K integration steps of the flow ODE/SDE
+    noise_method: str = "flow_sde"  # flow_vla: flow_sde | flow_noise (piRL)
+    noise_level: float = 0.5  # flow_vla, flow_sde: a in sigma_t = a * sqrt(t / (1 - t))
+    noise_std_min: float = 0.08  # flow_vla, flow_noise: bounds of the learned noise std
+    noise_std_max: float = 0.16
+    action_bins: int = 256  # token_vla: bins per action dimension
 
 
 @dataclass
 class AlgorithmConfig:
     """PPO with GAE (ManiSkill's PPO baseline defaults for state-based tasks)."""
 
-    name: str = "ppo"
-    adv_type: str = "gae"
+    name: str = "ppo"  # ppo (actor-critic with GAE) | grpo (critic-free, group-relative advantages)
+    adv_type: str = "gae"  # gae | grpo
+    group_size: int = 1  # grpo: envs per group sharing a reset state; groups never straddle env shards
+    filter_rewards: bool = False  # grpo: zero the advantages of groups whose mean score is outside the bounds
+    rewards_lower_bound: float = 0.0
+    rewards_upper_bound: float = 1.0
     gamma: float = 0.8
     gae_lambda: float = 0.9
     reward_type: str = "chunk_level"
