@@ -1,4 +1,4 @@
-"""Pure RL math (plain torch, no Dask): advantage estimators, granularity helpers, PPO losses."""
+"""Pure RL math (plain torch, no Dask): advantage estimators (GAE, GRPO), granularity helpers, PPO losses."""
 
 from tasks.algorithms.advantages import (
     AdvantageFn,
@@ -18,6 +18,7 @@ from tasks.algorithms.granularity import (
     loss_mask_for,
     reduce_logprobs,
 )
+from tasks.algorithms.grpo import check_groups, grpo_advantages
 from tasks.algorithms.losses import (
     REDUCTIONS,
     aggregate_loss,
@@ -36,6 +37,8 @@ __all__ = [
     "get_advantage",
     "register_advantage",
     "to_action_level",
+    "check_groups",
+    "grpo_advantages",
     "LOGPROB_TYPES",
     "REWARD_TYPES",
     "aggregate_rewards",
