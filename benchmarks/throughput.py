@@ -190,7 +190,7 @@ def phase_baseline(args) -> dict:
         b_logp, b_val, b_rew = torch.zeros(T, B), torch.zeros(T, B), torch.zeros(T, B)
         b_done, b_final = torch.zeros(T, B), torch.zeros(T, B)  # done = term|trunc; V(final obs) where truncated
         for t in range(T):
-            out = policy.act(obs)  # no_grad inside
+            out = policy.act({"state": obs})  # no_grad inside
             b_obs[t], b_act[t] = obs, out["actions"]
             b_logp[t], b_val[t] = out["logprobs"].sum((1, 2)), out["values"]
             nobs, rew, term, trunc, info = envs.step(out["actions"][:, 0].clamp(-1, 1).numpy())
@@ -201,10 +201,10 @@ def phase_baseline(args) -> dict:
             if len(tr):
                 fo = torch.as_tensor(np.stack([info["final_obs"][i] for i in tr]), dtype=torch.float32)
                 with torch.no_grad():
-                    b_final[t, tr] = policy.values(fo).reshape(-1)
+                    b_final[t, tr] = policy.values({"state": fo}).reshape(-1)
             obs = torch.as_tensor(nobs, dtype=torch.float32)
         with torch.no_grad():
-            next_v = policy.values(obs).reshape(-1)
+            next_v = policy.values({"state": obs}).reshape(-1)
         t_roll = time.perf_counter() - t0
         # ---- GAE (truncated episodes bootstrap from V(final obs)) ----
         t1 = time.perf_counter()
@@ -229,7 +229,7 @@ def phase_baseline(args) -> dict:
             perm = torch.randperm(N)
             for i in range(a.num_minibatches):
                 idx = perm[i * mb:(i + 1) * mb]
-                ev = policy.evaluate(f_obs[idx], f_act[idx])
+                ev = policy.evaluate({"state": f_obs[idx]}, f_act[idx])
                 logratio = ev["logprobs"].sum((1, 2)) - f_logp[idx]
                 ratio = logratio.exp()
                 pg = torch.max(-f_adv[idx] * ratio,

@@ -59,7 +59,7 @@ class StepGraph:
 
 def _store(path: str, epoch: int, shard: int, traj: dict) -> dict:
     from storage.trajectories import write_shard
-    return write_shard(path, epoch=epoch, shard=shard, data={k: traj[k] for k in rollout.STEP_FIELDS})
+    return write_shard(path, epoch=epoch, shard=shard, data={k: traj[k] for k in (*rollout.STEP_FIELDS, "rgb") if k in traj})
 
 
 def step_metrics(update_out: dict, *parts: dict) -> dict:

@@ -66,7 +66,9 @@ def trajectory_fields(cfg: Config, obs_dim: int, action_dim: int) -> dict[str, F
             "final_values": FieldSpec((V,), "float32"), "rewards": FieldSpec((C,), "float32"),
             "terminated": FieldSpec((), "bool"), "truncated": FieldSpec((), "bool"),
             "step_mask": FieldSpec((C,), "bool"), "success": FieldSpec((), "bool"),
-            "episode_seed": FieldSpec((), "int64"), "episode_id": FieldSpec((), "int64")}
+            "episode_seed": FieldSpec((), "int64"), "episode_id": FieldSpec((), "int64"),
+            **({"rgb": FieldSpec((cfg.env.image_size, cfg.env.image_size, 3), "uint8")}
+               if cfg.env.obs_mode == "rgb" else {})}
 
 
 class Runner:

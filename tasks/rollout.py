@@ -6,7 +6,12 @@ Shapes: T chunk steps, B envs of the shard, C actions per chunk, D action dim, O
   final_values [T,B,V] f32 (V(final_obs) where the episode was truncated at t, else 0), bootstrap_values [B,V] f32
   (V of the observation after the last chunk step), rewards [T,B,C] f32, terminated [T,B] bool,
   truncated [T,B] bool, step_mask [T,B,C] bool, success [T,B] bool, episode_seed [T,B] i64, episode_id [T,B] i64,
-plus "episodes" (finished-episode metrics), "cursor" (shard seed cursor) and "timing" (seconds).
+plus, with obs_mode=rgb, rgb [T,B,H,W,3] u8 (the image of `obs`); "extras/<name>" [T,B,...] (what the policy
+needs to recompute its log-probs, e.g. a flow VLA's denoising chain); "episodes" (finished-episode metrics),
+"cursor" (shard seed cursor) and "timing" (seconds).
+
+Policies see observations as a dict of tensors ({"state", "rgb", "prompt"}, see tasks.policies); `policy_obs`
+builds it, tokenising the env task's instruction for VLAs once per replica.
 """
 from __future__ import annotations
 
@@ -31,6 +36,38 @@ class Replica:
 
     module: torch.nn.Module
     version: int = -1
+    prompts: dict | None = None  # (instruction, B) -> int64 [B, L] prompt tokens
+
+
+def prompt_tokens(policy: torch.nn.Module, instruction: str, batch: int, cache: dict | None = None):
+    """int64 [batch, L] tokens of `instruction` for a VLA (None for policies without prompts)."""
+    if not getattr(policy, "needs_prompt", False):
+        return None
+    key = (instruction, batch)
+    if cache is not None and key in cache:
+        return cache[key]
+    tok = policy.tokenize([instruction] * batch)
+    if cache is not None:
+        cache[key] = tok
+    return tok
+
+
+def policy_obs(policy: torch.nn.Module, state: np.ndarray, rgb: np.ndarray | None, instruction: str,
+               cache: dict | None = None) -> dict[str, torch.Tensor]:
+    """The policy's observation dict from numpy arrays: state f32 [B, O], rgb u8 [B, H, W, 3] or None."""
+    obs = {"state": torch.as_tensor(state)}
+    if rgb is not None:
+        obs["rgb"] = torch.as_tensor(rgb)
+    tok = prompt_tokens(policy, instruction, len(state), cache)
+    if tok is not None:
+        obs["prompt"] = tok
+    return obs
+
+
+def instruction(cfg: Config) -> str:
+    """The env task's natural-language instruction (the VLA prompt)."""
+    from tasks.envs.maniskill import instruction_for
+    return instruction_for(cfg.env.env_id)
 
 
 def num_values(cfg: Config) -> int:
@@ -54,12 +91,18 @@ def env_dims(cfg: Config) -> tuple[int, int]:
 def get_replica(cfg: Config, run_id: str, weights: dict, obs_dim: int, action_dim: int) -> Replica:
     """The resident policy replica of this worker, loaded with `weights` (a load only when the version changed)."""
     rep, _ = resident.get_or_create(f"{run_id}/policy", lambda: Replica(
-        make_policy(cfg.policy, obs_dim=obs_dim, action_dim=action_dim, num_values=num_values(cfg))))
+        make_policy(cfg.policy, obs_dim=obs_dim, action_dim=action_dim, num_values=num_values(cfg),
+                    image_size=image_size(cfg), load=False), prompts={}))
     if rep.version != weights["version"]:
         rep.module.load_state_dict(weights["state_dict"])
         rep.module.eval()
         rep.version = weights["version"]
     return rep
+
+
+def image_size(cfg: Config) -> int | None:
+    """Camera size the policy sees (pixels), None for state-only observations."""
+    return cfg.env.image_size if cfg.env.obs_mode == "rgb" else None
 
 
 def get_shard(cfg: Config, run_id: str, shard: int, cursor: dict | None) -> EnvShard:
@@ -73,10 +116,43 @@ def get_shard(cfg: Config, run_id: str, shard: int, cursor: dict | None) -> EnvS
         torch.manual_seed(cfg.seed * 100_003 + shard * 7_919 + int(sum((cursor or {}).get("episode_count", []))))
         return make_shard(e, shard=shard, num_shards=e.num_shards, num_envs=e.num_envs, auto_reset=e.auto_reset,
                           ignore_terminations=e.ignore_terminations, base_seed=e.seed,
-                          episode_count=(cursor or {}).get("episode_count"))
+                          episode_count=(cursor or {}).get("episode_count"), group_size=group_size(cfg))
 
     sh, _ = resident.get_or_create(f"{run_id}/shard/{shard}", create)
     return sh
+
+
+def group_size(cfg: Config) -> int:
+    """Envs per reset-state group: algorithm.group_size with GRPO, else 1."""
+    return cfg.algorithm.group_size if cfg.algorithm.adv_type == "grpo" else 1
+
+
+def _values_np(rep: Replica, obs: dict, n: int) -> np.ndarray:
+    with torch.no_grad():
+        return rep.module.values(obs).reshape(n, -1).numpy()
+
+
+def _final_values(rep: Replica, res, instr: str, V: int) -> np.ndarray:
+    """V(final_obs) [B, V] where the chunk step truncated an episode, else 0."""
+    fv = np.zeros((len(res.truncated), V), np.float32)
+    if res.truncated.any():
+        m = res.truncated
+        obs = policy_obs(rep.module, res.final_obs[m], None if res.final_rgb is None else res.final_rgb[m], instr,
+                         rep.prompts)
+        fv[m] = _values_np(rep, obs, int(m.sum()))
+    return fv
+
+
+def _act(rep: Replica, obs: dict, deterministic: bool = False) -> dict[str, np.ndarray]:
+    """One policy call -> numpy actions/logprobs/values [B, ...] and extras/<name>."""
+    with torch.no_grad():
+        out = rep.module.act(obs, deterministic=deterministic)
+    B = out["actions"].shape[0]
+    res = {"actions": out["actions"].numpy(), "logprobs": out["logprobs"].numpy(),
+           "values": out["values"].reshape(B, -1).numpy()}
+    for k, v in (out.get("extras") or {}).items():
+        res[f"extras/{k}"] = v.numpy()
+    return res
 
 
 def env_step(cfg: Config, run_id: str, shard: int, weights: dict, num_chunk_steps: int, cursor: dict | None,
@@ -91,43 +167,45 @@ def env_step(cfg: Config, run_id: str, shard: int, weights: dict, num_chunk_step
     if first and not cfg.env.auto_reset:
         sh.reset_all()  # without auto_reset every rollout starts from fresh episodes (RLinf)
     rep = get_replica(cfg, run_id, weights, sh.obs_dim, sh.action_dim)
+    instr = sh.instruction or instruction(cfg)
+    V = num_values(cfg)
     t_env = t_inf = 0.0
-    steps: dict[str, list] = {k: [] for k in STEP_FIELDS}
+    steps: dict[str, list] = {}
     episodes: list[dict] = []
-    obs = sh.current_obs()
+    state, rgb = sh.current_obs(), sh.current_rgb()
     for _ in range(num_chunk_steps):
         ti = time.perf_counter()
-        out = rep.module.act(torch.from_numpy(obs))
-        actions = out["actions"].numpy()
+        out = _act(rep, policy_obs(rep.module, state, rgb, instr, rep.prompts))
         te = time.perf_counter()
-        res = sh.chunk_step(actions)
+        res = sh.chunk_step(out["actions"])
         tf = time.perf_counter()
-        final_values = np.zeros((sh.num_envs, num_values(cfg)), np.float32)
-        if res.truncated.any():  # V(final_obs) bootstraps truncated episodes only
-            with torch.no_grad():
-                fv = rep.module.values(torch.from_numpy(res.final_obs[res.truncated]))
-            final_values[res.truncated] = fv.reshape(int(res.truncated.sum()), -1).numpy()
+        final_values = _final_values(rep, res, instr, V)
         t_inf += (te - ti) + (time.perf_counter() - tf)
         t_env += tf - te
-        for k, v in (("obs", obs), ("actions", actions), ("logprobs", out["logprobs"].numpy()),
-                     ("values", out["values"].reshape(sh.num_envs, -1).numpy()), ("final_values", final_values),
-                     ("rewards", res.rewards), ("terminated", res.terminated), ("truncated", res.truncated),
-                     ("step_mask", res.step_mask), ("success", res.success), ("episode_seed", res.episode_seed),
-                     ("episode_id", res.episode_id)):
-            steps[k].append(v)
+        record = {"obs": state, **out, "final_values": final_values, "rewards": res.rewards,
+                  "terminated": res.terminated, "truncated": res.truncated, "step_mask": res.step_mask,
+                  "success": res.success, "episode_seed": res.episode_seed, "episode_id": res.episode_id}
+        if rgb is not None:
+            record["rgb"] = rgb
+        for k, v in record.items():
+            steps.setdefault(k, []).append(v)
         episodes += res.episodes
-        obs = res.obs
-    with torch.no_grad():
-        bootstrap = rep.module.values(torch.from_numpy(obs)).reshape(sh.num_envs, -1).numpy()
+        state, rgb = res.obs, res.rgb
+    bootstrap = _values_np(rep, policy_obs(rep.module, state, rgb, instr, rep.prompts), sh.num_envs)
     seg = {k: np.stack(v) for k, v in steps.items()}
     seg.update(bootstrap_values=bootstrap, episodes=episodes, cursor=sh.state_dict(),
                timing={"env": t_env, "infer": t_inf, "total": time.perf_counter() - t0})
     return seg
 
 
+def step_fields(traj: dict) -> list[str]:
+    """The [T, B, ...] fields of a trajectory or segment: STEP_FIELDS, rgb and extras/* when present."""
+    return [k for k in traj if k in STEP_FIELDS or k == "rgb" or k.startswith("extras/")]
+
+
 def trajectory(*segments: dict) -> dict:
     """Concatenate a shard's segments along T. Fields as in the module docstring."""
-    traj = {k: np.concatenate([s[k] for s in segments]) for k in STEP_FIELDS}
+    traj = {k: np.concatenate([s[k] for s in segments]) for k in step_fields(segments[0])}
     traj["bootstrap_values"] = segments[-1]["bootstrap_values"]
     traj["episodes"] = [e for s in segments for e in s["episodes"]]
     traj["cursor"] = segments[-1]["cursor"]
@@ -147,27 +225,31 @@ def evaluate(cfg: Config, run_id: str, shard: int, weights: dict) -> list[dict]:
         cfg.env, shard=shard, num_shards=n_shards, num_envs=ev.num_envs, auto_reset=False,
         ignore_terminations=ev.ignore_terminations, base_seed=ev.seed))
     rep = get_replica(cfg, run_id, weights, sh.obs_dim, sh.action_dim)
+    instr = sh.instruction or instruction(cfg)
     sh.episode_count[:] = 0
     episodes: list[dict] = []
     rounds = -(-ev.num_episodes // ev.num_envs)
     for _ in range(rounds):
-        obs = sh.reset_all()
+        state = sh.reset_all()
+        rgb = sh.current_rgb()
         while sh.active.any():
-            out = rep.module.act(torch.from_numpy(obs), deterministic=True)
-            res = sh.chunk_step(out["actions"].numpy())
+            out = _act(rep, policy_obs(rep.module, state, rgb, instr, rep.prompts), deterministic=True)
+            res = sh.chunk_step(out["actions"])
             episodes += res.episodes
-            obs = res.obs
+            state, rgb = res.obs, res.rgb
     return [e for e in episodes if e["episode_id"] < ev.num_episodes]
 
 
 # ----- disaggregated inference: env_step and policy_infer are separate nodes, one per chunk step -----
 
 def env_observe(cfg: Config, run_id: str, shard: int, cursor: dict | None, first: bool = True) -> dict:
-    """The observation a rollout starts from, {"obs": [B, O]} (resets first without auto_reset)."""
+    """The observation a rollout starts from, {"obs": [B, O], "rgb": [B,H,W,3] or None} (resets first without
+    auto_reset)."""
     sh = get_shard(cfg, run_id, shard, cursor)
     if first and not cfg.env.auto_reset:
         sh.reset_all()
-    return {"obs": sh.current_obs(), "truncated": np.zeros(sh.num_envs, bool), "final_obs": None}
+    return {"obs": sh.current_obs(), "rgb": sh.current_rgb(), "truncated": np.zeros(sh.num_envs, bool),
+            "final_obs": None, "final_rgb": None, "instruction": sh.instruction}
 
 
 def env_step_chunk(cfg: Config, run_id: str, shard: int, infer_out: list[dict], cursor: dict | None) -> dict:
@@ -175,8 +257,9 @@ def env_step_chunk(cfg: Config, run_id: str, shard: int, infer_out: list[dict], 
     t0 = time.perf_counter()
     sh = get_shard(cfg, run_id, shard, cursor)
     res = sh.chunk_step(infer_out[shard]["actions"])
-    out = {k: getattr(res, k) for k in ("obs", "rewards", "terminated", "truncated", "step_mask", "success",
-                                        "final_obs", "episode_seed", "episode_id", "episodes")}
+    out = {k: getattr(res, k) for k in ("obs", "rgb", "rewards", "terminated", "truncated", "step_mask", "success",
+                                        "final_obs", "final_rgb", "episode_seed", "episode_id", "episodes")}
+    out["instruction"] = sh.instruction
     out["cursor"] = sh.state_dict()
     out["env_time"] = time.perf_counter() - t0
     return out
@@ -195,28 +278,27 @@ def policy_infer(cfg: Config, run_id: str, weights: dict, dims: tuple[int, int],
     final_values [B,V] = V(final_obs) where the previous chunk step truncated an episode.
     """
     t0 = time.perf_counter()
-    obs = np.concatenate([o["obs"] for o in env_outs])  # [S*B, O]
+    state = np.concatenate([o["obs"] for o in env_outs])  # [S*B, O]
+    rgb = None if env_outs[0]["rgb"] is None else np.concatenate([o["rgb"] for o in env_outs])
     sizes = [len(o["obs"]) for o in env_outs]
     rep = get_replica(cfg, run_id, weights, *dims)
+    instr = env_outs[0].get("instruction") or instruction(cfg)
     V = num_values(cfg)
-    with torch.no_grad():
-        if sample:
-            out = rep.module.act(torch.from_numpy(obs))
-            acts = {"actions": out["actions"].numpy(), "logprobs": out["logprobs"].numpy(),
-                    "values": out["values"].reshape(len(obs), V).numpy()}
-        else:
-            acts = {"values": rep.module.values(torch.from_numpy(obs)).reshape(len(obs), V).numpy()}
-        results, start = [], 0
-        for o, n in zip(env_outs, sizes):
-            r = {k: v[start:start + n] for k, v in acts.items()}
-            fv = np.zeros((n, V), np.float32)
-            if o["final_obs"] is not None and o["truncated"].any():
-                fv[o["truncated"]] = rep.module.values(torch.from_numpy(o["final_obs"][o["truncated"]])) \
-                    .reshape(-1, V).numpy()
-            r["final_values"] = fv
-            r["infer_time"] = (time.perf_counter() - t0) / len(sizes)
-            results.append(r)
-            start += n
+    obs = policy_obs(rep.module, state, rgb, instr, rep.prompts)
+    acts = _act(rep, obs) if sample else {"values": _values_np(rep, obs, len(state))}
+    results, start = [], 0
+    for o, n in zip(env_outs, sizes):
+        r = {k: v[start:start + n] for k, v in acts.items()}
+        fv = np.zeros((n, V), np.float32)
+        if o["final_obs"] is not None and o["truncated"].any():
+            m = o["truncated"]
+            fobs = policy_obs(rep.module, o["final_obs"][m], None if o["final_rgb"] is None else o["final_rgb"][m],
+                              instr, rep.prompts)
+            fv[m] = _values_np(rep, fobs, int(m.sum()))
+        r["final_values"] = fv
+        r["infer_time"] = (time.perf_counter() - t0) / len(sizes)
+        results.append(r)
+        start += n
     return results
 
 
@@ -228,15 +310,20 @@ def trajectory_disaggregated(cfg: Config, shard: int, first_obs: dict, *parts) -
     """
     T = (len(parts) - 1) // 2
     infers, envs = parts[0::2], parts[1::2]
-    steps: dict[str, list] = {k: [] for k in STEP_FIELDS}
+    steps: dict[str, list] = {}
     for t in range(T):
         inf, env = infers[t][shard], envs[t]
-        steps["obs"].append(first_obs["obs"] if t == 0 else envs[t - 1]["obs"])
-        for k in ("actions", "logprobs", "values"):
-            steps[k].append(inf[k])
-        steps["final_values"].append(infers[t + 1][shard]["final_values"])
+        prev = first_obs if t == 0 else envs[t - 1]
+        rec = {"obs": prev["obs"]}
+        if prev["rgb"] is not None:
+            rec["rgb"] = prev["rgb"]
+        rec.update({k: v for k, v in inf.items() if k in ("actions", "logprobs", "values") or
+                    k.startswith("extras/")})
+        rec["final_values"] = infers[t + 1][shard]["final_values"]
         for k in ("rewards", "terminated", "truncated", "step_mask", "success", "episode_seed", "episode_id"):
-            steps[k].append(env[k])
+            rec[k] = env[k]
+        for k, v in rec.items():
+            steps.setdefault(k, []).append(v)
     traj = {k: np.stack(v) for k, v in steps.items()}
     traj["bootstrap_values"] = infers[T][shard]["values"]
     traj["episodes"] = [e for env in envs for e in env["episodes"]]

@@ -17,18 +17,22 @@ from tasks.algorithms import (aggregate_rewards, critic_loss, entropy_bonus, exp
                               to_action_level)
 from tasks.config import Config
 from tasks.policies import make_policy
-from tasks.rollout import num_values
+from tasks.rollout import image_size, instruction, num_values, prompt_tokens
 
-SAMPLE_FIELDS = ("obs", "actions", "logprobs", "values", "advantages", "returns", "step_mask")
+SAMPLE_FIELDS = ("obs", "actions", "logprobs", "values", "advantages", "returns", "step_mask", "loss_mask")
 
 
 def advantages(cfg: Config, traj: dict) -> dict:
-    """GAE on one shard's trajectory (envs are independent, so shards are too).
+    """GAE or GRPO advantages on one shard's trajectory (envs are independent and GRPO groups never straddle
+    shards, so shards are too).
 
     Returns the sample fields [T, B, ...] (advantages/returns [T, B] for chunk-level rewards, [T, B, C] for
-    action-level) and `stats` (reward/value/advantage means for logging).
+    action-level; loss_mask [T, B] bool: the chunk steps that enter the loss), rgb and extras/* when present, and
+    `stats` (reward/value/advantage means for logging).
     """
     a = cfg.algorithm
+    if a.adv_type == "grpo":
+        return _grpo(cfg, traj)
     t = {k: torch.from_numpy(np.asarray(traj[k])) for k in ("rewards", "values", "final_values",
                                                              "terminated", "truncated", "step_mask")}
     boot = torch.from_numpy(traj["bootstrap_values"])  # [B, V]
@@ -47,11 +51,38 @@ def advantages(cfg: Config, traj: dict) -> dict:
         adv, ret = est(**flat, gamma=a.gamma, lam=a.gae_lambda)
         C = cfg.policy.num_action_chunks
         adv, ret = from_action_level(adv, num_action_chunks=C), from_action_level(ret, num_action_chunks=C)
-    out = {k: traj[k] for k in ("obs", "actions", "logprobs", "values", "step_mask")}
-    out.update(advantages=adv.numpy(), returns=ret.numpy())
+    out = _passthrough(traj)
+    out.update(advantages=adv.numpy(), returns=ret.numpy(), loss_mask=traj["step_mask"].any(-1))
     out["stats"] = {"rollout/reward_mean": float(t["rewards"].sum(-1).mean()),
                     "rollout/value_mean": float(t["values"].mean()),
                     "rollout/advantage_mean": float(adv.mean()), "rollout/return_mean": float(ret.mean())}
+    return out
+
+
+def _passthrough(traj: dict) -> dict:
+    """The trajectory fields the update consumes unchanged."""
+    return {k: traj[k] for k in traj if k in ("obs", "rgb", "actions", "logprobs", "values", "step_mask")
+            or k.startswith("extras/")}
+
+
+def _grpo(cfg: Config, traj: dict) -> dict:
+    """GRPO (critic-free): group-relative episode scores broadcast over each env's first episode in the rollout
+    (tasks.algorithms.grpo_advantages); `returns` are zeros (no critic is trained)."""
+    from tasks.algorithms import grpo_advantages
+    a = cfg.algorithm
+    rewards = aggregate_rewards(torch.from_numpy(traj["rewards"]) * a.reward_scale, reward_type=a.reward_type)
+    res = grpo_advantages(rewards=rewards, terminated=torch.from_numpy(traj["terminated"]),
+                          truncated=torch.from_numpy(traj["truncated"]),
+                          step_mask=torch.from_numpy(traj["step_mask"]), group_size=a.group_size,
+                          filter_rewards=a.filter_rewards, rewards_lower_bound=a.rewards_lower_bound,
+                          rewards_upper_bound=a.rewards_upper_bound)
+    adv = res["advantages"]
+    out = _passthrough(traj)
+    out.update(advantages=adv.numpy(), returns=np.zeros_like(adv.numpy()), loss_mask=res["loss_mask"].numpy())
+    out["stats"] = {"rollout/reward_mean": float(traj["rewards"].sum(-1).mean()),
+                    "rollout/score_mean": float(res["scores"].mean()),
+                    "rollout/advantage_mean": float(adv.mean()),
+                    "rollout/groups_filtered": float(res["filtered"].float().mean())}
     return out
 
 
@@ -69,9 +100,9 @@ class Actor:
                 "state_dict": {k: v.detach().clone() for k, v in self.policy.state_dict().items()}}
 
 
-def _build_actor(cfg: Config, obs_dim: int, action_dim: int) -> Actor:
+def _build_actor(cfg: Config, obs_dim: int, action_dim: int, load: bool = True) -> Actor:
     policy = make_policy(cfg.policy, obs_dim=obs_dim, action_dim=action_dim, num_values=num_values(cfg),
-                         seed=cfg.seed)
+                         seed=cfg.seed, image_size=image_size(cfg), load=load)
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.algorithm.lr, eps=1e-5)
     return Actor(policy, opt)
 
@@ -80,7 +111,7 @@ def actor_init(cfg: Config, run_id: str, dims: tuple[int, int], checkpoint: dict
     """Create the resident actor for env dims (obs_dim, action_dim): fresh (seeded by `cfg.seed`) or from a
     loaded checkpoint dict with keys `policy`, `optimizer`, `run.weight_version`; return its versioned weights."""
     torch.manual_seed(cfg.seed)
-    actor = _build_actor(cfg, *dims)
+    actor = _build_actor(cfg, *dims, load=checkpoint is None)  # a checkpoint overrides policy.model_path
     if checkpoint is not None:
         actor.policy.load_state_dict(checkpoint["policy"])
         actor.optimizer.load_state_dict(checkpoint["optimizer"])
@@ -99,12 +130,27 @@ def actor_state(run_id: str) -> dict:
 
 
 def _flatten(samples: list[dict]) -> dict[str, torch.Tensor]:
-    """Concatenate shards along B, then [T, B, ...] -> [T*B, ...]."""
+    """Concatenate shards along B, then [T, B, ...] -> [T*B, ...] (SAMPLE_FIELDS, rgb, extras/*)."""
     out = {}
-    for k in SAMPLE_FIELDS:
+    for k in [k for k in samples[0] if k in SAMPLE_FIELDS or k == "rgb" or k.startswith("extras/")]:
         x = np.concatenate([s[k] for s in samples], axis=1)  # [T, B_total, ...]
         out[k] = torch.from_numpy(x.reshape(-1, *x.shape[2:]))  # [T, B, ...] -> [N, ...]
     return out
+
+
+def batch_obs(policy: torch.nn.Module, data: dict[str, torch.Tensor], idx: torch.Tensor, instr: str) -> dict:
+    """The policy's observation dict for samples `idx` of a flattened batch (state, rgb, prompt)."""
+    obs = {"state": data["obs"][idx]}
+    if "rgb" in data:
+        obs["rgb"] = data["rgb"][idx]
+    tok = prompt_tokens(policy, instr, len(idx))
+    if tok is not None:
+        obs["prompt"] = tok
+    return obs
+
+
+def batch_extras(data: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {k.split("/", 1)[1]: v[idx] for k, v in data.items() if k.startswith("extras/")}
 
 
 def actor_update(cfg: Config, run_id: str, weights: dict, *samples: dict) -> dict:
@@ -120,7 +166,7 @@ def actor_update(cfg: Config, run_id: str, weights: dict, *samples: dict) -> dic
     rebuilt = 0.0
 
     def rebuild() -> Actor:
-        actor = _build_actor(cfg, data["obs"].shape[-1], D)
+        actor = _build_actor(cfg, data["obs"].shape[-1], D, load=False)
         actor.policy.load_state_dict(weights["state_dict"])
         actor.version = weights["version"]
         return actor
@@ -128,11 +174,13 @@ def actor_update(cfg: Config, run_id: str, weights: dict, *samples: dict) -> dic
     actor, created = resident.get_or_create(f"{run_id}/actor", rebuild)
     if created:
         rebuilt = 1.0
-    step_mask = data["step_mask"]  # [N, C]
+    step_mask = data["step_mask"] & data["loss_mask"][:, None]  # [N, C]; GRPO masks steps after the first done
     old_lp = reduce_logprobs(data["logprobs"], step_mask=step_mask, logprob_type=a.logprob_type)
     lp_mask = loss_mask_for(step_mask, logprob_type=a.logprob_type, action_dim=D)
     adv = data["advantages"]  # [N] or [N, C]
     adv_mask = step_mask.any(-1) if adv.dim() == 1 else step_mask
+    critic = a.adv_type != "grpo"
+    instr = instruction(cfg)
     if a.normalize_advantages:  # global normalisation over the whole batch
         adv = normalize_advantages(adv, adv_mask)
     adv = expand_advantages(adv, logprob_type=a.logprob_type, num_action_chunks=C, action_dim=D)
@@ -148,13 +196,14 @@ def actor_update(cfg: Config, run_id: str, weights: dict, *samples: dict) -> dic
         perm = torch.randperm(N)
         for i in range(a.num_minibatches):
             idx = perm[i * mb:(i + 1) * mb]
-            out = policy.evaluate(data["obs"][idx], data["actions"][idx])
+            out = policy.evaluate(batch_obs(policy, data, idx, instr), data["actions"][idx], batch_extras(data, idx))
             new_lp = reduce_logprobs(out["logprobs"], step_mask=step_mask[idx], logprob_type=a.logprob_type)
             pl = ppo_actor_loss(logprobs=new_lp, old_logprobs=old_lp[idx], advantages=adv[idx],
                                 loss_mask=lp_mask[idx], clip_ratio_low=a.clip_ratio_low,
                                 clip_ratio_high=a.clip_ratio_high, dual_clip=a.dual_clip)
             vl = critic_loss(values=out["values"], returns=returns[idx], loss_mask=v_mask[idx],
-                             value_clip=a.value_clip, old_values=old_values[idx])
+                             value_clip=a.value_clip, old_values=old_values[idx]) if critic else \
+                {"loss": torch.zeros(()), "explained_variance": torch.zeros(())}
             ent = entropy_bonus(reduce_logprobs(out["entropy"], step_mask=step_mask[idx],
                                                 logprob_type=a.logprob_type), lp_mask[idx])
             loss = pl["loss"] + a.value_coef * vl["loss"] - a.entropy_coef * ent
@@ -167,7 +216,7 @@ def actor_update(cfg: Config, run_id: str, weights: dict, *samples: dict) -> dic
                          ("approx_kl", pl["approx_kl"]), ("clipfrac", pl["clipfrac"]),
                          ("ratio_mean", pl["ratio_mean"]), ("explained_variance", vl["explained_variance"]),
                          ("grad_norm", gn), ("loss", loss)):
-                sums[k] = sums.get(k, 0.0) + float(v)
+                sums[k] = sums.get(k, 0.0) + float(torch.as_tensor(v).detach())
             if a.target_kl is not None and float(pl["approx_kl"]) > a.target_kl:
                 stop = True
                 break

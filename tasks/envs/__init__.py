@@ -34,13 +34,13 @@ def make_single_env(cfg: EnvConfig) -> SingleEnv:
 
 def make_shard(cfg: EnvConfig, *, shard: int, num_shards: int, num_envs: int, auto_reset: bool,
                ignore_terminations: bool, base_seed: int, episode_count=None,
-               seed_fn: Callable[[int, int], int] | None = None) -> EnvShard:
+               seed_fn: Callable[[int, int], int] | None = None, group_size: int = 1) -> EnvShard:
     """Create env shard `shard` of `num_shards` splitting `num_envs` envs evenly."""
     size = num_envs // num_shards
     envs = [make_single_env(cfg) for _ in range(size)]
     return EnvShard(envs, env_offset=shard * size, num_envs_total=num_envs, base_seed=base_seed,
                     auto_reset=auto_reset, ignore_terminations=ignore_terminations, episode_count=episode_count,
-                    seed_fn=seed_fn)
+                    seed_fn=seed_fn, group_size=group_size)
 
 
 __all__ = ["ChunkResult", "EnvShard", "SingleEnv", "check_env_config", "make_shard", "make_single_env"]

@@ -10,6 +10,13 @@ TimeLimit (`max_episode_steps`, 50 for PushCube-v1/PickCube-v1).
 Determinism (MACHINE.md): `reset(seed=k)` + the same actions gives bit-identical observations and rewards across
 processes, so (seed, actions) replays an episode exactly.
 
+`obs_mode=rgb`: the env runs in ManiSkill's state obs mode and the task's camera (`base_camera`, resized by
+`sensor_configs` to env.image_size) is rendered only when the shard asks (`render_rgb`), i.e. once per chunk step
+rather than at every simulator step: on CPU (lavapipe) one 32-64 px capture costs ~50 ms, 30x a physics step.
+
+Instructions: each env task has a fixed natural-language instruction (`INSTRUCTIONS`, else one derived from the
+id), the prompt of VLA policies.
+
 Imports of mani_skill/sapien happen inside functions: importing this module is cheap and needs no Vulkan.
 """
 from __future__ import annotations
@@ -19,7 +26,7 @@ import numpy as np
 from tasks.config import ConfigError, EnvConfig
 from tasks.envs.vulkan import VulkanMissingError, ensure_vulkan
 
-OBS_MODES = ("state",)  # rgb observations arrive with the VLA policies
+OBS_MODES = ("state", "rgb")  # rgb: the state vector plus the task's camera image (see ManiSkillEnv)
 SIM_BACKENDS = ("physx_cpu", "cpu")
 REWARD_MODES = ("normalized_dense", "dense", "sparse")
 
@@ -58,6 +65,26 @@ def check_config(env: EnvConfig) -> None:
                           f"`python -m mani_skill.utils.download_asset {missing[0]}` on a machine with network first")
 
 
+INSTRUCTIONS = {
+    "PushCube-v1": "push the cube to the goal region",
+    "PickCube-v1": "pick up the cube and move it to the goal position",
+    "StackCube-v1": "stack the red cube on top of the green cube",
+    "PullCube-v1": "pull the cube to the goal region",
+    "PokeCube-v1": "use the peg to poke the cube to the goal region",
+    "LiftPegUpright-v1": "lift the peg upright",
+}
+
+
+def instruction_for(env_id: str) -> str:
+    """The natural-language instruction of an env task: a fixed table, else words from the id
+    ("RollBall-v1" -> "roll ball")."""
+    if env_id in INSTRUCTIONS:
+        return INSTRUCTIONS[env_id]
+    import re
+    name = env_id.split("-v")[0]
+    return " ".join(w.lower() for w in re.findall(r"[A-Z][a-z0-9]*|[a-z0-9]+", name))
+
+
 def default_max_episode_steps(env_id: str) -> int:
     return int(_registry()[env_id].max_episode_steps)
 
@@ -72,11 +99,16 @@ class ManiSkillEnv:
         import mani_skill.envs  # noqa: F401
         for name in ("mani_skill", "mani_skill "):  # ManiSkill 3.0.1 names its logger with a trailing space
             logging.getLogger(name).setLevel(logging.ERROR)  # "sapien_cuda not found, falling back" on CPU
-        kwargs = dict(obs_mode=cfg.obs_mode, control_mode=cfg.control_mode, reward_mode=cfg.reward_mode,
+        kwargs = dict(obs_mode="state", control_mode=cfg.control_mode, reward_mode=cfg.reward_mode,
                       sim_backend="physx_cpu" if cfg.sim_backend == "cpu" else cfg.sim_backend,
                       render_mode=None, num_envs=1)
         if cfg.max_episode_steps:
             kwargs["max_episode_steps"] = cfg.max_episode_steps
+        self.image_shape = None
+        if cfg.obs_mode == "rgb":
+            kwargs["sensor_configs"] = dict(width=cfg.image_size, height=cfg.image_size)
+            self.image_shape = (cfg.image_size, cfg.image_size, 3)
+        self.instruction = instruction_for(cfg.env_id)
         try:
             self.env = gym.make(cfg.env_id, **kwargs)
         except RuntimeError as exc:  # SAPIEN without a usable Vulkan device
@@ -96,6 +128,16 @@ class ManiSkillEnv:
         obs, r, term, trunc, info = self.env.step(torch.from_numpy(action).reshape(1, -1))
         return (obs.reshape(-1).numpy().astype(np.float32, copy=False), float(r.reshape(-1)[0]),
                 bool(term.reshape(-1)[0]), bool(trunc.reshape(-1)[0]), bool(info["success"].reshape(-1)[0]))
+
+    def render_rgb(self) -> np.ndarray:
+        """The camera image of the current state, uint8 [H, W, 3] (obs_mode=rgb only).
+
+        Uses ManiSkill's sensor path (`_get_obs_sensor_data`: update the render scene, capture every sensor),
+        which in state obs mode renders on request only.
+        """
+        data = self.env.unwrapped._get_obs_sensor_data()
+        cam = data["base_camera"] if "base_camera" in data else next(iter(data.values()))
+        return cam["rgb"].reshape(self.image_shape).numpy()
 
     def close(self) -> None:
         self.env.close()

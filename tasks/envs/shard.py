@@ -35,6 +35,9 @@ class SingleEnv(Protocol):
 
     def close(self) -> None: ...
 
+    # optional, for obs_mode=rgb: image_shape (H, W, 3) (None without images) and
+    # render_rgb() -> uint8 [H, W, 3] of the current state; instruction: str (the env task's prompt)
+
 
 @dataclass
 class ChunkResult:
@@ -48,6 +51,8 @@ class ChunkResult:
     final_obs [B, O] float32: the episode's last observation where it ended (zeros elsewhere), for
         bootstrapping V(final_obs) on truncation.
     episode_seed [B] int64, episode_id [B] int64: the episode this chunk step belonged to (-1 for idle envs).
+    rgb [B, H, W, 3] uint8 or None: camera image of `obs` (envs with images only).
+    final_rgb [B, H, W, 3] uint8 or None: image of `final_obs` where the episode was truncated (zeros elsewhere).
     episodes: one dict per finished episode: env, seed, episode_id, return, episode_len, success_once,
         success_at_end.
     """
@@ -62,6 +67,8 @@ class ChunkResult:
     episode_seed: np.ndarray
     episode_id: np.ndarray
     episodes: list[dict] = field(default_factory=list)
+    rgb: np.ndarray | None = None
+    final_rgb: np.ndarray | None = None
 
 
 class EnvShard:
@@ -77,25 +84,38 @@ class EnvShard:
         ignore_terminations: ignore the simulator's `terminated`; episodes end only by truncation (time limit).
         episode_count: per-env cursor to continue a seed sequence (from a checkpoint); zeros by default.
         seed_fn: overrides the seed rule, (global_env, k) -> seed.
+        group_size: envs per GRPO group: the `group_size` consecutive envs of a group share every reset seed,
+            `base_seed + g // group_size + k * (num_envs_total // group_size)` (so the same initial state);
+            1 = every env its own seed. A group must not straddle shards (ValueError).
+
+    Images: envs with `image_shape` are rendered once per chunk step (after the chunk and after resets), not per
+    simulator step; `rgb` [B, H, W, 3] uint8 is the image of `obs`.
     """
 
     def __init__(self, envs: Sequence[SingleEnv], *, env_offset: int, num_envs_total: int, base_seed: int,
                  auto_reset: bool, ignore_terminations: bool, episode_count: Sequence[int] | None = None,
-                 seed_fn: Callable[[int, int], int] | None = None):
+                 seed_fn: Callable[[int, int], int] | None = None, group_size: int = 1):
         if not envs:
             raise ValueError("EnvShard needs at least one env")
+        if group_size < 1 or len(envs) % group_size or env_offset % group_size or num_envs_total % group_size:
+            raise ValueError(f"group_size={group_size} must divide the shard's {len(envs)} envs, its offset "
+                             f"{env_offset} and the {num_envs_total} envs of the run (groups never straddle shards)")
         self.envs = list(envs)
         self.num_envs = len(self.envs)
         self.obs_dim, self.action_dim = self.envs[0].obs_dim, self.envs[0].action_dim
         self.env_offset, self.num_envs_total = env_offset, num_envs_total
         self.auto_reset, self.ignore_terminations = auto_reset, ignore_terminations
-        self.seed_fn = seed_fn or (lambda g, k: base_seed + g + k * num_envs_total)
+        self.group_size = group_size
+        self.seed_fn = seed_fn or (lambda g, k: base_seed + g // group_size + k * (num_envs_total // group_size))
         self.episode_count = np.zeros(self.num_envs, np.int64) if episode_count is None \
             else np.asarray(episode_count, np.int64).copy()
         if self.episode_count.shape != (self.num_envs,):
             raise ValueError(f"episode_count has shape {self.episode_count.shape}, expected ({self.num_envs},)")
         B = self.num_envs
         self.obs = np.zeros((B, self.obs_dim), np.float32)
+        self.image_shape = getattr(self.envs[0], "image_shape", None)
+        self.rgb = np.zeros((B, *self.image_shape), np.uint8) if self.image_shape else None
+        self.instruction = getattr(self.envs[0], "instruction", "")
         self.active = np.zeros(B, bool)
         self.seed = np.zeros(B, np.int64)
         self.ep_return = np.zeros(B, np.float64)
@@ -110,6 +130,8 @@ class EnvShard:
     def _reset_env(self, b: int) -> None:
         self.seed[b] = self.seed_fn(self.env_offset + b, int(self.episode_count[b]))
         self.obs[b] = self.envs[b].reset(int(self.seed[b]))
+        if self.rgb is not None:
+            self.rgb[b] = self.envs[b].render_rgb()
         self.active[b] = True
         self.ep_return[b], self.ep_len[b], self.success_once[b] = 0.0, 0, False
 
@@ -125,6 +147,12 @@ class EnvShard:
         if self.needs_reset:
             self.reset_all()
         return self.obs.copy()
+
+    def current_rgb(self) -> np.ndarray | None:
+        """Camera image of `current_obs`, uint8 [B, H, W, 3], or None for envs without images."""
+        if self.needs_reset:
+            self.reset_all()
+        return None if self.rgb is None else self.rgb.copy()
 
     def state_dict(self) -> dict:
         """Cursor for resume: per-env count of episodes started before the current one."""
@@ -151,6 +179,7 @@ class EnvShard:
         step_mask = np.zeros((B, C), bool)
         terminated, truncated, success = np.zeros(B, bool), np.zeros(B, bool), np.zeros(B, bool)
         final_obs = np.zeros((B, self.obs_dim), np.float32)
+        final_rgb = None if self.rgb is None else np.zeros_like(self.rgb)
         # idle envs (auto_reset=False, episode over) belong to no episode: -1
         episode_seed = np.where(self.active, self.seed, -1).astype(np.int64)
         episode_id = np.array([self._episode_id(b) if self.active[b] else -1 for b in range(B)], np.int64)
@@ -175,6 +204,8 @@ class EnvShard:
                     break
             if terminated[b] or truncated[b]:
                 final_obs[b] = self.obs[b]
+                if final_rgb is not None and truncated[b]:  # V(final_obs) bootstraps truncations only
+                    final_rgb[b] = env.render_rgb()
                 episodes.append({"env": self.env_offset + b, "seed": int(self.seed[b]), "episode_id": int(episode_id[b]),
                                  "return": float(self.ep_return[b]), "episode_len": int(self.ep_len[b]),
                                  "success_once": bool(self.success_once[b]), "success_at_end": bool(success[b])})
@@ -183,10 +214,13 @@ class EnvShard:
                     self._reset_env(b)
                 else:
                     self.active[b] = False
+            elif self.rgb is not None:
+                self.rgb[b] = env.render_rgb()
         if not self.auto_reset and not self.active.any():
             self.needs_reset = True  # every env finished: the next chunk starts new episodes
         return ChunkResult(self.obs.copy(), rewards, terminated, truncated, step_mask, success, final_obs,
-                           episode_seed, episode_id, episodes)
+                           episode_seed, episode_id, episodes,
+                           rgb=None if self.rgb is None else self.rgb.copy(), final_rgb=final_rgb)
 
     def close(self) -> None:
         for env in self.envs:

@@ -29,21 +29,66 @@ from tasks.config import ConfigError, PolicyConfig
 _POLICIES: dict[str, tuple[str, str]] = {"mlp": ("tasks.policies.mlp", "MLPPolicy")}
 
 
+def policy_class(name: str) -> type:
+    """The policy class registered as `name`. Raises ConfigError for unknown names."""
+    if name not in _POLICIES:
+        raise ConfigError("policy.name", name, f"known policies: {sorted(_POLICIES)}")
+    module, cls = _POLICIES[name]
+    return getattr(importlib.import_module(module), cls)
+
+
 def make_policy(cfg: PolicyConfig, *, obs_dim: int, action_dim: int, num_values: int = 1,
-                seed: int | None = None) -> torch.nn.Module:
+                seed: int | None = None, image_size: int | None = None, load: bool = True) -> torch.nn.Module:
     """Build a policy by `cfg.name`; `seed` makes the initial parameters reproducible.
 
+    Args:
+        image_size: camera size (pixels) for policies with image input; None for state-only observations.
+        load: with `cfg.model_path` set, load the weights saved there (`from_pretrained`); replicas that receive
+            their weights from the actor pass False.
+
     Raises:
-        ConfigError: unknown policy name (lists the known ones).
+        ConfigError: unknown policy name (lists the known ones); a `model_path` that is not a checkpoint of this
+            policy family or whose action dim / value outputs / image size do not fit the env task.
     """
-    if cfg.name not in _POLICIES:
-        raise ConfigError("policy.name", cfg.name, f"known policies: {sorted(_POLICIES)}")
-    module, cls = _POLICIES[cfg.name]
-    if seed is not None:
-        with torch.random.fork_rng():
+    cls = policy_class(cfg.name)
+    kwargs = {} if cfg.name == "mlp" else {"image_size": image_size}
+    with torch.random.fork_rng():
+        if seed is not None:
             torch.manual_seed(seed)
-            return getattr(importlib.import_module(module), cls)(cfg, obs_dim, action_dim, num_values)
-    return getattr(importlib.import_module(module), cls)(cfg, obs_dim, action_dim, num_values)
+        policy = cls(cfg, obs_dim, action_dim, num_values, **kwargs)
+    if load and cfg.model_path:
+        load_pretrained(policy, cfg.model_path)
+    return policy
+
+
+def load_pretrained(policy: torch.nn.Module, path: str) -> None:
+    """Load the weights saved by `save_pretrained` at `path` into `policy` (same family and sizes).
+
+    Raises:
+        ConfigError (key policy.model_path): missing directory, another family, or tensors of other shapes.
+    """
+    import os
+    if not os.path.isdir(path):
+        raise ConfigError("policy.model_path", path, "no such directory; point it at a save_pretrained checkpoint")
+    try:
+        loaded = type(policy).from_pretrained(path)
+    except Exception as exc:  # noqa: BLE001  (any failure to read is a bad checkpoint path)
+        raise ConfigError("policy.model_path", path,
+                          f"not a {type(policy).__name__} checkpoint ({type(exc).__name__}: {exc})") from None
+    own, new = policy.state_dict(), loaded.state_dict()
+    bad = [k for k in own if k in new and own[k].shape != new[k].shape]
+    if bad:
+        raise ConfigError("policy.model_path", path,
+                          f"tensor shapes differ from this config's policy ({bad[:3]} ...): the checkpoint was made "
+                          f"with other sizes, action dim, chunk length or value outputs")
+    missing = [k for k in own if k not in new]
+    # a value head missing from an SFT checkpoint is kept at its fresh initialisation
+    policy.load_state_dict({**own, **{k: v for k, v in new.items() if k in own}})
+    if missing and not all("value" in k for k in missing):
+        raise ConfigError("policy.model_path", path, f"checkpoint lacks tensors {missing[:3]}")
+    for attr in ("action_stats",):
+        if hasattr(loaded, attr) and hasattr(policy, attr):
+            setattr(policy, attr, getattr(loaded, attr))
 
 
 def check_policy_config(cfg: PolicyConfig) -> None:

@@ -58,34 +58,41 @@ class MLPPolicy(nn.Module):
         std = self.actor_logstd.exp().view(self.C, self.D).expand_as(mean)
         return Normal(mean, std)
 
-    def values(self, obs: torch.Tensor) -> torch.Tensor:
-        """obs [B, O] -> values [B] (num_values=1) or [B, C]."""
-        v = self.critic(obs)
+    needs_prompt = False
+
+    def values(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """obs {"state": [B, O]} -> values [B] (num_values=1) or [B, C]."""
+        v = self.critic(obs["state"])
         return v.squeeze(-1) if self.num_values == 1 else v
 
     @torch.no_grad()
-    def act(self, obs: torch.Tensor, deterministic: bool = False) -> dict[str, torch.Tensor]:
+    def act(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> dict[str, torch.Tensor]:
         """Sample an action chunk.
 
         Args:
-            obs: float32 [B, O].
+            obs: {"state": float32 [B, O]} (other keys are ignored).
             deterministic: return the mean (eval); log-probs are then those of the mean.
 
         Returns:
-            actions [B, C, D], logprobs [B, C, D], values [B] or [B, C] (all float32).
+            actions [B, C, D], logprobs [B, C, D], values [B] or [B, C] (all float32), extras {} (none needed).
         """
-        dist = self._dist(obs)
+        dist = self._dist(obs["state"])
         actions = dist.mean if deterministic else dist.sample()
-        return {"actions": actions, "logprobs": dist.log_prob(actions), "values": self.values(obs)}
+        return {"actions": actions, "logprobs": dist.log_prob(actions), "values": self.values(obs), "extras": {}}
 
-    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor) -> dict[str, torch.Tensor]:
+    def evaluate(self, obs: dict[str, torch.Tensor], actions: torch.Tensor,
+                 extras: dict | None = None) -> dict[str, torch.Tensor]:
         """Recompute under the current parameters (differentiable).
 
         Args:
-            obs: float32 [N, O]; actions: float32 [N, C, D] (unclipped samples from `act`).
+            obs: {"state": float32 [N, O]}; actions: float32 [N, C, D] (unclipped samples from `act`).
 
         Returns:
             logprobs [N, C, D], entropy [N, C, D], values [N] or [N, C].
         """
-        dist = self._dist(obs)
+        dist = self._dist(obs["state"])
         return {"logprobs": dist.log_prob(actions), "entropy": dist.entropy(), "values": self.values(obs)}
+
+    def sft_loss(self, obs: dict[str, torch.Tensor], actions: torch.Tensor) -> torch.Tensor:
+        """Behaviour cloning: mean negative log-likelihood of demonstrated actions [N, C, D] (scalar)."""
+        return -self._dist(obs["state"]).log_prob(actions).sum((-2, -1)).mean()

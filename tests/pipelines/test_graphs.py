@@ -235,7 +235,7 @@ def test_disaggregated_rollout_matches_colocated(monkeypatch):
     pol = resident.get(f"{RUN_A}/policy").module
     import torch
     T, B = dis["obs"].shape[:2]
-    lp = pol.evaluate(torch.from_numpy(dis["obs"].reshape(T * B, -1)),
+    lp = pol.evaluate({"state": torch.from_numpy(dis["obs"].reshape(T * B, -1))},
                       torch.from_numpy(dis["actions"].reshape(T * B, *dis["actions"].shape[2:])))["logprobs"]
     np.testing.assert_allclose(lp.detach().numpy().reshape(dis["logprobs"].shape), dis["logprobs"], rtol=1e-5,
                                atol=1e-5)

@@ -76,8 +76,8 @@ def test_episode_truncates_at_50_steps(rollouts):
 def test_check_config_errors():
     with pytest.raises(ConfigError, match="env.env_id='NotAnEnv-v1'.*not a ManiSkill env task"):
         check_config(EnvConfig(env_id="NotAnEnv-v1"))
-    with pytest.raises(ConfigError, match=r"env.obs_mode='rgb'"):
-        check_config(EnvConfig(obs_mode="rgb"))
+    with pytest.raises(ConfigError, match=r"env.obs_mode='pointcloud'"):
+        check_config(EnvConfig(obs_mode="pointcloud"))
     with pytest.raises(ConfigError, match="env.sim_backend"):
         check_config(EnvConfig(sim_backend="gpu"))
     check_config(EnvConfig(env_id="PickCube-v1"))  # ships with ManiSkill: no error
@@ -89,3 +89,28 @@ def test_check_config_rejects_env_tasks_that_need_downloads():
         pytest.skip("YCB assets are downloaded on this machine")
     with pytest.raises(ConfigError, match=r"env.env_id='PickSingleYCB-v1': needs downloaded assets \['ycb'\]"):
         check_config(EnvConfig(env_id="PickSingleYCB-v1"))
+
+
+def test_rgb_images_are_rendered_once_per_chunk_step_and_are_deterministic():
+    """obs_mode=rgb: [B, H, W, 3] uint8 images of the current state, the same for the same seeds and actions, a
+    new image after every chunk step (the arm moves), and final_rgb only where an episode was truncated."""
+    actions = np.random.default_rng(1).uniform(-1, 1, (3, 2, 5, 8)).astype(np.float32)
+    runs = []
+    for _ in range(2):
+        cfg = EnvConfig(env_id="PushCube-v1", obs_mode="rgb", image_size=32, max_episode_steps=10)
+        sh = make_shard(cfg, shard=0, num_shards=1, num_envs=2, auto_reset=True, ignore_terminations=True,
+                        base_seed=3)
+        first = sh.current_rgb()
+        res = [sh.chunk_step(a) for a in actions]
+        runs.append((first, res))
+        sh.close()
+    (first, res), (first2, res2) = runs
+    assert first.shape == (2, 32, 32, 3) and first.dtype == np.uint8 and first.std() > 5  # not a blank frame
+    np.testing.assert_array_equal(first, first2)
+    for a, b in zip(res, res2):
+        np.testing.assert_array_equal(a.rgb, b.rgb)
+    assert not np.array_equal(first, res[0].rgb)
+    # 10-step episodes, chunks of 5: the second chunk step truncates both episodes, then they auto-reset
+    assert res[1].truncated.all() and res[1].final_rgb.std() > 5
+    assert (res[0].final_rgb == 0).all()
+    assert not np.array_equal(res[1].final_rgb, res[1].rgb)  # the new episode's first image

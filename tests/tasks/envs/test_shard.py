@@ -228,3 +228,15 @@ def test_constructor_errors_and_close():
     envs = [FakeEnv(), FakeEnv()]
     make(envs).close()
     assert all(e.closed for e in envs)
+
+
+def test_grpo_groups_share_every_reset_seed_and_never_straddle_shards():
+    # shard 1 of 2 of 8 envs in groups of 2: envs 4,5 = group 2 and envs 6,7 = group 3; 4 groups in the run
+    envs = [FakeEnv(limit=1) for _ in range(4)]
+    sh = EnvShard(envs, env_offset=4, num_envs_total=8, base_seed=100, auto_reset=True, ignore_terminations=False,
+                  group_size=2)
+    sh.chunk_step(act(sh, [0, 0, 0, 0]))  # every episode ends after one step and auto-resets
+    assert [e.reset_seeds for e in envs] == [[102, 106], [102, 106], [103, 107], [103, 107]]
+    with pytest.raises(ValueError, match="straddle"):
+        EnvShard([FakeEnv() for _ in range(3)], env_offset=3, num_envs_total=6, base_seed=0, auto_reset=True,
+                 ignore_terminations=False, group_size=2)
