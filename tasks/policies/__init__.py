@@ -26,7 +26,8 @@ import torch
 
 from tasks.config import ConfigError, PolicyConfig
 
-_POLICIES: dict[str, tuple[str, str]] = {"mlp": ("tasks.policies.mlp", "MLPPolicy")}
+_POLICIES: dict[str, tuple[str, str]] = {"mlp": ("tasks.policies.mlp", "MLPPolicy"),
+                                          "flow_vla": ("tasks.policies.flow_vla", "FlowVLAPolicy")}
 
 
 def policy_class(name: str) -> type:
@@ -99,3 +100,6 @@ def check_policy_config(cfg: PolicyConfig) -> None:
         from tasks.policies.mlp import ACTIVATIONS
         if cfg.activation not in ACTIVATIONS:
             raise ConfigError("policy.activation", cfg.activation, f"use one of {sorted(ACTIVATIONS)}")
+    if cfg.name == "flow_vla":
+        from tasks.policies.flow_vla import check_config
+        check_config(cfg)

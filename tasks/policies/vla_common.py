@@ -140,7 +140,8 @@ def gemma_config(*, width: int, layers: int, heads: int, kv_heads: int, head_dim
     cfg = GemmaConfig(vocab_size=vocab_size, hidden_size=width, intermediate_size=mlp, num_hidden_layers=layers,
                       num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
                       max_position_embeddings=max_positions, use_bidirectional_attention=True,
-                      tie_word_embeddings=False, pad_token_id=0)
+                      tie_word_embeddings=False, pad_token_id=0 if vocab_size > 1 else None,
+                      bos_token_id=None, eos_token_id=None)
     cfg._attn_implementation = "eager"  # exact, batch-size independent numerics on CPU; see the module doc
     return cfg
 
@@ -287,7 +288,8 @@ class VLACheckpointMixin:
 
     Layout of the directory (the transformers layout): `config.json` ({"family", "policy": PolicyConfig fields,
     "obs_dim", "action_dim", "num_values", "image_size"}), `model.safetensors` (the state dict) and the tokenizer's
-    files. Call `self._load_model_path(cfg.model_path)` at the end of `__init__` to start from a checkpoint.
+    files. The constructor never reads `cfg.model_path`: `tasks.policies.make_policy` loads it (replicas that get
+    their weights from the actor skip that), `from_pretrained` loads explicitly.
     """
 
     family: str = "?"
@@ -323,17 +325,17 @@ class VLACheckpointMixin:
         fields = {f.name for f in dataclasses.fields(PolicyConfig)}
         policy = {k: v for k, v in meta["policy"].items() if k in fields}
         policy.update(policy_overrides, model_path=str(path))
-        return cls(PolicyConfig(**policy), meta["obs_dim"], meta["action_dim"], meta["num_values"],
-                   meta["image_size"])
+        model = cls(PolicyConfig(**policy), meta["obs_dim"], meta["action_dim"], meta["num_values"],
+                    meta["image_size"])
+        model.load_weights(path)
+        return model
 
-    def _load_model_path(self, model_path: str | None) -> None:
-        """Load weights and tokenizer from `model_path` (a save_pretrained directory) if given.
+    def load_weights(self, model_path: str | Path) -> None:
+        """Load weights (strictly) and tokenizer from `model_path`, a save_pretrained directory.
 
         Raises:
-            ConfigError("policy.model_path"): missing directory/files, or weights that do not fit this model.
+            ConfigError("policy.model_path"): missing files, or weights that do not fit this model.
         """
-        if not model_path:
-            return
         from safetensors.torch import load_model
         path = Path(model_path)
         if not (path / WEIGHTS_NAME).is_file():
