@@ -189,7 +189,38 @@ def build_checkpoint(*, run_id: str, step: int, run_dir: str, meta: dict, placem
     state = g.add(f"actor_state-{tag}", update.actor_state, run_id, worker=placement.actor_worker)
     key = g.add(f"checkpoint-{tag}", _save_checkpoint, run_dir, step, state, meta, deps=(state,),
                 worker=placement.actor_worker)
+    key = g.add(f"export_pretrained-{tag}", _export, run_id, key, deps=(key,), worker=placement.actor_worker)
     return g.graph(), key
+
+
+def _export(run_id: str, checkpoint_path: str) -> str:
+    update.actor_export(run_id, checkpoint_path)
+    return checkpoint_path
+
+
+def build_sft_step(cfg: Config, *, run_id: str, step: int, weights, placement: Placement,
+                   attempt: int = 0) -> tuple[HighLevelGraph, str, str]:
+    """One SFT step: `sft.num_loaders` data nodes (env workers) each draw a share of the step's
+    `sft.updates_per_step` minibatches from the store; `sft_update` on the actor takes the gradient steps.
+
+    Returns (graph, key of the new versioned weights, key of the step's metrics).
+    """
+    from tasks import demos
+    g = GraphBuilder()
+    tag = f"{run_id}-{step}" + (f"-retry{attempt}" if attempt else "")
+    n, L = cfg.sft.updates_per_step, cfg.sft.num_loaders
+    shares = [n // L + (1 if r < n % L else 0) for r in range(L)]
+    loads = [g.add(f"sft_load_r{r}-{tag}", demos.sft_load, cfg, cfg.seed * 1_000_003 + step * 101 + r, k,
+                   worker=placement.shard_workers[r % len(placement.shard_workers)], resources={"CPU": 1})
+             for r, k in enumerate(shares) if k]
+    upd = g.add(f"sft_update-{tag}", demos.sft_update, cfg, run_id, weights, *loads, deps=tuple(loads),
+                worker=placement.actor_worker, resources={"GPU": 1})
+    met = g.add(f"step_metrics-{tag}", _metrics_of, upd, deps=(upd,), worker=placement.actor_worker)
+    return g.graph(), upd, met
+
+
+def _metrics_of(update_out: dict) -> dict:
+    return update_out["metrics"]
 
 
 def _save_checkpoint(run_dir: str, step: int, state: dict, meta: dict) -> str:

@@ -22,7 +22,7 @@ from storage.rundir import find_run_dir, new_run_dir, write_resolved_config
 from storage.tracking import Tracker, default_tracking_uri, flatten_config
 from storage.trajectories import FieldSpec, TrajectoryStore
 from tasks.config import Config, ConfigError
-from tasks.rollout import num_values
+from tasks.rollout import group_size, num_values
 
 
 
@@ -96,7 +96,7 @@ class Runner:
         self.weights, dims = self._init_actor(ckpt)
         self.dims = tuple(dims)
         self.store = None
-        if cfg.storage.save_trajectories:
+        if cfg.storage.save_trajectories and cfg.algorithm.name != "sft":
             self.store = TrajectoryStore.create(
                 self.run_dir / "trajectories.zarr", fields=trajectory_fields(cfg, *dims), T=cfg.rollout.chunk_steps,
                 num_envs=cfg.env.num_envs, shard_size=cfg.env.shard_size,
@@ -105,7 +105,8 @@ class Runner:
                        "reward_mode": cfg.env.reward_mode, "base_seed": cfg.env.seed,
                        "sim_backend": cfg.env.sim_backend, "auto_reset": cfg.env.auto_reset,
                        "ignore_terminations": cfg.env.ignore_terminations,
-                       "seed_rule": "episode k of global env g: base_seed + g + k * num_envs",
+                       "seed_rule": "episode k of global env g: base_seed + g // group_size + k * (num_envs // "
+                                    "group_size)", "group_size": group_size(cfg),
                        "num_action_chunks": cfg.policy.num_action_chunks,
                        "max_episode_steps": cfg.env.max_episode_steps})
         self.peak_rss = 0
@@ -178,8 +179,28 @@ class Runner:
             return True
         return False
 
+    def sft_step(self) -> dict:
+        """One behaviour-cloning step's graph (no env steps); lost workers are handled as for training steps."""
+        st = self.state
+        t0 = time.perf_counter()
+
+        def build(attempt: int):
+            graph, upd, met = graphs.build_sft_step(self.cfg, run_id=st.run_id, step=st.step, weights=self.weights,
+                                                    placement=self.placement, attempt=attempt)
+            return graph, [upd, met]
+
+        (upd_f,), (m,) = self._compute(build, "SFT step", keep=1)
+        self.weights = upd_f
+        st.step += 1
+        m["time/step"] = time.perf_counter() - t0
+        self.peak_rss = max(self.peak_rss, cluster_rss_bytes())
+        m["system/rss_total_gb"] = self.peak_rss / 2**30
+        return m
+
     def train_step(self) -> dict:
         """Run one training step's graph; on a lost worker, recover and retry (up to `runner.max_retries`)."""
+        if self.cfg.algorithm.name == "sft":
+            return self.sft_step()
         cfg, st = self.cfg, self.state
         t0 = time.perf_counter()
         retries, step = 0, st.step
@@ -370,7 +391,8 @@ class Runner:
                 if bar is not None:
                     bar.update(1)
                     post = {"env_sps": f"{m['rollout/env_steps_per_s']:.0f}",
-                            "success": f"{m.get('env/success_once', float('nan')):.2f}"}
+                            "success": f"{m.get('env/success_once', float('nan')):.2f}"} \
+                        if "rollout/env_steps_per_s" in m else {"loss": f"{m['train/sft_loss']:.3f}"}
                     if self.last_eval:
                         post["eval"] = f"{self.last_eval['eval/success_once']:.2f}"
                     bar.set_postfix(post)

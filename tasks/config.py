@@ -152,6 +152,27 @@ class StorageConfig:
 
 
 @dataclass
+class SFTConfig:
+    """Behaviour cloning from a trajectory store (algorithm.name=sft): chunk steps of the selected episodes."""
+
+    store: Optional[str] = None  # a zarr trajectory store (pipelines.record output, or a run's trajectories.zarr)
+    only_success: bool = True  # keep episodes with success_once only
+    batch_size: int = 64  # chunk-step samples per gradient step
+    updates_per_step: int = 25  # gradient steps per training step (one graph)
+    num_loaders: int = 2  # data nodes per training step reading the store in parallel
+
+
+@dataclass
+class RecordConfig:
+    """pipelines.record: run a trained teacher policy with rgb observations and store its episodes."""
+
+    teacher: Optional[str] = None  # a run directory (runs/<experiment>/<run_id>) or a run id
+    num_episodes: int = 128  # episodes to record (rounded up to whole rounds of env.num_envs)
+    out: Optional[str] = None  # store path; None: <run_root>/demos/<experiment>.zarr
+    deterministic: bool = True  # teacher's mean actions (False: sampled)
+
+
+@dataclass
 class Config:
     experiment: str = "pushcube_ppo"
     seed: int = 1
@@ -164,6 +185,8 @@ class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    record: RecordConfig = field(default_factory=RecordConfig)
 
     # ----- derived values: computed here only -----
     @property
@@ -241,11 +264,56 @@ class Config:
         ]:
             if not ok:
                 raise ConfigError(key, val, fix)
-        if a.name != "ppo":
-            raise ConfigError("algorithm.name", a.name, "only 'ppo' is implemented so far (GRPO is planned)")
+        if a.name not in ("ppo", "grpo", "sft"):
+            raise ConfigError("algorithm.name", a.name, "use 'ppo' (actor-critic, GAE), 'grpo' (critic-free) or "
+                                                        "'sft' (behaviour cloning from sft.store)")
+        if a.name == "sft":
+            if not self.sft.store:
+                raise ConfigError("sft.store", self.sft.store, "algorithm.name=sft needs a trajectory store path")
+            import os
+            if not os.path.isfile(os.path.join(self.sft.store, "zarr.json")):
+                raise ConfigError("sft.store", self.sft.store, "no zarr store there; record one with "
+                                                               "`python -m pipelines.record` first")
+            for key, val in (("sft.batch_size", self.sft.batch_size), ("sft.updates_per_step", self.sft.updates_per_step),
+                             ("sft.num_loaders", self.sft.num_loaders)):
+                if val < 1:
+                    raise ConfigError(key, val, "must be >= 1")
+        elif a.adv_type != {"ppo": "gae", "grpo": "grpo"}[a.name]:
+            raise ConfigError("algorithm.adv_type", a.adv_type,
+                              f"algorithm.name={a.name} uses adv_type={'gae' if a.name == 'ppo' else 'grpo'}")
+        if a.name == "grpo":
+            if a.group_size < 2:
+                raise ConfigError("algorithm.group_size", a.group_size,
+                                  "GRPO compares envs within a group: use >= 2 (e.g. 8)")
+            if e.num_envs % a.group_size or e.shard_size % a.group_size:
+                raise ConfigError("algorithm.group_size", a.group_size,
+                                  f"must divide env.num_envs={e.num_envs} and the env shard size {e.shard_size} "
+                                  f"(num_envs / num_shards): a group never straddles env shards")
+            if a.filter_rewards and a.rewards_lower_bound > a.rewards_upper_bound:
+                raise ConfigError("algorithm.rewards_lower_bound", a.rewards_lower_bound,
+                                  f"must be <= algorithm.rewards_upper_bound={a.rewards_upper_bound}")
         if p.model_path is not None:
-            raise ConfigError("policy.model_path", p.model_path,
-                              "loading a pretrained policy is not implemented yet; remove the key (null)")
+            import os
+            if not os.path.isfile(os.path.join(p.model_path, "config.json")):
+                raise ConfigError("policy.model_path", p.model_path,
+                                  "not a save_pretrained checkpoint directory (no config.json there); use the "
+                                  "`hf` directory an SFT or RL run writes next to its checkpoints, or null")
+            if p.name == "mlp":
+                raise ConfigError("policy.model_path", p.model_path,
+                                  "the mlp policy starts fresh; model_path is for VLAs (flow_vla, token_vla)")
+        if e.obs_mode == "rgb" and not 8 <= e.image_size <= 512:
+            raise ConfigError("env.image_size", e.image_size, "use 8..512 pixels (e.g. 64)")
+        if p.value_head not in ("mean_token", "first_token", "last_token"):
+            raise ConfigError("policy.value_head", p.value_head, "use mean_token, first_token or last_token")
+        if p.noise_method not in ("flow_sde", "flow_noise"):
+            raise ConfigError("policy.noise_method", p.noise_method, "use flow_sde or flow_noise")
+        if not 0 < p.noise_std_min <= p.noise_std_max:
+            raise ConfigError("policy.noise_std_min", p.noise_std_min,
+                              f"need 0 < noise_std_min <= noise_std_max={p.noise_std_max}")
+        for key, val in (("policy.num_denoise_steps", p.num_denoise_steps), ("policy.max_prompt_len", p.max_prompt_len),
+                         ("policy.action_bins", p.action_bins)):
+            if val < 1 or (key == "policy.action_bins" and val < 2):
+                raise ConfigError(key, val, "must be >= 1 (action_bins >= 2)")
         if self.experiment in (".", ".."):
             raise ConfigError("experiment", self.experiment, "use a plain name (it becomes a directory)")
         if self.cluster.address is not None and not self.cluster.address.rsplit(":", 1)[-1].isdigit():

@@ -129,6 +129,22 @@ def actor_state(run_id: str) -> dict:
             "rng_torch": torch.get_rng_state(), "weight_version": actor.version}
 
 
+def actor_export(run_id: str, checkpoint_path: str) -> str | None:
+    """Write the resident actor's policy in the `save_pretrained` layout to `<checkpoint_path>/hf` (policies that
+    have one: the VLAs); the directory `policy.model_path` takes. Written to a tmp dir, then renamed."""
+    import os
+    import shutil
+    actor: Actor = resident.get(f"{run_id}/actor")
+    if actor is None or not hasattr(actor.policy, "save_pretrained"):
+        return None
+    final, tmp = os.path.join(checkpoint_path, "hf"), os.path.join(checkpoint_path, ".hf.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    actor.policy.save_pretrained(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return final
+
+
 def _flatten(samples: list[dict]) -> dict[str, torch.Tensor]:
     """Concatenate shards along B, then [T, B, ...] -> [T*B, ...] (SAMPLE_FIELDS, rgb, extras/*)."""
     out = {}

@@ -159,11 +159,13 @@ class EnvShard:
         return {"episode_count": self.episode_count.tolist()}
 
     # ----- stepping -----
-    def chunk_step(self, actions: np.ndarray) -> ChunkResult:
+    def chunk_step(self, actions: np.ndarray, render: bool = True) -> ChunkResult:
         """Execute an action chunk per env.
 
         Args:
             actions: float32 [B, C, D]; clipped to [-1, 1] before reaching the simulator.
+            render: capture the images after the chunk (envs with images); False leaves `rgb` stale and
+                `final_rgb` zero (recording several policy steps per stored chunk renders only the last).
 
         Raises:
             ValueError: actions of the wrong shape.
@@ -180,6 +182,7 @@ class EnvShard:
         terminated, truncated, success = np.zeros(B, bool), np.zeros(B, bool), np.zeros(B, bool)
         final_obs = np.zeros((B, self.obs_dim), np.float32)
         final_rgb = None if self.rgb is None else np.zeros_like(self.rgb)
+        render = render and self.rgb is not None
         # idle envs (auto_reset=False, episode over) belong to no episode: -1
         episode_seed = np.where(self.active, self.seed, -1).astype(np.int64)
         episode_id = np.array([self._episode_id(b) if self.active[b] else -1 for b in range(B)], np.int64)
@@ -204,7 +207,7 @@ class EnvShard:
                     break
             if terminated[b] or truncated[b]:
                 final_obs[b] = self.obs[b]
-                if final_rgb is not None and truncated[b]:  # V(final_obs) bootstraps truncations only
+                if render and truncated[b]:  # V(final_obs) bootstraps truncations only
                     final_rgb[b] = env.render_rgb()
                 episodes.append({"env": self.env_offset + b, "seed": int(self.seed[b]), "episode_id": int(episode_id[b]),
                                  "return": float(self.ep_return[b]), "episode_len": int(self.ep_len[b]),
@@ -214,7 +217,7 @@ class EnvShard:
                     self._reset_env(b)
                 else:
                     self.active[b] = False
-            elif self.rgb is not None:
+            elif render:
                 self.rgb[b] = env.render_rgb()
         if not self.auto_reset and not self.active.any():
             self.needs_reset = True  # every env finished: the next chunk starts new episodes

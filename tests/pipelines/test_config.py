@@ -53,7 +53,7 @@ def test_overrides_are_typed():
      "per-action log-probs"),
     (["env.env_id=NotAnEnv-v1"], "env.env_id", "not a ManiSkill env task"),
     (["env.env_id=PickSingleYCB-v1"], "env.env_id", "needs downloaded assets"),
-    (["policy.name=nope"], "policy.name", "known policies: ['mlp']"),
+    (["policy.name=nope"], "policy.name", "known policies: ['flow_vla'"),
     (["env.obs_mode=pointcloud"], "env.obs_mode", "supported"),
     (["env.eval.num_envs=3"], "env.eval.num_envs", "divisible by env.num_shards=2"),
     (["runner.max_steps=0"], "runner.max_steps", ">= 1"),

@@ -1,0 +1,183 @@
+"""Demonstrations: recording a trained teacher's episodes with images, and behaviour cloning (SFT) from a store.
+
+Recording (pipelines.record): a state-based teacher (e.g. the PPO MLP of the main job, C=1) acts at every
+simulator step, closed loop; its actions are grouped into stored chunks of C = `policy.num_action_chunks` (the
+student's chunk length) with the image and state at the start of each chunk. The store therefore has exactly the
+layout of a rollout of the student ([E, T, B] with actions [C, D], step_mask [C], rgb [H, W, 3]), E = recording
+round (one episode per env per round), T = ceil(max_episode_steps / C). Images are rendered once per stored chunk.
+
+SFT (algorithm.name=sft): the samples are the chunk steps (e, t, b) of the selected episodes (successful ones by
+default) with at least one executed action; actions after an episode's end inside a chunk are zeros (for
+delta-position control: hold still).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from tasks import resident
+from tasks.config import Config
+from tasks.envs import make_shard
+from tasks.policies import make_policy
+from tasks.rollout import instruction, num_values
+
+
+def chunk_steps_per_episode(cfg: Config) -> int:
+    """T of a recording: ceil(max_episode_steps / C)."""
+    from tasks.envs.maniskill import default_max_episode_steps
+    steps = cfg.env.max_episode_steps or default_max_episode_steps(cfg.env.env_id)
+    return -(-steps // cfg.policy.num_action_chunks)
+
+
+def _teacher(teacher_cfg: Config, checkpoint_path: str, obs_dim: int, action_dim: int) -> torch.nn.Module:
+    def build():
+        from storage.checkpoints import load_checkpoint
+        pol = make_policy(teacher_cfg.policy, obs_dim=obs_dim, action_dim=action_dim,
+                          num_values=num_values(teacher_cfg), load=False)
+        pol.load_state_dict(load_checkpoint(checkpoint_path)["policy"])
+        return pol.eval()
+    pol, _ = resident.get_or_create(f"teacher/{checkpoint_path}", build)
+    return pol
+
+
+def record_round(cfg: Config, teacher_cfg: Config, checkpoint_path: str, shard: int, round_idx: int,
+                 store_path: str) -> dict:
+    """Record one episode per env of shard `shard` (round `round_idx`) into the store's epoch `round_idx`.
+
+    Returns {"episodes": finished-episode dicts (see EnvShard.chunk_step), "seconds": float}.
+    """
+    t0 = time.perf_counter()
+    from storage.trajectories import write_shard
+    e, C = cfg.env, cfg.policy.num_action_chunks
+    sh, _ = resident.get_or_create(f"record/{store_path}/shard/{shard}", lambda: make_shard(
+        e, shard=shard, num_shards=e.num_shards, num_envs=e.num_envs, auto_reset=False,
+        ignore_terminations=e.ignore_terminations, base_seed=e.seed))
+    teacher = _teacher(teacher_cfg, checkpoint_path, sh.obs_dim, sh.action_dim)
+    B, D, T = sh.num_envs, sh.action_dim, chunk_steps_per_episode(cfg)
+    state = sh.reset_all()
+    rgb = sh.current_rgb()
+    rows: dict[str, list] = {}
+    episodes: list[dict] = []
+    for _ in range(T):
+        rec = {"obs": state, "rgb": rgb, "actions": np.zeros((B, C, D), np.float32),
+               "rewards": np.zeros((B, C), np.float32), "step_mask": np.zeros((B, C), bool),
+               "terminated": np.zeros(B, bool), "truncated": np.zeros(B, bool), "success": np.zeros(B, bool),
+               "episode_seed": np.where(sh.active, sh.seed, -1),
+               "episode_id": np.array([sh._episode_id(b) if sh.active[b] else -1 for b in range(B)], np.int64)}
+        for c in range(C):
+            if not sh.active.any():
+                break
+            with torch.no_grad():
+                a = teacher.act({"state": torch.from_numpy(state)},
+                                deterministic=cfg.record.deterministic)["actions"][:, :1].numpy()  # [B, 1, D]
+            res = sh.chunk_step(a, render=c == C - 1)
+            done_mask = res.step_mask[:, 0]
+            rec["actions"][:, c] = np.where(done_mask[:, None], np.clip(a[:, 0], -1, 1), 0.0)
+            rec["rewards"][:, c] = res.rewards[:, 0]
+            rec["step_mask"][:, c] = done_mask
+            rec["terminated"] |= res.terminated
+            rec["truncated"] |= res.truncated
+            rec["success"] = np.where(done_mask, res.success, rec["success"])
+            episodes += res.episodes
+            state = res.obs
+            if res.rgb is not None and c == C - 1:
+                rgb = res.rgb
+        for k, v in rec.items():
+            rows.setdefault(k, []).append(v)
+    data = {k: np.stack(v) for k, v in rows.items()}
+    write_shard(store_path, epoch=round_idx, shard=shard, data=data)
+    return {"episodes": episodes, "seconds": time.perf_counter() - t0}
+
+
+# ----- SFT -----
+
+def sft_index(store_path: str, only_success: bool) -> np.ndarray:
+    """int64 [M, 3] rows (epoch, t, b) of the chunk steps to learn from: complete epochs, at least one executed
+    action, and (only_success) an episode whose success flag was set at some chunk step.
+
+    Raises:
+        ValueError: the store holds no such chunk step (names the store and the filter).
+    """
+    from storage.trajectories import TrajectoryStore
+    st = TrajectoryStore.open(store_path)
+    epochs = np.flatnonzero(st.complete_epochs())
+    mask = st.read("step_mask", epochs).any(-1)  # [E, T, B]
+    ep_id = st.read("episode_id", epochs)
+    if only_success:
+        succ = st.read("success", epochs)
+        good = np.unique(ep_id[succ & mask])
+        mask &= np.isin(ep_id, good)
+    rows = np.argwhere(mask)
+    if not len(rows):
+        raise ValueError(f"sft.store={store_path}: no chunk step to learn from"
+                         f"{' in a successful episode (sft.only_success=true)' if only_success else ''}")
+    rows[:, 0] = epochs[rows[:, 0]]
+    return rows.astype(np.int64)
+
+
+def _dataset(store_path: str, only_success: bool) -> dict[str, np.ndarray]:
+    """The selected samples in memory, cached per worker: obs [M, O], rgb [M, H, W, 3] (if stored), actions
+    [M, C, D]."""
+    def load():
+        from storage.trajectories import TrajectoryStore
+        st = TrajectoryStore.open(store_path)
+        rows = sft_index(store_path, only_success)
+        out = {}
+        for k in ("obs", "rgb", "actions"):
+            if k in st.fields:
+                arr = st.read(k)
+                out[k] = arr[rows[:, 0], rows[:, 1], rows[:, 2]]
+        return out
+    data, _ = resident.get_or_create(f"sft_data/{store_path}/{only_success}", load)
+    return data
+
+
+def sft_load(cfg: Config, seed: int, num_batches: int) -> list[dict[str, np.ndarray]]:
+    """`num_batches` random minibatches of `sft.batch_size` samples (a data node; seeded, so reproducible)."""
+    data = _dataset(cfg.sft.store, cfg.sft.only_success)
+    rng = np.random.default_rng(seed)
+    M = len(data["actions"])
+    return [{k: v[idx] for k, v in data.items()}
+            for idx in (rng.integers(0, M, cfg.sft.batch_size) for _ in range(num_batches))]
+
+
+def sft_update(cfg: Config, run_id: str, weights: dict, *batch_lists: list[dict]) -> dict:
+    """Behaviour-cloning gradient steps on the resident actor (`policy.sft_loss`), one per minibatch; returns
+    new versioned weights and metrics (train/sft_loss, train/grad_norm)."""
+    from tasks.update import Actor, _build_actor
+    t0 = time.perf_counter()
+    batches = [b for bl in batch_lists for b in bl]
+
+    def rebuild() -> Actor:
+        actor = _build_actor(cfg, batches[0]["obs"].shape[-1], batches[0]["actions"].shape[-1], load=False)
+        actor.policy.load_state_dict(weights["state_dict"])
+        actor.version = weights["version"]
+        return actor
+
+    actor, created = resident.get_or_create(f"{run_id}/actor", rebuild)
+    policy, opt = actor.policy, actor.optimizer
+    policy.train()
+    instr = instruction(cfg)
+    losses, norms = [], []
+    for b in batches:
+        obs = {"state": torch.from_numpy(b["obs"])}
+        if "rgb" in b and cfg.env.obs_mode == "rgb":
+            obs["rgb"] = torch.from_numpy(b["rgb"])
+        if getattr(policy, "needs_prompt", False):
+            obs["prompt"] = policy.tokenize([instr] * len(b["obs"]))
+        loss = policy.sft_loss(obs, torch.from_numpy(b["actions"]))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.algorithm.max_grad_norm)))
+        opt.step()
+        losses.append(float(loss.detach()))
+    policy.eval()
+    actor.version = weights["version"] + 1
+    out = actor.weights()
+    out["metrics"] = {"train/sft_loss": float(np.mean(losses)), "train/grad_norm": float(np.mean(norms)),
+                      "train/minibatch_updates": float(len(batches)), "train/weight_version": float(actor.version),
+                      "train/actor_rebuilt": float(created), "train/lr": opt.param_groups[0]["lr"],
+                      "time/update": time.perf_counter() - t0}
+    return out
