@@ -27,7 +27,8 @@ import torch
 from tasks.config import ConfigError, PolicyConfig
 
 _POLICIES: dict[str, tuple[str, str]] = {"mlp": ("tasks.policies.mlp", "MLPPolicy"),
-                                          "flow_vla": ("tasks.policies.flow_vla", "FlowVLAPolicy")}
+                                          "flow_vla": ("tasks.policies.flow_vla", "FlowVLAPolicy"),
+                                          "token_vla": ("tasks.policies.token_vla", "TokenVLAPolicy")}
 
 
 def policy_class(name: str) -> type:
@@ -103,3 +104,6 @@ def check_policy_config(cfg: PolicyConfig) -> None:
     if cfg.name == "flow_vla":
         from tasks.policies.flow_vla import check_config
         check_config(cfg)
+    if cfg.name == "token_vla":
+        from tasks.policies.token_vla import check_config as check_token_vla
+        check_token_vla(cfg)
