@@ -24,7 +24,8 @@ Policy distribution: pi(token | obs) = softmax(logits / temperature) per action 
 C*D tokens given the observation (they are decoded in parallel). `temperature` (attribute; `cfg.temperature` if
 the config ever gets that key, else 1.0) is used by `act` (sampling and log-probs), `evaluate` and the entropy
 alike, so the PPO ratio stays 1 before an update (RLinf computes training log-probs with the rollout's sampling
-temperature for the same reason). Deterministic `act` takes the argmax token. `sft_loss` is the cross-entropy of the raw logits (temperature 1).
+temperature for the same reason). Deterministic `act` takes the argmax token.
+`sft_loss` is the cross-entropy of the raw logits (temperature 1).
 
 Log-probs / entropies are per token = per action dimension [B, C, D] (`logprob_type` token_level keeps them;
 action_level / chunk_level sum them with `tasks.algorithms.reduce_logprobs`).
