@@ -252,6 +252,9 @@ class FlowVLAPolicy(VLACheckpointMixin, nn.Module):
             noise: optional initial x_1 [B, C, A] (default: standard normal from the global torch RNG; the SDE
                 noise and the stochastic step index also come from it).
 
+        Raises:
+            ValueError: `noise` of another shape. KeyError: a missing observation key.
+
         Returns:
             {"actions" [B, C, D] = the final x_0 (sliced to D), "logprobs" [B, C, D], "values" [B] or [B, C],
              "extras": {"chain" [B, K+1, C, A] float32 (x at t_0 = 1 .. t_K = 0),
@@ -261,6 +264,8 @@ class FlowVLAPolicy(VLACheckpointMixin, nn.Module):
         B = obs["prompt"].shape[0]
         dev = self.action_in_proj.weight.device
         pre = self.prefix(obs, with_kv=True)
+        if noise is not None and noise.shape != (B, self.C, self.A):
+            raise ValueError(f"noise {tuple(noise.shape)}: expected [B, C, A] = {(B, self.C, self.A)}")
         x = torch.randn(B, self.C, self.A, device=dev) if noise is None else noise.to(dev, torch.float32)
         if self.noise_head is None and not deterministic:
             denoise_idx = torch.randint(0, self.K, (B,), device=dev)

@@ -142,7 +142,9 @@ def gemma_config(*, width: int, layers: int, heads: int, kv_heads: int, head_dim
                       max_position_embeddings=max_positions, use_bidirectional_attention=True,
                       tie_word_embeddings=False, pad_token_id=0 if vocab_size > 1 else None,
                       bos_token_id=None, eos_token_id=None)
-    cfg._attn_implementation = "eager"  # exact, batch-size independent numerics on CPU; see the module doc
+    # eager attention with prepared additive masks: the same kernels in act and evaluate (bit-identical log-probs
+    # for identical batches on CPU, ratio = 1 exactly at the start of a PPO update), and no SDPA-specific mask rules
+    cfg._attn_implementation = "eager"
     return cfg
 
 
@@ -259,6 +261,9 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor
 
 class ValueHead(nn.Module):
     """Critic on the prefix: pool(hidden, mask) [B, W] -> Linear -> GELU -> Linear -> [B] (num_values 1) or [B, C].
+
+    The features are not detached: the value loss also trains the prefix (RLinf's default,
+    detach_critic_input=False).
 
     Raises:
         ValueError: unknown pooling.
