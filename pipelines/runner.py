@@ -380,6 +380,10 @@ class Runner:
         last_ckpt = None
         status = "FAILED"
         try:
+            if cfg.runner.val_at_start and st.step == 0:
+                self.tracker.log_metrics(self.evaluate(), step=0)
+                self.echo(f"dagrl: eval before training: success_once {self.last_eval['eval/success_once']:.3f} "
+                          f"over {self.last_eval['eval/num_episodes']:.0f} episodes")
             while not self._done(t_start):
                 m = self.train_step()
                 r = cfg.runner

@@ -258,6 +258,11 @@ class TrajectoryStore:
         return sorted(n for n in self._group[_EPOCHS_GROUP].array_keys() if n != _COMPLETE)
 
     # ---- driver-side writes ----------------------------------------------------------------------------
+    def update_attrs(self, **attrs: Any) -> None:
+        """Add or replace caller attributes (JSON-serialisable; reserved names raise ValueError)."""
+        _check_json_attrs(attrs)
+        self._group.attrs.update(attrs)
+
     def reserve(self, epoch: int) -> None:
         """Grow ``E`` so that ``E >= epoch + 1`` (never shrinks, writes no data). Driver only."""
         epoch = int(epoch)

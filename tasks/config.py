@@ -84,7 +84,7 @@ class AlgorithmConfig:
     name: str = "ppo"  # ppo (actor-critic with GAE) | grpo (critic-free, group-relative advantages)
     adv_type: str = "gae"  # gae | grpo
     group_size: int = 1  # grpo: envs per group sharing a reset state; groups never straddle env shards
-    filter_rewards: bool = False  # grpo: zero the advantages of groups whose mean score is outside the bounds
+    filter_rewards: bool = False  # grpo: mask out of the loss the groups whose mean score is outside the bounds
     rewards_lower_bound: float = 0.0
     rewards_upper_bound: float = 1.0
     gamma: float = 0.8
@@ -121,6 +121,7 @@ class RunnerConfig:
     max_env_steps: Optional[int] = None
     max_wall_time_s: Optional[float] = None
     val_check_interval: int = 10  # evaluate every N training steps (and after the last)
+    val_at_start: bool = False  # also evaluate before the first training step (the starting policy's score)
     save_interval: int = 20  # checkpoint every N training steps (and after the last)
     keep_checkpoints: int = 2
     resume: Optional[str] = None  # a run id or "latest"

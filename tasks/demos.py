@@ -102,7 +102,7 @@ def sft_index(store_path: str, only_success: bool) -> np.ndarray:
     """
     from storage.trajectories import TrajectoryStore
     st = TrajectoryStore.open(store_path)
-    epochs = np.flatnonzero(st.complete_epochs())
+    epochs = np.asarray(st.complete_epochs(), np.int64)
     mask = st.read("step_mask", epochs).any(-1)  # [E, T, B]
     ep_id = st.read("episode_id", epochs)
     if only_success:

@@ -197,7 +197,7 @@ def actor_update(cfg: Config, run_id: str, weights: dict, *samples: dict) -> dic
     adv_mask = step_mask.any(-1) if adv.dim() == 1 else step_mask
     critic = a.adv_type != "grpo"
     instr = instruction(cfg)
-    if a.normalize_advantages:  # global normalisation over the whole batch
+    if a.normalize_advantages and a.adv_type != "grpo":  # global normalisation (GRPO's are already normalised per group)
         adv = normalize_advantages(adv, adv_mask)
     adv = expand_advantages(adv, logprob_type=a.logprob_type, num_action_chunks=C, action_dim=D)
     old_values = data["values"] if num_values(cfg) > 1 else data["values"][:, 0]  # [N, V] -> [N] or [N, C]

@@ -79,15 +79,17 @@ def load_pretrained(policy: torch.nn.Module, path: str) -> None:
                           f"not a {type(policy).__name__} checkpoint ({type(exc).__name__}: {exc})") from None
     own, new = policy.state_dict(), loaded.state_dict()
     bad = [k for k in own if k in new and own[k].shape != new[k].shape]
+    missing = [k for k in own if k not in new]
+    # heads that only RL adds (a value head of another size, a Flow-Noise std head) keep their fresh initialisation
+    fresh_ok = ("value_head.", "noise_head.")
+    if any(not k.startswith(fresh_ok) for k in missing):
+        raise ConfigError("policy.model_path", path, f"checkpoint lacks tensors {missing[:3]}")
+    bad = [k for k in bad if not k.startswith(fresh_ok)]
     if bad:
         raise ConfigError("policy.model_path", path,
                           f"tensor shapes differ from this config's policy ({bad[:3]} ...): the checkpoint was made "
-                          f"with other sizes, action dim, chunk length or value outputs")
-    missing = [k for k in own if k not in new]
-    # a value head missing from an SFT checkpoint is kept at its fresh initialisation
-    policy.load_state_dict({**own, **{k: v for k, v in new.items() if k in own}})
-    if missing and not all("value" in k for k in missing):
-        raise ConfigError("policy.model_path", path, f"checkpoint lacks tensors {missing[:3]}")
+                          f"with other sizes, action dim or chunk length")
+    policy.load_state_dict({**own, **{k: v for k, v in new.items() if k in own and own[k].shape == v.shape}})
     for attr in ("action_stats",):
         if hasattr(loaded, attr) and hasattr(policy, attr):
             setattr(policy, attr, getattr(loaded, attr))

@@ -1,0 +1,156 @@
+"""Record a trained teacher's episodes with images: `python -m pipelines.record conf=NAME record.teacher=RUN`.
+
+RUN is a run directory (runs/<experiment>/<run_id>) or a run id under `run_root`; its resolved config.yaml and
+latest checkpoint give the teacher policy. The config being composed (e.g. conf/conf/pushcube_record.yaml)
+gives the env of the recording (obs_mode=rgb, image_size, seeds, num_envs/num_shards) and the stored chunk
+length `policy.num_action_chunks` (the student's C). One graph per round: `record_s{s}` nodes, one per env
+shard on its env worker, each running one episode per env and writing its zarr region (tasks.demos).
+
+Output: a trajectory store (default `<run_root>/demos/<experiment>.zarr`, refused if it exists) whose attributes
+name the teacher and count the successful episodes; `algorithm.name=sft sft.store=PATH` trains on it.
+Exit codes as pipelines.run: 0 done, 2 bad config / teacher / output path (one line), 1 failure, 130 interrupted.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+
+def resolve_teacher(arg: str, run_root: str) -> tuple[Path, Path]:
+    """(run directory, latest checkpoint) of a teacher run given as a directory or a run id.
+
+    Raises:
+        ConfigError (key record.teacher): no such run, no config.yaml, or no checkpoint.
+    """
+    from storage.checkpoints import latest_checkpoint
+    from storage.rundir import find_run_dir
+    from tasks.config import ConfigError
+    if arg is None:
+        raise ConfigError("record.teacher", arg, "name the teacher run: record.teacher=runs/<experiment>/<run_id> "
+                                                  "or its run id")
+    p = Path(arg)
+    if not p.is_dir():
+        try:
+            p = find_run_dir(run_root, arg)
+        except (FileNotFoundError, ValueError) as exc:
+            raise ConfigError("record.teacher", arg, f"no such run directory or run id under {run_root} ({exc})")
+    if not (p / "config.yaml").is_file():
+        raise ConfigError("record.teacher", arg, f"{p} has no config.yaml: not a dagrl run directory")
+    ckpt = latest_checkpoint(p)
+    if ckpt is None:
+        raise ConfigError("record.teacher", arg, f"{p} has no complete checkpoint yet")
+    return p, ckpt
+
+
+def teacher_config(run_dir: Path):
+    """The teacher run's resolved config as a `Config` (validated against today's schema)."""
+    from omegaconf import OmegaConf
+    from pipelines.config import to_config
+    return to_config(OmegaConf.load(run_dir / "config.yaml"))
+
+
+def record(cfg, handle, *, echo=print) -> dict:
+    """Record `record.num_episodes` (rounded up to whole rounds) teacher episodes. Returns a summary dict."""
+    import numpy as np
+    from tqdm import tqdm
+
+    from pipelines.cluster import plan_placement
+    from pipelines.graphs import GraphBuilder
+    from pipelines.runner import trajectory_fields
+    from storage.trajectories import TrajectoryStore
+    from tasks import demos
+    from tasks.config import ConfigError
+    from tasks.rollout import env_dims
+
+    run_dir, ckpt = resolve_teacher(cfg.record.teacher, cfg.run_root)
+    tcfg = teacher_config(run_dir)
+    for key in ("env_id", "control_mode"):
+        if getattr(tcfg.env, key) != getattr(cfg.env, key):
+            raise ConfigError(f"env.{key}", getattr(cfg.env, key),
+                              f"the teacher was trained with env.{key}={getattr(tcfg.env, key)}; use the same")
+    out = Path(cfg.record.out or Path(cfg.run_root) / "demos" / f"{cfg.experiment}.zarr")
+    if out.exists():
+        raise ConfigError("record.out", str(out), "exists; choose another path (a store is never overwritten)")
+    client = handle.client
+    placement = plan_placement(cfg, client)
+    dims = client.submit(env_dims, cfg, workers=[placement.shard_workers[0]], pure=False).result()
+    fields = {k: v for k, v in trajectory_fields(cfg, *dims).items()
+              if k not in ("logprobs", "values", "final_values")}
+    T = demos.chunk_steps_per_episode(cfg)
+    rounds = -(-cfg.record.num_episodes // cfg.env.num_envs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    store = TrajectoryStore.create(out, fields=fields, T=T, num_envs=cfg.env.num_envs, shard_size=cfg.env.shard_size,
+                                   attrs={"env_id": cfg.env.env_id, "simulator": cfg.env.simulator,
+                                          "obs_mode": cfg.env.obs_mode, "control_mode": cfg.env.control_mode,
+                                          "reward_mode": cfg.env.reward_mode, "base_seed": cfg.env.seed,
+                                          "sim_backend": cfg.env.sim_backend, "auto_reset": False,
+                                          "ignore_terminations": cfg.env.ignore_terminations,
+                                          "seed_rule": "episode k of global env g: base_seed + g + k * num_envs",
+                                          "num_action_chunks": cfg.policy.num_action_chunks,
+                                          "max_episode_steps": cfg.env.max_episode_steps,
+                                          "teacher_run": str(run_dir), "teacher_checkpoint": str(ckpt),
+                                          "deterministic": cfg.record.deterministic})
+    episodes: list[dict] = []
+    t0 = time.perf_counter()
+    bar = tqdm(total=rounds * cfg.env.num_envs, desc="record", unit="episode", dynamic_ncols=True,
+               disable=not cfg.runner.progress)
+    for r in range(rounds):
+        store.reserve(r)
+        g = GraphBuilder()
+        keys = [g.add(f"record_s{s}-{cfg.experiment}-{r}", demos.record_round, cfg, tcfg, str(ckpt), s, r, str(out),
+                      worker=placement.shard_workers[s], resources={"CPU": 1}) for s in range(cfg.env.num_shards)]
+        results = client.get(g.graph(), keys)
+        store.mark_complete(r, global_step=r)
+        new = [e for res in results for e in res["episodes"]]
+        episodes += new
+        bar.update(len(new))
+        bar.set_postfix(success=f"{np.mean([e['success_once'] for e in episodes]):.2f}")
+    bar.close()
+    n_succ = int(sum(e["success_once"] for e in episodes))
+    summary = {"store": str(out), "episodes": len(episodes), "successful": n_succ,
+               "success_rate": n_succ / max(1, len(episodes)), "seconds": time.perf_counter() - t0,
+               "teacher": str(run_dir), "checkpoint": str(ckpt)}
+    store.update_attrs(episodes=len(episodes), successful_episodes=n_succ)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from pipelines.run import _quiet
+    _quiet()
+    from pipelines.cluster import start_cluster
+    from pipelines.config import load_config
+    from tasks.config import ConfigError
+    from tasks.envs.vulkan import VulkanMissingError
+    try:
+        cfg, _ = load_config(argv)
+        if cfg.env.obs_mode != "rgb":
+            raise ConfigError("env.obs_mode", cfg.env.obs_mode, "record with env.obs_mode=rgb (images for a VLA)")
+        resolve_teacher(cfg.record.teacher, cfg.run_root)
+    except (ConfigError, VulkanMissingError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        handle = start_cluster(cfg)
+    except (ConnectionError, VulkanMissingError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        print(f"dagrl record: dashboard {handle.dashboard_link}", flush=True)
+        s = record(cfg, handle)
+        print(f"dagrl record: {s['episodes']} episodes ({s['successful']} successful, {s['success_rate']:.2f}) "
+              f"in {s['seconds']:.0f}s -> {s['store']}")
+        return 0
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        handle.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
