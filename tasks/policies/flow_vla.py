@@ -36,12 +36,13 @@ Gaussian N(mean, std^2) per element:
                         log-prob = log N(x_{k*+1}; mean, std) of that transition.
   Flow-Noise:           mean = the Euler mean, std = noise head(expert features) in [noise_std_min, noise_std_max]
                         (tanh -> log-variance interpolated between log min^2 and log max^2, RLinf's
-                        ExploreNoiseNet), EVERY step stochastic; log-prob = the SUM over the K transitions.
-                        (RLinf's joint_logprob averages over the steps and adds the log-density of the initial
-                        noise; that term does not depend on the parameters and cancels in the PPO ratio.)
+                        ExploreNoiseNet), EVERY step stochastic; log-prob = the MEAN over the K transitions,
+                        as RLinf's joint_logprob averages over the steps (it also averages in the log-density
+                        of the initial noise, a term that does not depend on the parameters; left out here).
+                        A sum would make log-ratios K times larger and PPO's clipping K times tighter.
 Log-probs and entropies are per element [B, C, D] (the padded A - D model dims never reach the env and are not
 counted, as RLinf slices to action_env_dim). The entropy is that of the transition Gaussians, 0.5 log(2 pi e std^2),
-of the stochastic step (Flow-SDE; constant in the parameters) or summed over the steps (Flow-Noise).
+of the stochastic step (Flow-SDE; constant in the parameters) or averaged over the steps (Flow-Noise).
 """
 from __future__ import annotations
 
@@ -285,6 +286,8 @@ class FlowVLAPolicy(VLACheckpointMixin, nn.Module):
             x = mean + std * torch.randn_like(mean)
             logp = logp + gaussian_logprob(x, mean, std)
             chain.append(x)
+        if self.noise_head is not None and not deterministic:
+            logp = logp / self.K  # flow_noise: mean over the K stochastic transitions
         return {"actions": x[..., :self.D], "logprobs": logp[..., :self.D],
                 "values": self.value_head(pre.hidden, pre.mask),
                 "extras": {"chain": torch.stack(chain, dim=1), "denoise_idx": denoise_idx}}
@@ -320,7 +323,7 @@ class FlowVLAPolicy(VLACheckpointMixin, nn.Module):
             if (idx < 0).any():
                 raise ValueError("flow_sde evaluate needs the stochastic step index (denoise_idx >= 0)")
             steps = [(chain[rows, idx], chain[rows, idx + 1], idx)]
-        else:  # flow_noise: all K transitions, summed (one expert pass of N rows per step, as in act)
+        else:  # flow_noise: all K transitions, averaged (one expert pass of N rows per step, as in act)
             steps = [(chain[:, k], chain[:, k + 1], torch.full((N,), k, dtype=torch.long, device=chain.device))
                      for k in range(self.K)]
         logp = ent = 0.0
@@ -329,6 +332,7 @@ class FlowVLAPolicy(VLACheckpointMixin, nn.Module):
             mean, std = self._transition(x, v, feats, k, ones)
             logp = logp + gaussian_logprob(x_next, mean, std)  # [N, C, A]
             ent = ent + gaussian_entropy(std)
+        logp, ent = logp / len(steps), ent / len(steps)  # flow_noise: mean over the K transitions
         return {"logprobs": logp[..., :self.D], "entropy": ent[..., :self.D],
                 "values": self.value_head(pre.hidden, pre.mask)}
 

@@ -84,7 +84,7 @@ def test_flow_sde_transition_logprob_equals_direct_computation():
 
 
 @torch.no_grad()
-def test_flow_noise_logprob_is_sum_over_all_steps_with_bounded_std():
+def test_flow_noise_logprob_is_the_mean_over_all_steps_with_bounded_std():
     policy = _policy(noise_method="flow_noise", noise_std_min=0.08, noise_std_max=0.16).eval()
     torch.nn.init.normal_(policy.noise_head.mlp[-1].weight, std=1.0)  # a non-constant std
     obs = _obs(policy)
@@ -97,7 +97,7 @@ def test_flow_noise_logprob_is_sum_over_all_steps_with_bounded_std():
         std = policy.noise_head(feats)
         assert (std >= 0.08 - 1e-6).all() and (std <= 0.16 + 1e-6).all() and std.std() > 0
         total += Normal(chain[:, k] - v / K, std).log_prob(chain[:, k + 1])[..., :D]
-    torch.testing.assert_close(out["logprobs"], total, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(out["logprobs"], total / K, atol=1e-4, rtol=1e-5)  # RLinf: mean over steps
     assert (out["extras"]["denoise_idx"] == -1).all()
 
 
