@@ -104,6 +104,10 @@ class AlgorithmConfig:
     num_minibatches: int = 8
     normalize_advantages: bool = True
     target_kl: Optional[float] = 0.1  # stop the update's epochs early once approx_kl exceeds it
+    # ----- distributed actor update (tasks.distributed; RLinf actor.global_batch_size / micro_batch_size) -----
+    global_batch_size: Optional[int] = None  # samples per optimizer step over all ranks; None: batch / num_minibatches
+    micro_batch_size: Optional[int] = None  # samples per forward/backward on one rank; None: global / num_actor_ranks
+    num_actor_ranks: int = 1  # actor_update ranks (one torch.distributed process group, FSDP2)
 
 
 @dataclass

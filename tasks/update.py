@@ -103,8 +103,12 @@ class Actor:
 def _build_actor(cfg: Config, obs_dim: int, action_dim: int, load: bool = True) -> Actor:
     policy = make_policy(cfg.policy, obs_dim=obs_dim, action_dim=action_dim, num_values=num_values(cfg),
                          seed=cfg.seed, image_size=image_size(cfg), load=load)
-    opt = torch.optim.Adam(policy.parameters(), lr=cfg.algorithm.lr, eps=1e-5)
-    return Actor(policy, opt)
+    return Actor(policy, make_optimizer(cfg, policy))
+
+
+def make_optimizer(cfg: Config, policy: torch.nn.Module) -> torch.optim.Optimizer:
+    """The actor's optimizer: Adam(lr=algorithm.lr, eps=1e-5) over `policy.parameters()` (after any sharding)."""
+    return torch.optim.Adam(policy.parameters(), lr=cfg.algorithm.lr, eps=1e-5)
 
 
 def actor_init(cfg: Config, run_id: str, dims: tuple[int, int], checkpoint: dict | None = None) -> dict:
@@ -169,6 +173,60 @@ def batch_extras(data: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, 
     return {k.split("/", 1)[1]: v[idx] for k, v in data.items() if k.startswith("extras/")}
 
 
+LOSS_METRICS = ("actor_loss", "critic_loss", "entropy", "approx_kl", "clipfrac", "ratio_mean", "explained_variance",
+                "loss")
+
+
+def prepare_update(cfg: Config, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | bool]:
+    """Per-sample tensors of the PPO loss for a flattened batch (`_flatten`), computed once per update.
+
+    Returns `step_mask` [N, C] bool (GRPO masks steps after the first done), `old_lp` (old log-probs reduced to
+    `logprob_type`: [N], [N, C] or [N, C, D]), `lp_mask` (same shape, bool), `adv` (normalised over the whole batch
+    unless GRPO, expanded to the log-prob shape), `returns` and `old_values` ([N] or [N, C]), `v_mask` (same shape,
+    bool) and `critic` (False for GRPO).
+    """
+    a, C = cfg.algorithm, cfg.policy.num_action_chunks
+    D = data["actions"].shape[-1]
+    step_mask = data["step_mask"] & data["loss_mask"][:, None]  # [N, C]; GRPO masks steps after the first done
+    old_lp = reduce_logprobs(data["logprobs"], step_mask=step_mask, logprob_type=a.logprob_type)
+    lp_mask = loss_mask_for(step_mask, logprob_type=a.logprob_type, action_dim=D)
+    adv = data["advantages"]  # [N] or [N, C]
+    adv_mask = step_mask.any(-1) if adv.dim() == 1 else step_mask
+    if a.normalize_advantages and a.adv_type != "grpo":  # global normalisation (GRPO's are already normalised per group)
+        adv = normalize_advantages(adv, adv_mask)
+    adv = expand_advantages(adv, logprob_type=a.logprob_type, num_action_chunks=C, action_dim=D)
+    old_values = data["values"] if num_values(cfg) > 1 else data["values"][:, 0]  # [N, V] -> [N] or [N, C]
+    return {"step_mask": step_mask, "old_lp": old_lp, "lp_mask": lp_mask, "adv": adv, "returns": data["returns"],
+            "old_values": old_values, "v_mask": adv_mask, "critic": a.adv_type != "grpo"}
+
+
+def minibatch_loss(cfg: Config, policy: torch.nn.Module, data: dict[str, torch.Tensor], prep: dict,
+                   idx: torch.Tensor, instr: str) -> dict[str, torch.Tensor]:
+    """PPO loss terms on samples `idx` (int64 [n]) of a flattened batch: one forward of `policy.evaluate`.
+
+    Returns 0-d tensors: `actor_loss`, `critic_loss` (0 without a critic), `entropy` (differentiable token-means
+    over `lp_mask[idx]` / `v_mask[idx]`), `loss` = actor_loss + value_coef * critic_loss - entropy_coef * entropy
+    (differentiable), and the metrics `approx_kl`, `clipfrac`, `ratio_mean` (token-means over `lp_mask[idx]`),
+    `explained_variance`.
+    """
+    a = cfg.algorithm
+    step_mask, lp_mask = prep["step_mask"], prep["lp_mask"]
+    out = policy.evaluate(batch_obs(policy, data, idx, instr), data["actions"][idx], batch_extras(data, idx))
+    new_lp = reduce_logprobs(out["logprobs"], step_mask=step_mask[idx], logprob_type=a.logprob_type)
+    pl = ppo_actor_loss(logprobs=new_lp, old_logprobs=prep["old_lp"][idx], advantages=prep["adv"][idx],
+                        loss_mask=lp_mask[idx], clip_ratio_low=a.clip_ratio_low,
+                        clip_ratio_high=a.clip_ratio_high, dual_clip=a.dual_clip)
+    vl = critic_loss(values=out["values"], returns=prep["returns"][idx], loss_mask=prep["v_mask"][idx],
+                     value_clip=a.value_clip, old_values=prep["old_values"][idx]) if prep["critic"] else \
+        {"loss": torch.zeros(()), "explained_variance": torch.zeros(())}
+    ent = entropy_bonus(reduce_logprobs(out["entropy"], step_mask=step_mask[idx],
+                                        logprob_type=a.logprob_type), lp_mask[idx])
+    loss = pl["loss"] + a.value_coef * vl["loss"] - a.entropy_coef * ent
+    return {"actor_loss": pl["loss"], "critic_loss": vl["loss"], "entropy": ent, "approx_kl": pl["approx_kl"],
+            "clipfrac": pl["clipfrac"], "ratio_mean": pl["ratio_mean"],
+            "explained_variance": vl["explained_variance"], "loss": loss}
+
+
 def actor_update(cfg: Config, run_id: str, weights: dict, *samples: dict) -> dict:
     """PPO update on the samples of every shard; returns new versioned weights and metrics.
 
@@ -176,7 +234,7 @@ def actor_update(cfg: Config, run_id: str, weights: dict, *samples: dict) -> dic
     it is rebuilt from them with a fresh optimizer and `train/actor_rebuilt` = 1 is reported.
     """
     t0 = time.perf_counter()
-    a, C = cfg.algorithm, cfg.policy.num_action_chunks
+    a = cfg.algorithm
     data = _flatten(samples)
     N, D = data["actions"].shape[0], data["actions"].shape[-1]
     rebuilt = 0.0
@@ -190,19 +248,8 @@ def actor_update(cfg: Config, run_id: str, weights: dict, *samples: dict) -> dic
     actor, created = resident.get_or_create(f"{run_id}/actor", rebuild)
     if created:
         rebuilt = 1.0
-    step_mask = data["step_mask"] & data["loss_mask"][:, None]  # [N, C]; GRPO masks steps after the first done
-    old_lp = reduce_logprobs(data["logprobs"], step_mask=step_mask, logprob_type=a.logprob_type)
-    lp_mask = loss_mask_for(step_mask, logprob_type=a.logprob_type, action_dim=D)
-    adv = data["advantages"]  # [N] or [N, C]
-    adv_mask = step_mask.any(-1) if adv.dim() == 1 else step_mask
-    critic = a.adv_type != "grpo"
+    prep = prepare_update(cfg, data)
     instr = instruction(cfg)
-    if a.normalize_advantages and a.adv_type != "grpo":  # global normalisation (GRPO's are already normalised per group)
-        adv = normalize_advantages(adv, adv_mask)
-    adv = expand_advantages(adv, logprob_type=a.logprob_type, num_action_chunks=C, action_dim=D)
-    old_values = data["values"] if num_values(cfg) > 1 else data["values"][:, 0]  # [N, V] -> [N] or [N, C]
-    returns = data["returns"]
-    v_mask = adv_mask
     policy, opt = actor.policy, actor.optimizer
     policy.train()
     mb = N // a.num_minibatches
@@ -212,28 +259,16 @@ def actor_update(cfg: Config, run_id: str, weights: dict, *samples: dict) -> dic
         perm = torch.randperm(N)
         for i in range(a.num_minibatches):
             idx = perm[i * mb:(i + 1) * mb]
-            out = policy.evaluate(batch_obs(policy, data, idx, instr), data["actions"][idx], batch_extras(data, idx))
-            new_lp = reduce_logprobs(out["logprobs"], step_mask=step_mask[idx], logprob_type=a.logprob_type)
-            pl = ppo_actor_loss(logprobs=new_lp, old_logprobs=old_lp[idx], advantages=adv[idx],
-                                loss_mask=lp_mask[idx], clip_ratio_low=a.clip_ratio_low,
-                                clip_ratio_high=a.clip_ratio_high, dual_clip=a.dual_clip)
-            vl = critic_loss(values=out["values"], returns=returns[idx], loss_mask=v_mask[idx],
-                             value_clip=a.value_clip, old_values=old_values[idx]) if critic else \
-                {"loss": torch.zeros(()), "explained_variance": torch.zeros(())}
-            ent = entropy_bonus(reduce_logprobs(out["entropy"], step_mask=step_mask[idx],
-                                                logprob_type=a.logprob_type), lp_mask[idx])
-            loss = pl["loss"] + a.value_coef * vl["loss"] - a.entropy_coef * ent
+            terms = minibatch_loss(cfg, policy, data, prep, idx, instr)
+            loss = terms["loss"]
             opt.zero_grad(set_to_none=True)
             loss.backward()
             gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), a.max_grad_norm)
             opt.step()
             count += 1
-            for k, v in (("actor_loss", pl["loss"]), ("critic_loss", vl["loss"]), ("entropy", ent),
-                         ("approx_kl", pl["approx_kl"]), ("clipfrac", pl["clipfrac"]),
-                         ("ratio_mean", pl["ratio_mean"]), ("explained_variance", vl["explained_variance"]),
-                         ("grad_norm", gn), ("loss", loss)):
+            for k, v in [*((k, terms[k]) for k in LOSS_METRICS), ("grad_norm", gn)]:
                 sums[k] = sums.get(k, 0.0) + float(torch.as_tensor(v).detach())
-            if a.target_kl is not None and float(pl["approx_kl"]) > a.target_kl:
+            if a.target_kl is not None and float(terms["approx_kl"]) > a.target_kl:
                 stop = True
                 break
         epochs_run += 1

@@ -1,0 +1,399 @@
+"""The actor update as a distributed task group: `actor_update[r]` for actor ranks r = 0..R-1 form one
+torch.distributed process group (gloo on CPU, nccl on CUDA) that lives across training steps in the GPU workers,
+with the policy sharded by FSDP2 (`torch.distributed.fsdp.fully_shard`).
+
+Batch sizes (RLinf's `actor.global_batch_size` / `actor.micro_batch_size`, its FSDP actor worker's
+`run_training`; `check_batch_sizes` is the offline check):
+  batch_size B        samples per training step (chunk steps: rollout.chunk_steps * env.num_envs)
+  global_batch_size G samples per optimizer step over all ranks (default B / algorithm.num_minibatches, which makes
+                      one rank the single-process `tasks.update.actor_update`)
+  micro_batch_size M  samples per forward/backward on one rank (default G / R: no accumulation)
+  one update epoch = B / G optimizer steps; each rank takes G / R samples of each step's minibatch and runs
+  grad_accum = G / (M * R) micro-batches, the last one synchronising gradients (FSDP reduce-scatter).
+  Divisibility: B % G == 0 and G % (M * R) == 0, else ConfigError.
+
+Loss weighting: every loss term of the single-process update is a token-mean over a mask of the minibatch
+(tasks.algorithms.losses). A micro-batch's term is weighted by its share of the minibatch's mask count
+(counted over all ranks: every rank holds the whole batch), so the summed gradient is exactly the gradient of the
+minibatch's token-mean, whatever the split. With full masks and equal micro-batches the weight is 1/(grad_accum*R),
+RLinf's `loss / gradient_accumulation` with averaged ranks. The loss is multiplied by R because FSDP averages
+gradients over ranks. Metrics are the same share-weighted sums, all-reduced once per optimizer step: actor_loss,
+critic_loss, entropy, approx_kl, clipfrac, ratio_mean and loss equal the single-process values;
+explained_variance (not a mean) is the share-weighted mean of the micro-batches' values. `target_kl` is decided
+on the all-reduced approx_kl, so all ranks stop together (a rank stopping alone would hang the others).
+
+Minibatches: every rank receives all samples (the graph passes every advantages_s* output to every rank), draws
+the same permutation per epoch from `torch.Generator().manual_seed(permutation_seed(cfg, version))`, and takes the
+contiguous slice [r * G/R, (r+1) * G/R) of each minibatch, then micro-batches in order: a deterministic split.
+Advantage normalisation is over the whole batch on every rank (identical; no communication).
+
+How the graph uses it (pipelines.graphs; not wired here):
+  - One node per rank, `actor_update_r{r}-<run>-<step>`, calling
+    `actor_update_rank(cfg, run_id, specs[r], weights, *advs)` with `specs = group_specs(...)`, pinned to that
+    rank's GPU worker (`workers=[gpu_worker[r]], allow_other_workers=False, resources={"GPU": 1}`), ranks on
+    DISTINCT workers (two ranks in one worker process would deadlock), all in the same step graph so Dask runs
+    them together (each blocks in the first collective until all ranks arrive).
+  - Rank 0's output {"version", "state_dict", "metrics"} is the new weights (the future the next step's rollout
+    takes); ranks > 0 return {"version", "metrics", "rank"}. Keep every rank's future (e.g. as a dependency of
+    step_metrics) so a failed rank fails the step.
+  - `master_addr` is rank 0's worker host, `master_port` a free port there (`free_port` run on that worker with
+    `client.submit(free_port, workers=[w0], pure=False)`), `generation` 0 at start.
+  - Checkpoint: `actor_state_rank(run_id)` on every rank (a collective; one node per rank as above); rank 0 returns
+    {"policy", "optimizer" (FQN-keyed full state), "weight_version"}. Restore: pass those as
+    weights={"version", "state_dict", "optimizer"} with a new generation; the group is rebuilt from them.
+
+A lost rank: the surviving ranks block in a collective until the group's timeout (`timeout_s`, default
+DEFAULT_TIMEOUT_S) and then raise. The runner cancels the step's futures, restarts the surviving actor workers
+(a thread blocked in a collective cannot be interrupted; `client.restart_workers` frees them at once) or waits
+for the timeout, re-plans placement, rolls back to the last checkpoint as for the single-process actor, and
+resubmits the step with `generation + 1` and a new `master_port` (a new rank 0 address if rank 0 was lost).
+`actor_update_rank` sees the new generation, destroys its old group (if any survives on that worker), joins the
+new one and rebuilds the sharded policy and optimizer from `weights` (fresh optimizer unless `weights` carries
+"optimizer"), reporting `train/group_built` = 1 and `train/actor_rebuilt` = 1. A node with a generation older
+than the worker's group raises (a stale retry must not join a dead group); the same generation with another
+rank/world/address raises too (bump the generation to change the group).
+
+Sources: RLinf `rlinf/workers/actor/fsdp_actor_worker.py` (`run_training`: global/micro batch, gradient
+accumulation, divisibility asserts, metrics all-reduced with AVG); PyTorch FSDP2 (`fully_shard`,
+`register_fsdp_forward_method`, `set_requires_gradient_sync`) and `torch.distributed.checkpoint.state_dict`.
+"""
+from __future__ import annotations
+
+import socket
+import time
+import warnings
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+
+from tasks import resident
+from tasks.config import Config, ConfigError
+from tasks.update import LOSS_METRICS, _flatten, make_optimizer, minibatch_loss, prepare_update
+
+DEFAULT_TIMEOUT_S = 300.0  # process-group timeout: how long a rank waits in a collective for a lost peer
+_INITS = 0  # process groups this process has initialised (tests count them)
+
+
+# ---------------------------------------------------------------- batch sizes (offline check)
+@dataclass(frozen=True)
+class BatchPlan:
+    """Resolved batch sizes of one distributed update (all in samples = chunk steps)."""
+
+    batch_size: int  # B: samples per training step
+    num_ranks: int  # R
+    global_batch_size: int  # G: samples per optimizer step over all ranks
+    micro_batch_size: int  # M: samples per forward/backward on one rank
+
+    @property
+    def per_rank_batch_size(self) -> int:
+        return self.global_batch_size // self.num_ranks
+
+    @property
+    def grad_accum(self) -> int:
+        """Micro-batches per rank per optimizer step."""
+        return self.per_rank_batch_size // self.micro_batch_size
+
+    @property
+    def num_minibatches(self) -> int:
+        """Optimizer steps per update epoch."""
+        return self.batch_size // self.global_batch_size
+
+
+def check_batch_sizes(batch_size: int, num_ranks: int, global_batch_size: int, micro_batch_size: int) -> BatchPlan:
+    """Check RLinf's divisibility rules and return the plan.
+
+    Rules: all >= 1; `batch_size % global_batch_size == 0` (whole optimizer steps per epoch);
+    `global_batch_size % (micro_batch_size * num_ranks) == 0` (each rank runs whole micro-batches).
+
+    Raises:
+        ConfigError: naming the key (algorithm.global_batch_size / micro_batch_size / num_actor_ranks), the value and
+            the numbers that do not divide.
+    """
+    for key, val in (("batch_size", batch_size), ("algorithm.num_actor_ranks", num_ranks),
+                     ("algorithm.global_batch_size", global_batch_size),
+                     ("algorithm.micro_batch_size", micro_batch_size)):
+        if int(val) != val or val < 1:
+            raise ConfigError(key, val, "must be an integer >= 1")
+    if batch_size % global_batch_size:
+        step = micro_batch_size * num_ranks
+        divisors = [d for d in range(step, batch_size + 1, step) if batch_size % d == 0]
+        hint = f"; e.g. {min(divisors, key=lambda d: abs(d - global_batch_size))}" if divisors else ""
+        raise ConfigError("algorithm.global_batch_size", global_batch_size,
+                          f"must divide the batch of {batch_size} samples (rollout.chunk_steps*env.num_envs): "
+                          f"an update epoch is batch/global optimizer steps{hint}")
+    if global_batch_size % (micro_batch_size * num_ranks):
+        raise ConfigError("algorithm.micro_batch_size", micro_batch_size,
+                          f"micro_batch_size*num_actor_ranks = {micro_batch_size}*{num_ranks} = "
+                          f"{micro_batch_size * num_ranks} must divide algorithm.global_batch_size="
+                          f"{global_batch_size} (each rank runs global/(micro*ranks) micro-batches per step)")
+    return BatchPlan(batch_size, num_ranks, global_batch_size, micro_batch_size)
+
+
+def batch_plan(cfg: Config, batch_size: int | None = None, num_ranks: int | None = None) -> BatchPlan:
+    """The plan for `cfg` (defaults: batch_size = cfg.batch_size, num_ranks = algorithm.num_actor_ranks,
+    global = batch / algorithm.num_minibatches, micro = global / ranks). Raises ConfigError (check_batch_sizes)."""
+    a = cfg.algorithm
+    B = cfg.batch_size if batch_size is None else batch_size
+    R = a.num_actor_ranks if num_ranks is None else num_ranks
+    G = a.global_batch_size if a.global_batch_size is not None else max(B // a.num_minibatches, 1)
+    M = a.micro_batch_size if a.micro_batch_size is not None else max(G // max(R, 1), 1)
+    return check_batch_sizes(B, R, G, M)
+
+
+def permutation_seed(cfg: Config, version: int) -> int:
+    """Seed of the minibatch permutations of the update on weights `version` (identical on every rank)."""
+    return (int(cfg.seed) * 1_000_003 + int(version)) % (2 ** 62)
+
+
+# ---------------------------------------------------------------- the process group
+def free_port(host: str = "") -> int:
+    """A TCP port free on this host now (run it on rank 0's worker to choose `master_port`)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def group_specs(world_size: int, master_addr: str, master_port: int, generation: int,
+                timeout_s: float | None = None) -> list[dict]:
+    """The `group` argument of each rank's node: [{rank, world_size, master_addr, master_port, generation,
+    timeout_s}] for ranks 0..world_size-1."""
+    return [{"rank": r, "world_size": world_size, "master_addr": master_addr, "master_port": int(master_port),
+             "generation": int(generation), "timeout_s": DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s}
+            for r in range(world_size)]
+
+
+def group_inits() -> int:
+    """How many process groups this process has initialised (one per generation in a healthy run)."""
+    return _INITS
+
+
+@dataclass
+class RankState:
+    """One rank's resident state: its process group membership, sharded policy and optimizer, weight version."""
+
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    generation: int
+    device: torch.device
+    policy: torch.nn.Module | None = None
+    optimizer: torch.optim.Optimizer | None = None
+    version: int = 0
+
+    def same_group(self, group: dict) -> bool:
+        return (self.rank, self.world_size, self.master_addr, self.master_port) == (
+            int(group["rank"]), int(group["world_size"]), str(group["master_addr"]), int(group["master_port"]))
+
+    def close(self) -> None:
+        """Destroy the process group (resident.release calls this)."""
+        import torch.distributed as dist
+        self.policy = self.optimizer = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _key(run_id: str) -> str:
+    return f"{run_id}/actor_group"
+
+
+def _join(cfg: Config, run_id: str, group: dict, weights: dict, dims: tuple[int, int]) -> tuple[RankState, bool]:
+    """The resident rank state for `group`, (re)building the process group and sharded policy when needed.
+
+    Raises:
+        RuntimeError: `group["generation"]` is older than this worker's group (a stale node).
+        ValueError: same generation but another rank/world/address/port (bump the generation to change a group).
+    """
+    import torch.distributed as dist
+    gen = int(group["generation"])
+    st: RankState | None = resident.get(_key(run_id))
+    if st is not None:
+        if gen < st.generation:
+            raise RuntimeError(f"actor_update rank {group['rank']}: generation {gen} is older than this worker's "
+                               f"process group (generation {st.generation}); a stale node must not join")
+        if gen == st.generation:
+            if not st.same_group(group):
+                raise ValueError(f"actor_update: group {group} differs from generation {gen}'s group "
+                                 f"(rank {st.rank}/{st.world_size} at {st.master_addr}:{st.master_port}); "
+                                 f"bump the generation to change it")
+            return st, False
+        resident.release(_key(run_id))  # closes the old group
+    elif dist.is_initialized():  # a group left by another run: this module owns the worker's default group
+        dist.destroy_process_group()
+    return _build(cfg, run_id, group, weights, dims), True
+
+
+def _build(cfg: Config, run_id: str, group: dict, weights: dict, dims: tuple[int, int]) -> RankState:
+    """Join the process group, build the policy from `weights["state_dict"]`, shard it (FSDP2), make the
+    optimizer (loading `weights["optimizer"]` when given: the FQN-keyed full state of `actor_state_rank`)."""
+    global _INITS
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    from tasks.policies import make_policy
+    from tasks.rollout import image_size, num_values
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    rank, world = int(group["rank"]), int(group["world_size"])
+    addr, port = str(group["master_addr"]), int(group["master_port"])
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://{addr}:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=float(group.get("timeout_s")
+                                                                                or DEFAULT_TIMEOUT_S)))
+    _INITS += 1
+    mesh = init_device_mesh(device.type, (world,))
+    policy = make_policy(cfg.policy, obs_dim=dims[0], action_dim=dims[1], num_values=num_values(cfg),
+                         seed=cfg.seed, image_size=image_size(cfg), load=False)
+    policy.load_state_dict(weights["state_dict"])
+    policy.to(device)
+    units = getattr(policy, "fsdp_units", None)  # optional hook: submodules to shard as their own units (VLA blocks)
+    for module in (units() if callable(units) else []):
+        fully_shard(module, mesh=mesh)
+    fully_shard(policy, mesh=mesh)
+    register_fsdp_forward_method(policy, "evaluate")  # FSDP2 unshards around forward(); the update calls evaluate()
+    opt = make_optimizer(cfg, policy)  # over the sharded (DTensor) parameters
+    if weights.get("optimizer") is not None:
+        set_optimizer_state_dict(policy, opt, optim_state_dict=weights["optimizer"],
+                                 options=StateDictOptions(full_state_dict=True))
+    st = RankState(rank, world, addr, port, int(group["generation"]), device, policy, opt,
+                   int(weights["version"]))
+    resident.put(_key(run_id), st)
+    return st
+
+
+def release_group(run_id: str) -> int:
+    """Destroy this worker's process group of `run_id` and drop its sharded actor (e.g. `client.run` at shutdown)."""
+    return resident.release(_key(run_id))
+
+
+# ---------------------------------------------------------------- the rank function
+def _share(mask: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """mask.sum() / total as a float 0-d tensor; 0 when total is 0."""
+    n = mask.sum().to(torch.float32)
+    return torch.where(total > 0, n / total.clamp(min=1), torch.zeros_like(n))
+
+
+def _epochs(cfg: Config, st: RankState, plan: BatchPlan, data: dict, prep: dict, instr: str,
+            gen: torch.Generator, N: int) -> tuple[dict[str, float], int, int]:
+    """The update epochs on this rank: returns (metric sums over optimizer steps, optimizer steps, epochs run)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+    a = cfg.algorithm
+    rank, world, device = st.rank, st.world_size, st.device
+    G, P, M = plan.global_batch_size, plan.per_rank_batch_size, plan.micro_batch_size
+    lp_mask, v_mask = prep["lp_mask"], prep["v_mask"]
+    policy, opt = st.policy, st.optimizer
+    sums: dict[str, float] = {}
+    count, epochs_run, stop = 0, 0, False
+    for _ in range(a.update_epochs):
+        perm = torch.randperm(N, generator=gen)
+        for i in range(plan.num_minibatches):
+            mb = perm[i * G:(i + 1) * G].to(device)  # the global minibatch [G]
+            mine = mb[rank * P:(rank + 1) * P]  # this rank's slice [P]
+            n_lp = lp_mask[mb].sum().to(torch.float32)  # mask counts over the whole minibatch (all ranks)
+            n_v = v_mask[mb].sum().to(torch.float32)
+            opt.zero_grad(set_to_none=True)
+            local = torch.zeros(len(LOSS_METRICS), dtype=torch.float64, device=device)
+            for j in range(plan.grad_accum):
+                idx = mine[j * M:(j + 1) * M]  # micro-batch [M]
+                policy.set_requires_gradient_sync(j == plan.grad_accum - 1)
+                terms = minibatch_loss(cfg, policy, data, prep, idx, instr)
+                s_lp, s_v = _share(lp_mask[idx], n_lp), _share(v_mask[idx], n_v)
+                share_loss = (s_lp * terms["actor_loss"] + a.value_coef * s_v * terms["critic_loss"]
+                              - a.entropy_coef * s_lp * terms["entropy"])
+                (share_loss * world).backward()  # FSDP averages over ranks; x world makes it the minibatch's sum
+                with torch.no_grad():
+                    for k, name in enumerate(LOSS_METRICS):
+                        s = s_v if name in ("critic_loss", "explained_variance") else s_lp
+                        val = share_loss if name == "loss" else s * torch.as_tensor(terms[name]).to(device)
+                        local[k] += val.detach().to(torch.float64)
+            dist.all_reduce(local)  # SUM over ranks: the minibatch's token-means, identical on all ranks
+            gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), a.max_grad_norm)
+            if isinstance(gn, DTensor):
+                gn = gn.full_tensor()
+            opt.step()
+            count += 1
+            for k, name in enumerate(LOSS_METRICS):
+                sums[name] = sums.get(name, 0.0) + float(local[k])
+            sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(gn)
+            if a.target_kl is not None and float(local[LOSS_METRICS.index("approx_kl")]) > a.target_kl:
+                stop = True
+                break
+        epochs_run += 1
+        if stop:
+            break
+    return sums, count, epochs_run
+
+
+def actor_update_rank(cfg: Config, run_id: str, group: dict, weights: dict, *samples: dict) -> dict:
+    """One rank's share of the PPO update (see the module docstring); a collective: every rank must call it.
+
+    Args:
+        group: {rank, world_size, master_addr, master_port, generation[, timeout_s]} (`group_specs`).
+        weights: {"version": int, "state_dict": full CPU state dict[, "optimizer": FQN-keyed full optimizer state]};
+            the state dicts are only read when the group is (re)built.
+        samples: every shard's advantages output (tasks.update.advantages): fields [T, B_s, ...] as numpy arrays.
+
+    Returns:
+        rank 0: {"version": v+1, "state_dict": full CPU state dict (float32 clones), "metrics": {...}};
+        other ranks: {"version": v+1, "rank": r, "metrics": {...}}. Metrics (train/*) are identical on all ranks
+        except time/update (this rank's wall time).
+
+    Raises:
+        ConfigError: batch sizes that do not divide (check_batch_sizes).
+        RuntimeError / ValueError: a stale or inconsistent `group` (_join); torch.distributed errors after
+            `timeout_s` when a peer is lost.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from tasks.rollout import instruction
+    t0 = time.perf_counter()
+    data = _flatten(samples)
+    N, D = data["actions"].shape[0], data["actions"].shape[-1]
+    st, built = _join(cfg, run_id, group, weights, (data["obs"].shape[-1], D))
+    rank, world = st.rank, st.world_size
+    plan = batch_plan(cfg, batch_size=N, num_ranks=world)  # a ConfigError here is raised on every rank alike
+    data = {k: v.to(st.device) for k, v in data.items()}  # [N, ...] on this rank's device
+    prep = prepare_update(cfg, data)
+    instr = instruction(cfg)
+    policy, opt = st.policy, st.optimizer
+    policy.train()
+    gen = torch.Generator().manual_seed(permutation_seed(cfg, weights["version"]))
+    with warnings.catch_warnings():  # FSDP2: evaluate() returns views (values.squeeze); none is edited in place
+        warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
+        sums, count, epochs_run = _epochs(cfg, st, plan, data, prep, instr, gen, N)
+    policy.eval()
+    st.version = int(weights["version"]) + 1
+    full = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    metrics = {f"train/{k}": v / max(count, 1) for k, v in sums.items()}
+    metrics.update({"train/epochs_run": float(epochs_run), "train/minibatch_updates": float(count),
+                    "train/lr": opt.param_groups[0]["lr"], "train/actor_rebuilt": float(built and st.generation > 0),
+                    "train/group_built": float(built), "train/group_generation": float(st.generation),
+                    "train/actor_ranks": float(world), "train/grad_accum": float(plan.grad_accum),
+                    "train/weight_version": float(st.version), "time/update": time.perf_counter() - t0})
+    out = {"version": st.version, "metrics": metrics}
+    if rank == 0:
+        out["state_dict"] = {k: v.detach().clone() for k, v in full.items()}
+    else:
+        out["rank"] = rank
+    return out
+
+
+def actor_state_rank(run_id: str) -> dict:
+    """Full policy and optimizer state of the sharded actor, for a checkpoint (a collective: call on every rank).
+
+    Returns on rank 0 {"policy": full CPU state dict, "optimizer": FQN-keyed full optimizer state (the format
+    `weights["optimizer"]` takes), "weight_version": int}; {} on other ranks.
+    Raises RuntimeError when this worker holds no actor group for `run_id`.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    st: RankState | None = resident.get(_key(run_id))
+    if st is None or st.policy is None:
+        raise RuntimeError(f"no distributed actor for run {run_id} on this worker")
+    model_sd, optim_sd = get_state_dict(st.policy, st.optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if st.rank != 0:
+        return {}
+    return {"policy": model_sd, "optimizer": optim_sd, "weight_version": st.version}
