@@ -1,33 +1,234 @@
 """The Dask cluster: an embedded local cluster of worker processes, or an existing scheduler; and placement.
 
-Local cluster (default): a scheduler and dashboard bound to 127.0.0.1, `num_env_workers` processes named
-`env-i` with resource `CPU=1` that host env shards, and `num_gpu_workers` processes named `gpu-i` with resource
-`GPU=1` for the actor update (a logical resource on CPU-only machines; with CUDA, `CUDA_VISIBLE_DEVICES=i`).
+Local cluster (default): a scheduler and dashboard bound to 127.0.0.1, `num_env_workers` processes named `env-i`
+with resource `CPU=1` that host env shards, and one process `gpu-i` with resource `GPU=1` per device for the actor
+and inference: on a machine with N CUDA devices one per device (`cluster.num_gpus` of them, all N when null) with
+`CUDA_VISIBLE_DEVICES=i`; on CPU-only machines `cluster.num_gpus` (when set) or `num_gpu_workers` logical ones.
 Remote (`cluster.address=tcp://host:8786`): workers must have been started with `--resources CPU=1` or
 `--resources GPU=1` (docker-compose.yml shows how); resources are checked before anything is submitted.
+
+Placement (RLinf's `cluster.component_placement`): the components `actor`, `env`, `rollout` map to device indices,
+device i being the i-th GPU worker (natural order of worker names: gpu-2 before gpu-10). Each env worker serves
+one device (round-robin over the GPU workers of its host, or of the whole cluster when its host has none); an env
+placed on devices D runs its shards round-robin on the env workers serving D. The mode follows from the device
+sets: colocated (all equal), disaggregated (pairwise disjoint), hybrid (anything else). Every check runs before a
+task is submitted, so no task can wait forever in `no-worker`.
 """
 from __future__ import annotations
 
 import logging
 import os
+import re
+from collections import Counter
 from dataclasses import dataclass, field
 
-from tasks.config import Config, ConfigError
+from tasks.config import ClusterConfig, Config, ConfigError
+
+COMPONENTS = ClusterConfig.COMPONENTS  # ("actor", "env", "rollout")
+RESOURCES = {"env": {"CPU": 1}, "rollout": {"GPU": 1}, "actor": {"GPU": 1}}  # what one node of each needs
+SPEC_FORMS = "'all', 'N', 'A-B', 'A,B' or 'A-B,C' (device indices from 0)"
 
 
 class PlacementError(ConfigError):
     """The cluster cannot run the placement the config asks for."""
 
 
+@dataclass(frozen=True)
+class ComponentPlacement:
+    """`cluster.component_placement` parsed against a number of devices.
+
+    devices: component -> sorted device indices, every component present (left-out or empty ones get the
+    defaults: actor on device 0, rollout with the actor, env on all devices). mode: colocated | disaggregated |
+    hybrid.
+    """
+
+    devices: dict[str, tuple[int, ...]]
+    num_devices: int
+    mode: str
+
+    def describe(self) -> str:
+        return (f"{self.mode}: " + ", ".join(f"{c} {_ranges(self.devices[c])}" for c in COMPONENTS)
+                + f" (of {self.num_devices} GPU{'s' if self.num_devices != 1 else ''})")
+
+
 @dataclass
 class Placement:
-    """Worker addresses per component: env shard s -> env worker, eval shard s -> same, actor -> GPU worker."""
+    """Worker addresses per component: env shard s -> env worker (eval shard s -> same), actor -> GPU worker.
+
+    `actor_workers` / `rollout_workers` hold one GPU worker per device of the component (`actor_worker` and
+    `rollout_worker` are their first); `annotations(component, i)` gives the Dask annotations of its nodes.
+    """
 
     shard_workers: list[str]
     actor_worker: str
     env_workers: list[str] = field(default_factory=list)
     gpu_workers: list[str] = field(default_factory=list)
+    rollout_worker: str = ""  # "": the actor's worker
+    actor_workers: list[str] = field(default_factory=list)
+    rollout_workers: list[str] = field(default_factory=list)
+    devices: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    mode: str = "colocated"
 
+    def __post_init__(self):
+        self.actor_workers = self.actor_workers or [self.actor_worker]
+        self.rollout_worker = self.rollout_worker or (self.rollout_workers or [self.actor_worker])[0]
+        self.rollout_workers = self.rollout_workers or [self.rollout_worker]
+
+    def annotations(self, component: str, index: int = 0) -> dict:
+        """Annotations of node `index` of `component` (env: shard; actor: rank; rollout: inference group),
+        pinned to its worker, with the resource the component needs."""
+        pools = {"env": self.shard_workers, "actor": self.actor_workers, "rollout": self.rollout_workers}
+        if component not in pools:
+            raise KeyError(f"unknown component {component!r}; known: {list(COMPONENTS)}")
+        ws = pools[component]
+        return {"workers": [ws[index % len(ws)]], "allow_other_workers": False,
+                "resources": dict(RESOURCES[component])}
+
+    def node_annotations(self) -> list[tuple[str, dict]]:
+        """(node label, annotations) for every placed node: env shards, actor ranks, rollout groups."""
+        return ([(f"env_s{s}", self.annotations("env", s)) for s in range(len(self.shard_workers))]
+                + [(f"actor_r{r}", self.annotations("actor", r)) for r in range(len(self.actor_workers))]
+                + [(f"rollout_g{g}", self.annotations("rollout", g)) for g in range(len(self.rollout_workers))])
+
+
+# ----- cluster.component_placement: parsing and the numbers of devices -----
+
+def parse_devices(key: str, spec, num_devices: int | None, source: str = "") -> tuple[int, ...] | None:
+    """One placement value -> sorted device indices (None for "all" while `num_devices` is unknown).
+
+    Forms: "all", "N", "A-B", "A,B", "A-B,C". Raises ConfigError naming `key`, the value and the numbers: a
+    malformed part, a backwards range, a device listed twice (overlapping ranges), an index >= `num_devices`.
+    """
+    text = str(spec).strip()
+    if text.lower() == "all":
+        return None if num_devices is None else tuple(range(num_devices))
+    seen: dict[int, str] = {}
+    for part in (p.strip() for p in text.split(",")):
+        m = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", part)
+        if not m:
+            raise ConfigError(key, spec, f"{part!r} is not a device index or range; use {SPEC_FORMS}")
+        a = int(m.group(1))
+        b = a if m.group(2) is None else int(m.group(2))
+        if b < a:
+            raise ConfigError(key, spec, f"range {a}-{b} runs backwards; write {b}-{a}")
+        for d in range(a, b + 1):
+            if d in seen:
+                raise ConfigError(key, spec, f"device {d} is listed twice ({seen[d]!r} and {part!r} overlap)")
+            seen[d] = part
+    devices = tuple(sorted(seen))
+    if num_devices is not None and devices[-1] >= num_devices:
+        raise ConfigError(key, spec, f"needs {devices[-1] + 1} GPUs, the cluster has {num_devices}"
+                                     f"{f' ({source})' if source else ''}; use devices "
+                                     f"{_ranges(tuple(range(num_devices)))} or 'all', or a cluster with more GPUs")
+    return devices
+
+
+def _entries(spec: dict) -> dict[str, tuple[str, str]]:
+    """component -> (config key, value) of the non-empty entries. Raises ConfigError: unknown or doubly placed."""
+    out: dict[str, tuple[str, str]] = {}
+    for names, value in spec.items():
+        if value is None or str(value).strip() == "":
+            continue
+        key = f"cluster.component_placement.{names}"
+        for name in (n.strip() for n in str(names).split(",")):
+            if name not in COMPONENTS:
+                raise ConfigError(key, value, f"unknown component {name!r}; known: {list(COMPONENTS)}")
+            if name in out:
+                raise ConfigError(key, value, f"component {name!r} is placed twice (also by {out[name][0]})")
+            out[name] = (key, value)
+    return out
+
+
+def placement_mode(devices: dict[str, tuple[int, ...]]) -> str:
+    """colocated: every component on the same devices; disaggregated: pairwise disjoint; hybrid: otherwise."""
+    sets = [set(d) for d in devices.values()]
+    if all(s == sets[0] for s in sets):
+        return "colocated"
+    if all(a.isdisjoint(b) for i, a in enumerate(sets) for b in sets[i + 1:]):
+        return "disaggregated"
+    return "hybrid"
+
+
+def parse_component_placement(spec: dict, num_devices: int, source: str = "") -> ComponentPlacement:
+    """`cluster.component_placement` -> ComponentPlacement on `num_devices` devices. Raises ConfigError.
+
+    `source` says where `num_devices` comes from; it is quoted in the too-few-devices error.
+    """
+    devices = {c: parse_devices(k, v, num_devices, source) for c, (k, v) in _entries(spec).items()}
+    devices.setdefault("actor", (0,))
+    devices.setdefault("rollout", devices["actor"])
+    devices.setdefault("env", tuple(range(num_devices)))
+    devices = {c: devices[c] for c in COMPONENTS}
+    return ComponentPlacement(devices, num_devices, placement_mode(devices))
+
+
+def _ranges(devs: tuple[int, ...]) -> str:
+    """(0, 1, 2, 5) -> '0-2,5'"""
+    out, i = [], 0
+    while i < len(devs):
+        j = i
+        while j + 1 < len(devs) and devs[j + 1] == devs[j] + 1:
+            j += 1
+        out.append(str(devs[i]) if i == j else f"{devs[i]}-{devs[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def _cuda_device_count() -> int:
+    try:
+        import torch
+        return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - no torch or no driver: a CPU-only machine
+        return 0
+
+
+def num_devices(cfg: Config, cuda_count: int | None = None) -> tuple[int | None, str]:
+    """(number of devices, where it comes from) of the cluster `cfg` describes, without starting it.
+
+    `cluster.num_gpus` when set; else, for the embedded cluster, the CUDA devices or, on CPU-only machines, the
+    `num_gpu_workers` logical ones; else (a remote cluster) None: known once connected (`plan_placement`).
+    """
+    c = cfg.cluster
+    if c.num_gpus is not None:
+        return c.num_gpus, f"cluster.num_gpus={c.num_gpus}"
+    if c.address:
+        return None, ""
+    n = _cuda_device_count() if cuda_count is None else cuda_count
+    if n:
+        return n, f"{n} CUDA device{'s' if n != 1 else ''}"
+    return c.num_gpu_workers, f"cluster.num_gpu_workers={c.num_gpu_workers}, no CUDA device"
+
+
+def check_placement(cfg: Config, cuda_count: int | None = None) -> ComponentPlacement | None:
+    """Offline: parse `cluster.component_placement` against the devices the config implies (`num_devices`).
+
+    Returns None for a remote cluster of unknown size (`cluster.num_gpus` null): then only the syntax is checked
+    here and the numbers by `plan_placement` once connected. Raises ConfigError with the numbers.
+    """
+    c = cfg.cluster
+    n, source = num_devices(cfg, cuda_count)
+    if n is None:
+        for k, v in _entries(c.component_placement).values():
+            parse_devices(k, v, None)
+        return None
+    cp = parse_component_placement(c.component_placement, n, source)
+    if not c.address:  # the embedded cluster: env worker j serves device j % n (`_env_devices` on one host)
+        _check_env_served(c.component_placement, cp, [j % n for j in range(c.num_env_workers)])
+    return cp
+
+
+def _check_env_served(spec: dict, cp: ComponentPlacement, served: list[int]) -> None:
+    """Raise PlacementError unless some env worker serves one of the env's devices (`served`: one per worker)."""
+    if set(served) & set(cp.devices["env"]):
+        return
+    key, value = _entries(spec).get("env", ("cluster.component_placement.env", "all"))
+    raise PlacementError(key, value, f"no env (CPU) worker serves devices {_ranges(cp.devices['env'])}: the "
+                                     f"{len(served)} env workers serve devices {_ranges(tuple(sorted(set(served))))}"
+                                     f"; add env workers (one per device: cluster.num_env_workers="
+                                     f"{cp.num_devices}) or place env on those devices")
+
+
+# ----- the cluster -----
 
 @dataclass
 class ClusterHandle:
@@ -53,11 +254,29 @@ def _worker_env(cuda_device: int | None, simulator: str) -> dict[str, str]:
     return env
 
 
+def gpu_worker_specs(cfg: Config, cuda_count: int) -> list[tuple[str, int | None]]:
+    """(name, CUDA device or None) of the embedded cluster's GPU workers: one per device.
+
+    Raises:
+        PlacementError: `cluster.num_gpus` above the machine's CUDA devices, or a placement the devices cannot hold
+        (checked here so that no worker starts for a run that cannot be placed).
+    """
+    n, source = num_devices(cfg, cuda_count)
+    if cuda_count and n > cuda_count:
+        raise PlacementError("cluster.num_gpus", n, f"this machine has {cuda_count} CUDA device"
+                                                    f"{'s' if cuda_count != 1 else ''}; use at most {cuda_count}, "
+                                                    "or null for all of them")
+    check_placement(cfg, cuda_count)
+    return [(f"gpu-{i}", i if cuda_count else None) for i in range(n)]
+
+
 def start_cluster(cfg: Config) -> ClusterHandle:
     """Start the embedded local cluster or connect to `cluster.address`.
 
     Raises:
         ConnectionError (remote scheduler unreachable, with the address and the fix).
+        PlacementError (a ConfigError) before any worker starts: more GPUs asked for than the machine or the
+        config provides (`gpu_worker_specs`).
     """
     from distributed import Client
     c = cfg.cluster
@@ -67,9 +286,8 @@ def start_cluster(cfg: Config) -> ClusterHandle:
     if c.address:
         client = connect(c.address, c.connect_timeout_s)
         return ClusterHandle(client, None, client.dashboard_link)
+    gpus = gpu_worker_specs(cfg, _cuda_device_count())
     from distributed import Nanny, Scheduler, SpecCluster
-    import torch
-    n_cuda = torch.cuda.device_count()
     common = {"nthreads": c.threads_per_worker, "host": "127.0.0.1", "memory_limit": c.memory_limit,
               "silence_logs": logging.ERROR, "dashboard": False}
     # torch threads of the actor: the cores the env workers leave (1 on a 2-core machine, where 2 threads were
@@ -79,10 +297,10 @@ def start_cluster(cfg: Config) -> ClusterHandle:
     for i in range(c.num_env_workers):
         workers[f"env-{i}"] = {"cls": Nanny, "options": {**common, "name": f"env-{i}", "resources": {"CPU": 1},
                                                          "env": _worker_env(None, cfg.env.simulator)}}
-    for i in range(c.num_gpu_workers):
-        workers[f"gpu-{i}"] = {"cls": Nanny, "options": {
-            **common, "name": f"gpu-{i}", "resources": {"GPU": 1},
-            "env": {**_worker_env(i if n_cuda else None, "none"), "OMP_NUM_THREADS": str(actor_threads)}}}
+    for name, device in gpus:
+        workers[name] = {"cls": Nanny, "options": {
+            **common, "name": name, "resources": {"GPU": 1},
+            "env": {**_worker_env(device, "none"), "OMP_NUM_THREADS": str(actor_threads)}}}
     scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": c.dashboard_address}}
     cluster = SpecCluster(scheduler=scheduler, workers=workers, silence_logs=logging.ERROR)
     client = Client(cluster)
@@ -120,24 +338,124 @@ def connect(address: str, timeout_s: float):
                           f"(cluster.connect_timeout_s); {fix}")
 
 
-def plan_placement(cfg: Config, client) -> Placement:
-    """Map env shards to `CPU` workers (round-robin) and the actor to the first `GPU` worker.
 
+# ----- placement on live workers -----
+
+def _natural(name) -> list:
+    """Sort key: gpu-2 before gpu-10."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(name))]
+
+
+def _host(address: str) -> str:
+    return address.split("://", 1)[-1].rsplit(":", 1)[0]
+
+
+def _env_devices(env_w: list[str], gpu_w: list[str]) -> dict[str, int]:
+    """env worker -> the device it serves: round-robin over the GPU workers on its host (all devices when its
+    host has none, as on a one-host cluster where every worker is 127.0.0.1)."""
+    by_host: dict[str, list[int]] = {}
+    for d, g in enumerate(gpu_w):
+        by_host.setdefault(_host(g), []).append(d)
+    seen: Counter = Counter()
+    out = {}
+    for w in env_w:
+        h = _host(w) if _host(w) in by_host else None
+        devs = by_host[h] if h is not None else list(range(len(gpu_w)))
+        out[w] = devs[seen[h] % len(devs)]
+        seen[h] += 1
+    return out
+
+
+def _resource_summary(workers: dict) -> str:
+    counts = Counter(",".join(f"{k}={v:g}" for k, v in sorted(w.get("resources", {}).items())) or "no resources"
+                     for w in workers.values())
+    return ", ".join(f"{r} on {n} worker{'s' if n != 1 else ''}" for r, n in sorted(counts.items()))
+
+
+def check_resources(nodes, workers: dict) -> None:
+    """Every node's `resources` annotation is met by at least one worker, and by one of its pinned workers when
+    it is pinned (`workers` annotation without `allow_other_workers=True`): else it would wait in `no-worker`.
+
+    Args:
+        nodes: (node label, annotations dict) pairs.
+        workers: address -> worker info, as in `client.scheduler_info()["workers"]`.
     Raises:
-        PlacementError: no worker has a resource a component needs (a task would wait forever in `no-worker`).
+        PlacementError: naming the node, the resource and the numbers.
     """
-    info = client.scheduler_info(n_workers=-1)["workers"]
-    by_name = sorted(info.items(), key=lambda kv: str(kv[1].get("name")))
+    names = {w.get("name"): a for a, w in workers.items()}
+    for node, ann in nodes:
+        ann = ann or {}
+        pinned = [] if ann.get("allow_other_workers") else list(ann.get("workers") or [])
+        pinned_live = [p if p in workers else names[p] for p in pinned if p in workers or p in names]
+        if pinned and not pinned_live:
+            raise PlacementError("cluster", pinned, f"node {node} is pinned to worker(s) not in the cluster "
+                                                    f"({len(workers)} workers: {sorted(workers)})")
+        for res, amount in (ann.get("resources") or {}).items():
+            have = [a for a, w in workers.items() if w.get("resources", {}).get(res, 0) >= amount]
+            if not have:
+                raise PlacementError("cluster", f"{res}={amount:g}",
+                                     f"node {node} needs resource {res}={amount:g}, none of the {len(workers)} "
+                                     f"workers has it ({_resource_summary(workers)}); start a worker with "
+                                     f"`--resources {res}={amount:g}` or drop the annotation")
+            if pinned and not set(pinned_live) & set(have):
+                raise PlacementError("cluster", f"{res}={amount:g}",
+                                     f"node {node} is pinned to {pinned_live}, without resource {res}={amount:g} "
+                                     f"({len(have)} of the {len(workers)} workers have it)")
+
+
+def check_graph(graph, client) -> None:
+    """Before submitting `graph` (a HighLevelGraph): every layer's annotations can be met (`check_resources`).
+
+    Args:
+        client: a distributed Client, or its `scheduler_info()` dict.
+    """
+    workers = (client if isinstance(client, dict) else client.scheduler_info(n_workers=-1))["workers"]
+    check_resources([(name, layer.annotations) for name, layer in graph.layers.items()], workers)
+
+
+def plan_placement(cfg: Config, client) -> Placement:
+    """Map components to the live workers: GPU worker i is device i; the actor and rollout get the GPU workers of
+    their devices; env shards go round-robin over the env (`CPU`) workers serving the env's devices.
+
+    Args:
+        client: a distributed Client, or its `scheduler_info()` dict (tests need no cluster).
+    Raises:
+        PlacementError (a ConfigError) with the numbers, before anything is submitted: no worker with a resource
+        a component needs, `cluster.num_gpus` or a placement's device index above the GPU workers, env devices
+        that no env worker serves (any of which would leave a task waiting forever in `no-worker`).
+    """
+    info = client if isinstance(client, dict) else client.scheduler_info(n_workers=-1)
+    workers = info["workers"]
+    by_name = sorted(workers.items(), key=lambda kv: (_natural(kv[1].get("name", kv[0])), kv[0]))
     env_w = [a for a, w in by_name if w.get("resources", {}).get("CPU", 0) >= 1]
     gpu_w = [a for a, w in by_name if w.get("resources", {}).get("GPU", 0) >= 1]
     if not env_w:
-        raise PlacementError("cluster", f"{len(info)} workers, none with resource CPU",
+        raise PlacementError("cluster", f"{len(workers)} workers, none with resource CPU",
                              "env shards need workers started with `--resources CPU=1`")
     if not gpu_w:
-        raise PlacementError("cluster", f"{len(info)} workers, none with resource GPU",
+        raise PlacementError("cluster", f"{len(workers)} workers, none with resource GPU",
                              "the actor needs a worker started with `--resources GPU=1` (logical on CPU machines)")
-    shards = [env_w[s % len(env_w)] for s in range(cfg.env.num_shards)]
-    return Placement(shard_workers=shards, actor_worker=gpu_w[0], env_workers=env_w, gpu_workers=gpu_w)
+    c = cfg.cluster
+    if c.num_gpus is not None and c.num_gpus > len(gpu_w):
+        raise PlacementError("cluster.num_gpus", c.num_gpus,
+                             f"the cluster has {len(gpu_w)} GPU workers (resource GPU) among {len(workers)} "
+                             f"workers; start more or lower cluster.num_gpus")
+    gpu_w = gpu_w[:c.num_gpus] if c.num_gpus is not None else gpu_w
+    source = f"{len(gpu_w)} GPU worker{'s' if len(gpu_w) != 1 else ''} in the cluster"
+    try:
+        cp = parse_component_placement(c.component_placement, len(gpu_w), source)
+    except ConfigError as exc:  # the live cluster cannot hold it
+        raise PlacementError(exc.key, exc.value, exc.fix) from None
+    serves = _env_devices(env_w, gpu_w)
+    _check_env_served(c.component_placement, cp, list(serves.values()))
+    pool = [w for w in env_w if serves[w] in cp.devices["env"]]
+    actor = [gpu_w[d] for d in cp.devices["actor"]]
+    rollout = [gpu_w[d] for d in cp.devices["rollout"]]
+    placement = Placement(shard_workers=[pool[s % len(pool)] for s in range(cfg.env.num_shards)],
+                          actor_worker=actor[0], env_workers=env_w, gpu_workers=gpu_w, rollout_worker=rollout[0],
+                          actor_workers=actor, rollout_workers=rollout, devices=cp.devices, mode=cp.mode)
+    check_resources(placement.node_annotations(), workers)
+    return placement
 
 
 def cluster_rss_bytes() -> int:

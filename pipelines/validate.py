@@ -2,8 +2,10 @@
 
 Runs exactly the checks `pipelines.run` runs before starting workers (schema: unknown keys and types;
 combinations; env task, asset downloads, policy name; Vulkan driver) and prints the derived layout of a training
-step. No cluster is started. With `--connect` and `cluster.address` set, it also connects to that scheduler and
-checks that its workers have the resources the placement needs (nothing is submitted).
+step. No cluster is started; `cluster.component_placement` is checked against the devices the config implies
+(`cluster.num_gpus`, else the CUDA devices, else `cluster.num_gpu_workers`; for `cluster.address` without
+`num_gpus` only its syntax). With `--connect` and `cluster.address` set, it also connects to that scheduler and
+checks that its workers have the devices and resources the placement needs (nothing is submitted).
 Exit codes: 0 valid, 2 invalid (one line on stderr).
 """
 from __future__ import annotations
@@ -11,8 +13,8 @@ from __future__ import annotations
 import sys
 
 
-def describe(cfg) -> str:
-    """Human summary of the derived layout of one training step."""
+def describe(cfg, placement=None) -> str:
+    """Human summary of the derived layout of one training step (`placement`: a cluster.ComponentPlacement)."""
     e, r, p, a = cfg.env, cfg.rollout, cfg.policy, cfg.algorithm
     nodes = e.num_shards * (cfg.num_segments + 3) + 2
     return "\n".join([
@@ -26,7 +28,9 @@ def describe(cfg) -> str:
         f"  graph: {nodes} nodes per step ({cfg.num_segments} env_step nodes of {r.chunk_steps_per_node} chunk steps "
         f"per shard)",
         f"  cluster: " + (cfg.cluster.address or f"local, {cfg.cluster.num_env_workers} env workers (CPU) + "
-                          f"{cfg.cluster.num_gpu_workers} GPU workers"),
+                          f"{placement.num_devices if placement else cfg.cluster.num_gpu_workers} GPU workers"),
+        f"  placement: " + (placement.describe() if placement is not None else
+                            "on the cluster's GPU workers (counted once connected)"),
     ])
 
 
@@ -44,16 +48,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         cfg, _ = load_config([a for a in argv if not a.startswith("--")])
+        from pipelines.cluster import check_placement
+        placement = check_placement(cfg)
         if "--connect" in flags and cfg.cluster.address:
-            from pipelines.cluster import connect, plan_placement
+            from pipelines.cluster import ComponentPlacement, connect, plan_placement
             with connect(cfg.cluster.address, cfg.cluster.connect_timeout_s) as client:
-                plan_placement(cfg, client)
+                live = plan_placement(cfg, client)
+            placement = ComponentPlacement(live.devices, len(live.gpu_workers), live.mode)
     except (ConfigError, VulkanMissingError, ConnectionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if "--show" in flags:
         print(to_yaml(cfg))
-    print("ok: " + describe(cfg))
+    print("ok: " + describe(cfg, placement))
     return 0
 
 

@@ -8,7 +8,7 @@ with one line naming the key, the value and the fix. Derived values (`shard_size
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import ClassVar, Optional
 
 
 class ConfigError(ValueError):
@@ -143,6 +143,13 @@ class ClusterConfig:
     memory_limit: str = "3GiB"
     dashboard_address: str = "127.0.0.1:8787"
     connect_timeout_s: float = 30.0
+    # RLinf-style placement of components on devices (GPU i = GPU worker i): keys are a component or a
+    # comma-separated list of them, values "all", "N", "A-B", "A,B", "A-B,C"; e.g. {actor: "0-3", env: "0-1",
+    # rollout: "2-3"} or {"actor,env,rollout": all}. Empty (or a component left out): actor on device 0, rollout
+    # with the actor, env shards round-robin over every env (CPU) worker. pipelines/cluster.py parses and plans it.
+    component_placement: dict[str, str] = field(default_factory=lambda: {"actor": "", "env": "", "rollout": ""})
+    num_gpus: Optional[int] = None  # devices; None: the CUDA devices, on CPU-only machines num_gpu_workers logical ones
+    COMPONENTS: ClassVar[tuple[str, ...]] = ("actor", "env", "rollout")
 
 
 @dataclass
@@ -332,6 +339,14 @@ class Config:
         if self.cluster.address is None and self.cluster.num_gpu_workers < 1:
             raise ConfigError("cluster.num_gpu_workers", self.cluster.num_gpu_workers,
                               "need at least 1 (a logical GPU worker on CPU machines)")
+        c = self.cluster
+        if c.num_gpus is not None and c.num_gpus < 1:
+            raise ConfigError("cluster.num_gpus", c.num_gpus, "must be >= 1, or null to detect")
+        for names in c.component_placement:
+            for name in names.split(","):
+                if name.strip() not in c.COMPONENTS:
+                    raise ConfigError(f"cluster.component_placement.{names}", c.component_placement[names],
+                                      f"unknown component {name.strip()!r}; known: {list(c.COMPONENTS)}")
         return self
 
 

@@ -58,6 +58,8 @@ def test_overrides_are_typed():
     (["env.eval.num_envs=3"], "env.eval.num_envs", "divisible by env.num_shards=2"),
     (["runner.max_steps=0"], "runner.max_steps", ">= 1"),
     (["algorithm.gamma=1.5"], "algorithm.gamma", "(0, 1]"),
+    (["algorithm.num_minibatches=7"], "algorithm.num_minibatches",
+     "must divide the batch of rollout.chunk_steps*env.num_envs=3200 samples"),
 ])
 def test_bad_input_is_a_one_line_config_error_naming_the_key(overrides, key, words):
     if "PickSingleYCB-v1" in overrides[0]:
@@ -71,6 +73,17 @@ def test_bad_input_is_a_one_line_config_error_naming_the_key(overrides, key, wor
     assert msg.startswith(f"{key}="), msg
     assert info.value.key == key
     assert words in msg
+
+
+def test_component_placement_overrides_need_no_plus():
+    """`cluster.component_placement` has the keys actor, env, rollout (empty: the defaults), so Hydra overrides
+    them without `+`; values are strings (device specs are parsed by pipelines.cluster)."""
+    cfg, _ = load_config(["cluster.component_placement.actor=0-3", "cluster.component_placement.rollout=2",
+                          "cluster.num_gpus=4"], components=False)
+    assert cfg.cluster.component_placement == {"actor": "0-3", "env": "", "rollout": "2"}
+    assert cfg.cluster.num_gpus == 4
+    cfg, _ = load_config([], components=False)
+    assert cfg.cluster.component_placement == {"actor": "", "env": "", "rollout": ""} and cfg.cluster.num_gpus is None
 
 
 def test_missing_vulkan_is_reported_with_the_fix(monkeypatch, tmp_path):
@@ -119,6 +132,8 @@ def test_cli_show_prints_the_resolved_config(tmp_path):
     ("runner.max_retries=-1", "runner.max_retries"),
     ("env.num_shards=0", "env.num_shards"),
     ("runner.stop_on_eval_success=1.5", "runner.stop_on_eval_success"),
+    ("cluster.num_gpus=0", "cluster.num_gpus"),
+    ("+cluster.component_placement.critic=0", "cluster.component_placement.critic"),
 ])
 def test_out_of_range_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as err:

@@ -1,0 +1,314 @@
+"""Component placement (RLinf's `cluster.component_placement`): the parser, the modes, the rejections a config or a
+cluster gets before anything is submitted (each with the numbers), and `plan_placement` on fake `scheduler_info`
+dicts (no cluster is started)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines import graphs
+from pipelines.cluster import (PlacementError, _worker_env, check_graph, check_placement, gpu_worker_specs,
+                               parse_component_placement, parse_devices, plan_placement)
+from tasks.config import Config, ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+KEY = "cluster.component_placement.actor"
+
+
+def config(placement: dict | None = None, *, num_shards: int = 2, **cluster) -> Config:
+    cfg = Config()
+    cfg.env.num_envs, cfg.env.num_shards = 8, num_shards
+    cfg.rollout.chunk_steps, cfg.rollout.chunk_steps_per_node = 4, 2
+    cfg.algorithm.num_minibatches = 2
+    cfg.cluster.component_placement.update(placement or {})
+    for k, v in cluster.items():
+        setattr(cfg.cluster, k, v)
+    return cfg.validate()
+
+
+def info(n_env: int, n_gpu: int, *, host: str = "127.0.0.1", start: int = 40000, **extra) -> dict:
+    """A `client.scheduler_info()` dict: env-i workers with CPU=1, gpu-i workers with GPU=1 (listed in reverse,
+    so nothing depends on the dict's order)."""
+    workers = {f"tcp://{host}:{start + i}": {"name": f"env-{i}", "resources": {"CPU": 1}} for i in range(n_env)}
+    workers.update({f"tcp://{host}:{start + 100 + i}": {"name": f"gpu-{i}", "resources": {"GPU": 1}}
+                    for i in range(n_gpu)})
+    workers.update(extra)
+    return {"workers": dict(reversed(list(workers.items())))}
+
+
+def env_addr(i, host="127.0.0.1", start=40000):
+    return f"tcp://{host}:{start + i}"
+
+
+def gpu_addr(i, host="127.0.0.1", start=40000):
+    return f"tcp://{host}:{start + 100 + i}"
+
+
+# ----- the parser -----
+
+@pytest.mark.parametrize("spec, n, devices", [
+    ("all", 4, (0, 1, 2, 3)),
+    ("ALL", 1, (0,)),
+    ("2", 4, (2,)),
+    (3, 4, (3,)),  # YAML `actor: 3` arrives as an int before the schema makes it a string
+    ("0-3", 4, (0, 1, 2, 3)),
+    ("0,2", 4, (0, 2)),
+    ("0-1,3", 4, (0, 1, 3)),
+    ("3,0-1", 4, (0, 1, 3)),
+    (" 1 - 2 , 0 ", 3, (0, 1, 2)),
+    ("all", None, None),  # size unknown (remote cluster, offline): syntax only
+    ("0-7", None, tuple(range(8))),
+])
+def test_parse_devices(spec, n, devices):
+    assert parse_devices(KEY, spec, n) == devices
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("3-1", "range 3-1 runs backwards; write 1-3"),
+    ("0-2,1", "device 1 is listed twice ('0-2' and '1' overlap)"),
+    ("0-2,2-3", "device 2 is listed twice ('0-2' and '2-3' overlap)"),
+    ("x", "'x' is not a device index or range; use 'all', 'N', 'A-B', 'A,B' or 'A-B,C'"),
+    ("-1", "'-1' is not a device index"),
+    ("0-", "'0-' is not a device index"),
+    ("0,,1", "'' is not a device index"),
+    ("1-2-3", "'1-2-3' is not a device index"),
+])
+def test_parse_devices_rejects_malformed_specs(spec, words):
+    with pytest.raises(ConfigError) as err:
+        parse_devices(KEY, spec, 8)
+    msg = str(err.value)
+    assert msg.startswith(f"{KEY}={spec!r}: ") and words in msg and "\n" not in msg
+
+
+def test_device_index_beyond_the_cluster_names_the_numbers():
+    with pytest.raises(ConfigError) as err:
+        parse_devices(KEY, "2-3", 2, "cluster.num_gpus=2")
+    assert str(err.value) == (f"{KEY}='2-3': needs 4 GPUs, the cluster has 2 (cluster.num_gpus=2); use devices 0-1 "
+                              "or 'all', or a cluster with more GPUs")
+
+
+@pytest.mark.parametrize("spec, n, devices, mode", [
+    ({}, 1, {"actor": (0,), "env": (0,), "rollout": (0,)}, "colocated"),  # today's behaviour
+    ({"actor": "", "env": "", "rollout": ""}, 1, {"actor": (0,), "env": (0,), "rollout": (0,)}, "colocated"),
+    ({}, 2, {"actor": (0,), "env": (0, 1), "rollout": (0,)}, "hybrid"),
+    ({"actor,env,rollout": "all"}, 4, {c: (0, 1, 2, 3) for c in ("actor", "env", "rollout")}, "colocated"),
+    ({"actor, env": "0-1", "rollout": "0-1"}, 2, {c: (0, 1) for c in ("actor", "env", "rollout")}, "colocated"),
+    ({"actor": "0-1", "env": "2", "rollout": "3"}, 4, {"actor": (0, 1), "env": (2,), "rollout": (3,)},
+     "disaggregated"),
+    ({"actor": "0-3", "env": "0-1", "rollout": "2-3"}, 4,  # RLinf's embodied example
+     {"actor": (0, 1, 2, 3), "env": (0, 1), "rollout": (2, 3)}, "hybrid"),
+    ({"actor": "1"}, 2, {"actor": (1,), "env": (0, 1), "rollout": (1,)}, "hybrid"),  # rollout follows the actor
+])
+def test_component_placement_and_mode(spec, n, devices, mode):
+    cp = parse_component_placement(spec, n)
+    assert cp.devices == devices and cp.mode == mode and cp.num_devices == n
+
+
+@pytest.mark.parametrize("spec, key, words", [
+    ({"critic": "0"}, "cluster.component_placement.critic", "unknown component 'critic'; known: ['actor', 'env', "
+                                                            "'rollout']"),
+    ({"actor,critic": "0"}, "cluster.component_placement.actor,critic", "unknown component 'critic'"),
+    ({"actor": "0", "actor,env": "1"}, "cluster.component_placement.actor,env",
+     "component 'actor' is placed twice (also by cluster.component_placement.actor)"),
+])
+def test_component_placement_rejects_unknown_and_double_components(spec, key, words):
+    with pytest.raises(ConfigError) as err:
+        parse_component_placement(spec, 4)
+    assert str(err.value).startswith(key + "=") and words in str(err.value)
+
+
+def test_config_validate_checks_the_new_fields():
+    with pytest.raises(ConfigError, match=r"^cluster\.component_placement\.critic='0': unknown component"):
+        config({"critic": "0"})
+    with pytest.raises(ConfigError, match=r"^cluster\.num_gpus=0: must be >= 1"):
+        config(num_gpus=0)
+
+
+# ----- rejections before submission, with the numbers -----
+
+def test_four_gpus_on_a_one_gpu_cluster_is_rejected_offline():
+    cfg = config({"actor": "0-3"})  # num_gpu_workers=1, num_gpus null
+    with pytest.raises(ConfigError) as err:
+        check_placement(cfg, cuda_count=0)
+    assert str(err.value).startswith(f"{KEY}='0-3': needs 4 GPUs, the cluster has 1 (cluster.num_gpu_workers=1, "
+                                     "no CUDA device)")
+    with pytest.raises(ConfigError, match=r"needs 4 GPUs, the cluster has 1 \(cluster\.num_gpus=1\)"):
+        check_placement(config({"actor": "0-3"}, num_gpus=1), cuda_count=8)
+    with pytest.raises(ConfigError, match=r"needs 4 GPUs, the cluster has 2 \(2 CUDA devices\)"):
+        check_placement(cfg, cuda_count=2)
+    # the embedded cluster refuses before starting a worker
+    with pytest.raises(ConfigError, match="needs 4 GPUs, the cluster has 1"):
+        gpu_worker_specs(cfg, 0)
+    # a remote cluster of unknown size: syntax only, the numbers once connected
+    assert check_placement(config({"actor": "0-3"}, address="tcp://10.0.0.1:8786"), cuda_count=0) is None
+    with pytest.raises(ConfigError, match="runs backwards"):
+        check_placement(config({"actor": "3-0"}, address="tcp://10.0.0.1:8786"), cuda_count=0)
+
+
+def test_four_gpus_on_a_one_gpu_cluster_is_rejected_by_plan_placement():
+    with pytest.raises(PlacementError) as err:
+        plan_placement(config({"actor": "0-3"}, num_gpu_workers=4), info(2, 1))
+    assert str(err.value).startswith(f"{KEY}='0-3': needs 4 GPUs, the cluster has 1 (1 GPU worker in the cluster)")
+    with pytest.raises(PlacementError, match=r"^cluster\.num_gpus=4: the cluster has 1 GPU workers \(resource GPU\) "
+                                             r"among 3 workers"):
+        plan_placement(config(num_gpus=4), info(2, 1))
+
+
+def test_validate_cli_rejects_four_gpus_on_one(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run([sys.executable, "-m", "pipelines.validate", "conf=smoke", "cluster.num_gpus=1",
+                           "cluster.component_placement.actor=0-3"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {KEY}='0-3': needs 4 GPUs, the cluster has 1 (cluster.num_gpus=1); use devices 0 or 'all', "
+        "or a cluster with more GPUs"]
+
+
+def test_a_resource_no_worker_has_is_rejected():
+    # the cluster lacks GPU workers altogether
+    with pytest.raises(PlacementError, match=r"^cluster='2 workers, none with resource GPU'"):
+        plan_placement(config(), info(2, 0))
+    with pytest.raises(PlacementError, match=r"^cluster='1 workers, none with resource CPU'"):
+        plan_placement(config(), info(0, 1))
+    # a graph node annotated with a resource no worker has (it would wait forever in `no-worker`)
+    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+    hlg = HighLevelGraph({"infer-x-0": MaterializedLayer({"infer-x-0": (len, [])}, annotations={"resources": {"TPU": 1}})},
+                         {"infer-x-0": set()})
+    with pytest.raises(PlacementError) as err:
+        check_graph(hlg, info(2, 1))
+    assert str(err.value) == ("cluster='TPU=1': node infer-x-0 needs resource TPU=1, none of the 3 workers has it "
+                              "(CPU=1 on 2 workers, GPU=1 on 1 worker); start a worker with `--resources TPU=1` or "
+                              "drop the annotation")
+    # more of a resource than any worker has
+    hlg = HighLevelGraph({"u": MaterializedLayer({"u": (len, [])}, annotations={"resources": {"GPU": 2}})}, {"u": set()})
+    with pytest.raises(PlacementError, match="needs resource GPU=2, none of the 3 workers"):
+        check_graph(hlg, info(2, 1))
+    # pinned to a worker without the resource, or to one that is gone
+    hlg = HighLevelGraph({"u": MaterializedLayer({"u": (len, [])}, annotations={
+        "workers": [env_addr(0)], "allow_other_workers": False, "resources": {"GPU": 1}})}, {"u": set()})
+    with pytest.raises(PlacementError, match=rf"node u is pinned to \['{env_addr(0)}'\], without resource GPU=1 "
+                                             r"\(1 of the 3 workers have it\)"):
+        check_graph(hlg, info(2, 1))
+    hlg = HighLevelGraph({"u": MaterializedLayer({"u": (len, [])}, annotations={"workers": ["tcp://gone:1"]})},
+                         {"u": set()})
+    with pytest.raises(PlacementError, match="pinned to worker\\(s\\) not in the cluster \\(3 workers"):
+        check_graph(hlg, info(2, 1))
+
+
+def test_num_minibatches_not_dividing_the_batch_names_the_numbers():
+    """Checked in tasks/config.py (`Config.validate`); tests/pipelines/test_config.py has it through Hydra too."""
+    cfg = Config()
+    cfg.algorithm.num_minibatches = 7
+    with pytest.raises(ConfigError) as err:
+        cfg.validate()
+    assert str(err.value) == ("algorithm.num_minibatches=7: must divide the batch of rollout.chunk_steps*env.num_envs="
+                              "1600 samples")
+
+
+def test_env_devices_without_env_workers_are_rejected():
+    cfg = config({"actor": "0-1", "rollout": "2", "env": "3"}, num_gpus=4)  # 2 env workers serve devices 0, 1
+    msg = ("cluster.component_placement.env='3': no env (CPU) worker serves devices 3: the 2 env workers serve "
+           "devices 0-1; add env workers (one per device: cluster.num_env_workers=4) or place env on those devices")
+    with pytest.raises(PlacementError) as err:
+        check_placement(cfg, cuda_count=0)
+    assert str(err.value) == msg
+    with pytest.raises(PlacementError) as err:
+        plan_placement(cfg, info(2, 4))
+    assert str(err.value) == msg
+
+
+# ----- plan_placement on fake clusters -----
+
+def test_default_placement_is_todays_behaviour():
+    p = plan_placement(config(num_shards=4), info(2, 1))
+    assert p.shard_workers == [env_addr(0), env_addr(1), env_addr(0), env_addr(1)]
+    assert p.actor_worker == p.rollout_worker == gpu_addr(0)
+    assert p.env_workers == [env_addr(0), env_addr(1)] and p.gpu_workers == [gpu_addr(0)]
+    assert p.mode == "colocated" and p.devices == {"actor": (0,), "env": (0,), "rollout": (0,)}
+    assert p.annotations("env", 3) == {"workers": [env_addr(1)], "allow_other_workers": False,
+                                       "resources": {"CPU": 1}}
+    assert p.annotations("actor") == {"workers": [gpu_addr(0)], "allow_other_workers": False,
+                                      "resources": {"GPU": 1}}
+    assert p.annotations("rollout") == p.annotations("actor")
+
+
+def test_plan_colocated():
+    p = plan_placement(config({"actor,env,rollout": "all"}, num_shards=4), info(4, 2))
+    assert p.mode == "colocated"
+    assert p.actor_workers == p.rollout_workers == [gpu_addr(0), gpu_addr(1)]
+    assert p.actor_worker == gpu_addr(0)
+    assert p.shard_workers == [env_addr(i) for i in range(4)]
+
+
+def test_plan_disaggregated():
+    cfg = config({"actor": "0-1", "rollout": "2", "env": "3"}, num_shards=4, num_env_workers=8)
+    p = plan_placement(cfg, info(8, 4))
+    assert p.mode == "disaggregated"
+    assert p.actor_workers == [gpu_addr(0), gpu_addr(1)] and p.actor_worker == gpu_addr(0)
+    assert p.rollout_worker == gpu_addr(2) and p.rollout_workers == [gpu_addr(2)]
+    # env workers serve devices round-robin (env-j -> device j % 4): device 3 has env-3 and env-7
+    assert p.shard_workers == [env_addr(3), env_addr(7), env_addr(3), env_addr(7)]
+    assert p.annotations("rollout") == {"workers": [gpu_addr(2)], "allow_other_workers": False,
+                                        "resources": {"GPU": 1}}
+    assert {label: a["resources"] for label, a in p.node_annotations()} == {
+        **{f"env_s{s}": {"CPU": 1} for s in range(4)}, "actor_r0": {"GPU": 1}, "actor_r1": {"GPU": 1},
+        "rollout_g0": {"GPU": 1}}
+
+
+def test_plan_hybrid_and_worker_order():
+    # gpu-10 is device 10, not device 2 (natural order of names)
+    p = plan_placement(config({"actor": "0-11", "env": "0-1", "rollout": "10"}, num_env_workers=2), info(2, 12))
+    assert p.mode == "hybrid"
+    assert p.rollout_worker == gpu_addr(10) and p.actor_workers == [gpu_addr(i) for i in range(12)]
+
+
+def test_plan_multi_host_env_workers_serve_their_hosts_gpus():
+    a = info(2, 1, host="10.0.0.1")["workers"]
+    b = info(2, 1, host="10.0.0.2", start=50000)["workers"]
+    # names must be unique in a real cluster: host b's workers are env-2, env-3, gpu-1
+    b = {addr: {**w, "name": {"env-0": "env-2", "env-1": "env-3", "gpu-0": "gpu-1"}[w["name"]]} for addr, w in b.items()}
+    cluster = {"workers": {**a, **b}}
+    p = plan_placement(config({"actor": "0", "rollout": "1", "env": "1"}, num_gpus=2), cluster)
+    assert p.mode == "hybrid"  # rollout and env share device 1
+    assert p.shard_workers == [env_addr(0, "10.0.0.2", 50000), env_addr(1, "10.0.0.2", 50000)]
+    assert p.actor_worker == gpu_addr(0, "10.0.0.1") and p.rollout_worker == gpu_addr(0, "10.0.0.2", 50000)
+
+
+def test_num_gpus_uses_the_first_gpu_workers():
+    p = plan_placement(config({"actor,rollout": "all"}, num_gpus=2), info(2, 4))
+    assert p.gpu_workers == [gpu_addr(0), gpu_addr(1)] and p.actor_workers == p.gpu_workers
+
+
+def test_graphs_built_on_a_planned_placement_pass_the_resource_check():
+    cluster = info(2, 1)
+    cfg = config()
+    p = plan_placement(cfg, cluster)
+    for inference in ("colocated", "disaggregated"):
+        cfg.rollout.inference = inference
+        sg = graphs.build_train_step(cfg, run_id="r", step=0, weights={"version": 0}, cursors=[None, None],
+                                     placement=p, store_path=None, dims=(3, 2))
+        check_graph(sg.graph, cluster)
+    # the same graph on a cluster whose GPU worker came back without its resource
+    lost_gpu = {"workers": {**cluster["workers"], gpu_addr(0): {"name": "gpu-0", "resources": {"CPU": 1}}}}
+    with pytest.raises(PlacementError, match=r"node policy_infer-r-0-0 needs resource GPU=1, none of the 3 workers "
+                                             r"has it \(CPU=1 on 3 workers\)"):
+        check_graph(sg.graph, lost_gpu)
+
+
+# ----- the embedded cluster's GPU workers -----
+
+def test_embedded_cluster_starts_one_gpu_worker_per_cuda_device():
+    assert gpu_worker_specs(config(), 4) == [("gpu-0", 0), ("gpu-1", 1), ("gpu-2", 2), ("gpu-3", 3)]
+    assert gpu_worker_specs(config(num_gpus=2), 4) == [("gpu-0", 0), ("gpu-1", 1)]
+    assert gpu_worker_specs(config(num_gpu_workers=2), 0) == [("gpu-0", None), ("gpu-1", None)]  # logical
+    assert gpu_worker_specs(config(num_gpus=3), 0) == [("gpu-0", None), ("gpu-1", None), ("gpu-2", None)]
+    with pytest.raises(PlacementError, match=r"^cluster\.num_gpus=8: this machine has 4 CUDA devices"):
+        gpu_worker_specs(config(num_gpus=8), 4)
+    assert _worker_env(3, "none")["CUDA_VISIBLE_DEVICES"] == "3"
+    assert "CUDA_VISIBLE_DEVICES" not in _worker_env(None, "none")
