@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         handle = start_cluster(cfg)
-    except (ConnectionError, VulkanMissingError) as exc:
+    except (ConnectionError, ConfigError, VulkanMissingError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:

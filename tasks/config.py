@@ -69,6 +69,8 @@ class PolicyConfig:
     use_state: bool = True  # condition on the env's state vector (pi0's proprio input)
     max_prompt_len: int = 48  # instruction tokens (byte-level tokenizer), padded/truncated
     value_head: str = "mean_token"  # mean_token | first_token | last_token: pooling of prefix features
+    value_detach: bool = False  # the critic's gradient stops at the prefix features (the VLA trunk is not
+    # shaped by the value loss); False = RLinf's default
     num_denoise_steps: int = 4  # flow_vla: K integration steps of the flow ODE/SDE
     noise_method: str = "flow_sde"  # flow_vla: flow_sde | flow_noise (piRL)
     noise_level: float = 0.5  # flow_vla, flow_sde: a in sigma_t = a * sqrt(t / (1 - t))
@@ -104,6 +106,8 @@ class AlgorithmConfig:
     num_minibatches: int = 8
     normalize_advantages: bool = True
     target_kl: Optional[float] = 0.1  # stop the update's epochs early once approx_kl exceeds it
+    critic_warmup_steps: int = 0  # ppo: the first N updates train only the critic (a fresh value head on a
+    # pretrained policy would otherwise steer the policy with meaningless advantages)
     # ----- distributed actor update (tasks.distributed; RLinf actor.global_batch_size / micro_batch_size) -----
     global_batch_size: Optional[int] = None  # samples per optimizer step over all ranks; None: batch / num_minibatches
     micro_batch_size: Optional[int] = None  # samples per forward/backward on one rank; None: global / num_actor_ranks
@@ -270,12 +274,19 @@ class Config:
             ("runner.keep_checkpoints", self.runner.keep_checkpoints, self.runner.keep_checkpoints >= 1,
              "must be >= 1"),
             ("runner.max_retries", self.runner.max_retries, self.runner.max_retries >= 0, "must be >= 0"),
+            ("algorithm.critic_warmup_steps", a.critic_warmup_steps, a.critic_warmup_steps >= 0, "must be >= 0"),
             ("runner.stop_on_eval_success", self.runner.stop_on_eval_success,
              self.runner.stop_on_eval_success is None or 0 < self.runner.stop_on_eval_success <= 1,
              "must be in (0, 1] or null"),
         ]:
             if not ok:
                 raise ConfigError(key, val, fix)
+        if a.num_actor_ranks != 1 or a.global_batch_size is not None or a.micro_batch_size is not None:
+            from tasks.distributed import batch_plan
+            batch_plan(self)  # the RLinf divisibility rules, with the numbers
+            raise ConfigError("algorithm.num_actor_ranks", a.num_actor_ranks,
+                              "the multi-rank FSDP update (tasks/distributed.py) is not wired into the training "
+                              "graph yet: use 1 and leave global_batch_size/micro_batch_size null")
         if a.name not in ("ppo", "grpo", "sft"):
             raise ConfigError("algorithm.name", a.name, "use 'ppo' (actor-critic, GAE), 'grpo' (critic-free) or "
                                                         "'sft' (behaviour cloning from sft.store)")

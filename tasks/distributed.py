@@ -357,6 +357,8 @@ def actor_update_rank(cfg: Config, run_id: str, group: dict, weights: dict, *sam
     plan = batch_plan(cfg, batch_size=N, num_ranks=world)  # a ConfigError here is raised on every rank alike
     data = {k: v.to(st.device) for k, v in data.items()}  # [N, ...] on this rank's device
     prep = prepare_update(cfg, data)
+    # critic warm-up (PPO): the first `critic_warmup_steps` updates train the value head only
+    prep["critic_only"] = prep["critic"] and weights["version"] < cfg.algorithm.critic_warmup_steps
     instr = instruction(cfg)
     policy, opt = st.policy, st.optimizer
     policy.train()

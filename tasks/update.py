@@ -221,7 +221,10 @@ def minibatch_loss(cfg: Config, policy: torch.nn.Module, data: dict[str, torch.T
         {"loss": torch.zeros(()), "explained_variance": torch.zeros(())}
     ent = entropy_bonus(reduce_logprobs(out["entropy"], step_mask=step_mask[idx],
                                         logprob_type=a.logprob_type), lp_mask[idx])
-    loss = pl["loss"] + a.value_coef * vl["loss"] - a.entropy_coef * ent
+    if prep.get("critic_only"):  # critic warm-up: the policy is not updated yet
+        loss = a.value_coef * vl["loss"]
+    else:
+        loss = pl["loss"] + a.value_coef * vl["loss"] - a.entropy_coef * ent
     return {"actor_loss": pl["loss"], "critic_loss": vl["loss"], "entropy": ent, "approx_kl": pl["approx_kl"],
             "clipfrac": pl["clipfrac"], "ratio_mean": pl["ratio_mean"],
             "explained_variance": vl["explained_variance"], "loss": loss}
@@ -249,6 +252,8 @@ def actor_update(cfg: Config, run_id: str, weights: dict, *samples: dict) -> dic
     if created:
         rebuilt = 1.0
     prep = prepare_update(cfg, data)
+    # critic warm-up (PPO): the first `critic_warmup_steps` updates train the value head only
+    prep["critic_only"] = prep["critic"] and weights["version"] < cfg.algorithm.critic_warmup_steps
     instr = instruction(cfg)
     policy, opt = actor.policy, actor.optimizer
     policy.train()

@@ -95,8 +95,8 @@ def load_pretrained(policy: torch.nn.Module, path: str) -> None:
             setattr(policy, attr, getattr(loaded, attr))
 
 
-def check_policy_config(cfg: PolicyConfig) -> None:
-    """Offline checks of a policy config. Raises ConfigError."""
+def check_policy_config(cfg: PolicyConfig) -> dict | None:
+    """Offline checks of a policy config; returns the VLA's resolved sizes (None for the MLP). Raises ConfigError."""
     if cfg.name not in _POLICIES:
         raise ConfigError("policy.name", cfg.name, f"known policies: {sorted(_POLICIES)}")
     if cfg.name == "mlp":
@@ -105,7 +105,7 @@ def check_policy_config(cfg: PolicyConfig) -> None:
             raise ConfigError("policy.activation", cfg.activation, f"use one of {sorted(ACTIVATIONS)}")
     if cfg.name == "flow_vla":
         from tasks.policies.flow_vla import check_config
-        check_config(cfg)
+        return check_config(cfg)
     if cfg.name == "token_vla":
         from tasks.policies.token_vla import check_config as check_token_vla
-        check_token_vla(cfg)
+        return check_token_vla(cfg)

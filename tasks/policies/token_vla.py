@@ -254,7 +254,7 @@ class TokenVLAPolicy(VLACheckpointMixin, nn.Module):
                              position_ids=torch.cat([pre_pos, act_pos], dim=1), use_cache=False)
         hidden = out.last_hidden_state  # [B, P + K, W]
         logits = self.action_head(hidden[:, P:]).view(B, self.C, self.D, self.bins)  # [B, C*D, bins] -> [B,C,D,bins]
-        return logits.float(), self.value_head(hidden[:, :P], mask)
+        return logits.float(), self.value_head(self._critic_features(hidden[:, :P]), mask)
 
     def _log_probs(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.temperature > 0:
@@ -264,7 +264,7 @@ class TokenVLAPolicy(VLACheckpointMixin, nn.Module):
     def values(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         """obs -> values [B] (num_values 1) or [B, C] float32 (prefix-only pass)."""
         pre = self.prefix(obs)
-        return self.value_head(pre.hidden, pre.mask)
+        return self.value_head(self._critic_features(pre.hidden), pre.mask)
 
     # ------------------------------------------------------------------------------------------------ protocol
     @torch.no_grad()

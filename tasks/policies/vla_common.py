@@ -299,6 +299,11 @@ class VLACheckpointMixin:
 
     family: str = "?"
 
+    def _critic_features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Prefix features for the value head: detached with `policy.value_detach` (the critic's gradient then
+        stops at the trunk)."""
+        return hidden.detach() if self.cfg.value_detach else hidden
+
     def _checkpoint_config(self) -> dict:
         return {"family": self.family, "policy": dataclasses.asdict(self.cfg), "obs_dim": self.obs_dim,
                 "action_dim": self.action_dim, "num_values": self.num_values, "image_size": self.image_size}

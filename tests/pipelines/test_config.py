@@ -45,7 +45,7 @@ def test_overrides_are_typed():
     (["+bar=1"], "bar", "unknown key"),
     (["+env.foo=1"], "env.foo", "unknown key"),
     (["env.num_envs=abc"], "env.num_envs", "wrong type"),
-    (["conf=nope"], "conf", "available: ['pickcube_ppo', 'pushcube_ppo', 'smoke']"),
+    (["conf=nope"], "conf", "available: ['pickcube_ppo', 'pushcube_flow_grpo', 'pushcube_flow_ppo', 'pushcube_flow_sft', 'pushcube_ppo', 'pushcube_record', 'smoke']"),
     (["env.num_envs=5"], "env.num_envs", "divisible by env.num_shards=2"),
     (["algorithm.num_minibatches=7"], "algorithm.num_minibatches", "must divide"),
     (["rollout.chunk_steps_per_node=7"], "rollout.chunk_steps_per_node", "must divide rollout.chunk_steps=100"),
@@ -60,6 +60,20 @@ def test_overrides_are_typed():
     (["algorithm.gamma=1.5"], "algorithm.gamma", "(0, 1]"),
     (["algorithm.num_minibatches=7"], "algorithm.num_minibatches",
      "must divide the batch of rollout.chunk_steps*env.num_envs=3200 samples"),
+    # VLA recipe keys
+    (["conf=pushcube_flow_grpo", "algorithm.group_size=3"], "algorithm.group_size",
+     "must divide env.num_envs=16 and the env shard size 8"),
+    (["conf=pushcube_flow_grpo", "algorithm.group_size=1"], "algorithm.group_size", "use >= 2"),
+    (["conf=pushcube_flow_grpo", "algorithm.adv_type=gae"], "algorithm.adv_type", "uses adv_type=grpo"),
+    (["conf=pushcube_flow_sft", "sft.store=/nonexistent.zarr"], "sft.store", "no zarr store there"),
+    (["conf=pushcube_flow_ppo", "policy.model_path=/nonexistent"], "policy.model_path",
+     "not a save_pretrained checkpoint directory"),
+    (["conf=pushcube_flow_ppo", "policy.noise_method=flow_ode"], "policy.noise_method", "flow_sde or flow_noise"),
+    (["conf=pushcube_flow_ppo", "env.image_size=4"], "env.image_size", "8..512"),
+    (["conf=pushcube_flow_ppo", "policy.value_head=max_token"], "policy.value_head", "mean_token"),
+    (["conf=pushcube_flow_ppo", "env.image_size=36"], "env.image_size", "multiple of the tiny preset's patch_size=8"),
+    (["algorithm.num_actor_ranks=2", "algorithm.micro_batch_size=3"], "algorithm.micro_batch_size", "must divide"),
+    (["algorithm.num_actor_ranks=2"], "algorithm.num_actor_ranks", "not wired into the training graph yet"),
 ])
 def test_bad_input_is_a_one_line_config_error_naming_the_key(overrides, key, words):
     if "PickSingleYCB-v1" in overrides[0]:

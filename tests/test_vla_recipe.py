@@ -1,0 +1,97 @@
+"""The README's VLA recipe in miniature, end to end on the real simulator through real local clusters:
+a state teacher (conf=smoke) -> `pipelines.record` (rgb images, chunks of C=5) -> SFT of the tiny flow VLA
+(`algorithm.name=sft`) -> PPO and GRPO from its `hf/` checkpoint (`policy.model_path`).
+
+Sizes are cut to the bone (4 envs, 16 px images, 10-step episodes, 1-2 steps per run): this checks the plumbing
+and the stored values, not learning (the README reports the measured learning numbers).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from mlflow import MlflowClient
+
+from pipelines import record as record_cli
+from pipelines.run import main as run_main
+from storage.checkpoints import latest_checkpoint
+from storage.tracking import default_tracking_uri
+from storage.trajectories import TrajectoryStore
+
+SMALL_ENV = ["env.num_envs=4", "env.num_shards=2", "env.image_size=16", "env.max_episode_steps=10",
+             "env.eval.num_envs=2", "env.eval.num_episodes=2", "cluster.dashboard_address=127.0.0.1:0",
+             "runner.progress=false"]
+
+
+def _metric(root, experiment, key):
+    client = MlflowClient(tracking_uri=default_tracking_uri(root))
+    run = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])[0]
+    return run, [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key),
+                                                   key=lambda m: m.step)]
+
+
+@pytest.fixture(scope="module")
+def recipe(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vla")
+    assert run_main(["conf=smoke", f"run_root={root}", "cluster.dashboard_address=127.0.0.1:0"]) == 0
+    teacher = next(p for p in (root / "smoke").iterdir() if p.is_dir())
+    store = root / "demos.zarr"
+    assert record_cli.main(["conf=pushcube_record", f"run_root={root}", f"record.teacher={teacher}",
+                            f"record.out={store}", "record.num_episodes=8", *SMALL_ENV]) == 0
+    assert run_main(["conf=pushcube_flow_sft", f"run_root={root}", f"sft.store={store}", "sft.only_success=false",
+                     "sft.updates_per_step=3", "sft.batch_size=8", "runner.max_steps=2", "runner.save_interval=2",
+                     "runner.val_check_interval=2", *SMALL_ENV]) == 0
+    sft_dir = next(p for p in (root / "pushcube_flow_sft").iterdir() if p.is_dir())
+    hf = latest_checkpoint(sft_dir) / "hf"
+    for conf in ("pushcube_flow_ppo", "pushcube_flow_grpo"):
+        assert run_main([f"conf={conf}", f"run_root={root}", f"policy.model_path={hf}", "runner.max_steps=1",
+                         "rollout.chunk_steps=2", "rollout.chunk_steps_per_node=2", "algorithm.group_size=2",
+                         *SMALL_ENV]) == 0
+    return root, store, hf
+
+
+def test_record_stores_teacher_chunks_with_images(recipe):
+    _, store, _ = recipe
+    st = TrajectoryStore.open(store)
+    assert st.complete_epochs().tolist() == [0, 1]  # 8 episodes = 2 rounds of 4 envs
+    assert st.T == 2  # 10-step episodes in chunks of 5
+    rgb, actions, mask = st.read("rgb"), st.read("actions"), st.read("step_mask")
+    assert rgb.shape == (2, 2, 4, 16, 16, 3) and rgb.dtype == np.uint8 and rgb.std() > 5
+    assert actions.shape == (2, 2, 4, 5, 8) and mask.all()  # ignore_terminations: every action executed
+    assert np.abs(actions).max() <= 1.0 and np.abs(actions).mean() > 0  # the teacher's clipped actions
+    assert st.attrs["episodes"] == 8 and 0 <= st.attrs["successful_episodes"] <= 8
+    # the episode ids of a round are the envs' first/second episodes: g + k * num_envs
+    np.testing.assert_array_equal(st.read("episode_id")[:, 0], [[0, 1, 2, 3], [4, 5, 6, 7]])
+
+
+def test_sft_logs_a_loss_and_writes_a_pretrained_checkpoint(recipe):
+    root, _, hf = recipe
+    run, loss = _metric(root, "pushcube_flow_sft", "train/sft_loss")
+    assert run.info.status == "FINISHED" and [s for s, _ in loss] == [1, 2]
+    assert all(math.isfinite(v) and v > 0 for _, v in loss)
+    _, ev = _metric(root, "pushcube_flow_sft", "eval/success_once")
+    assert [s for s, _ in ev] == [2]
+    assert (hf / "config.json").is_file() and (hf / "model.safetensors").is_file()
+    assert not (root / "pushcube_flow_sft" / run.info.run_name / "trajectories.zarr").exists()
+
+
+@pytest.mark.parametrize("experiment", ["pushcube_flow_ppo", "pushcube_flow_grpo"])
+def test_rl_from_the_sft_checkpoint_starts_at_its_eval_and_updates(recipe, experiment):
+    root, _, _ = recipe
+    run, ev = _metric(root, experiment, "eval/success_once")
+    assert run.info.status == "FINISHED"
+    assert [s for s, _ in ev] == [0, 1]  # runner.val_at_start: the SFT policy's own score first
+    _, kl = _metric(root, experiment, "train/approx_kl")
+    assert len(kl) == 1 and math.isfinite(kl[0][1])
+    _, crit = _metric(root, experiment, "train/critic_loss")
+    if experiment.endswith("grpo"):  # critic-free
+        assert crit[0][1] == 0.0
+    else:
+        assert crit[0][1] > 0.0
+    run_dir = root / experiment / run.info.run_name
+    st = TrajectoryStore.open(run_dir / "trajectories.zarr")
+    assert st.read("rgb").shape == (1, 2, 4, 16, 16, 3)
+    if experiment.endswith("grpo"):  # groups of 2 envs share their reset seed
+        seeds = st.read("episode_seed")[0, 0]
+        assert seeds[0] == seeds[1] and seeds[2] == seeds[3] and seeds[0] != seeds[2]
