@@ -217,7 +217,9 @@ def evaluate(cfg: Config, run_id: str, shard: int, weights: dict) -> list[dict]:
     """Deterministic evaluation on eval shard `shard`: the same seeds at every call.
 
     Eval episode i (0 <= i < eval.num_episodes) runs on eval env i % N with reset seed `eval.seed + i`,
-    N = eval.num_envs. Returns the finished-episode dicts of this shard (see EnvShard.chunk_step).
+    N = eval.num_envs. Torch's RNG is seeded from (eval.seed, shard) for the evaluation, so a policy that draws
+    even in deterministic mode (a flow VLA's initial noise) scores the same at every call with the same weights.
+    Returns the finished-episode dicts of this shard (see EnvShard.chunk_step).
     """
     ev = cfg.env.eval
     n_shards = cfg.env.num_shards
@@ -229,14 +231,18 @@ def evaluate(cfg: Config, run_id: str, shard: int, weights: dict) -> list[dict]:
     sh.episode_count[:] = 0
     episodes: list[dict] = []
     rounds = -(-ev.num_episodes // ev.num_envs)
-    for _ in range(rounds):
-        state = sh.reset_all()
-        rgb = sh.current_rgb()
-        while sh.active.any():
-            out = _act(rep, policy_obs(rep.module, state, rgb, instr, rep.prompts), deterministic=True)
-            res = sh.chunk_step(out["actions"])
-            episodes += res.episodes
-            state, rgb = res.obs, res.rgb
+    # deterministic policies may still draw (a flow model's initial noise): the same draws at every evaluation,
+    # independent of the worker's training RNG
+    with torch.random.fork_rng():
+        torch.manual_seed(ev.seed + 7_919 * shard)
+        for _ in range(rounds):
+            state = sh.reset_all()
+            rgb = sh.current_rgb()
+            while sh.active.any():
+                out = _act(rep, policy_obs(rep.module, state, rgb, instr, rep.prompts), deterministic=True)
+                res = sh.chunk_step(out["actions"])
+                episodes += res.episodes
+                state, rgb = res.obs, res.rgb
     return [e for e in episodes if e["episode_id"] < ev.num_episodes]
 
 
