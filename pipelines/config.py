@@ -100,8 +100,9 @@ def check_components(cfg: Config) -> None:
         raise ConfigError("env.image_size", cfg.env.image_size,
                           f"must be a multiple of the {cfg.policy.preset} preset's patch_size={sizes['patch_size']} "
                           f"(or override policy.sizes.patch_size)")
-    if cfg.algorithm.adv_type not in advantage_names():
-        raise ConfigError("algorithm.adv_type", cfg.algorithm.adv_type, f"known estimators: {advantage_names()}")
+    if cfg.algorithm.adv_type not in (*advantage_names(), "grpo"):  # grpo: tasks.algorithms.grpo_advantages
+        raise ConfigError("algorithm.adv_type", cfg.algorithm.adv_type,
+                          f"known estimators: {[*advantage_names(), 'grpo']}")
     check_env_config(cfg.env)
     if cfg.env.eval.num_envs % cfg.env.num_shards:
         raise ConfigError("env.eval.num_envs", cfg.env.eval.num_envs,

@@ -95,3 +95,20 @@ def test_rl_from_the_sft_checkpoint_starts_at_its_eval_and_updates(recipe, exper
     if experiment.endswith("grpo"):  # groups of 2 envs share their reset seed
         seeds = st.read("episode_seed")[0, 0]
         assert seeds[0] == seeds[1] and seeds[2] == seeds[3] and seeds[0] != seeds[2]
+
+
+def test_token_vla_trains_through_the_pipeline(tmp_path):
+    """The OpenVLA-OFT-style policy through the same graph (state obs, conf=smoke): stored action tokens reach the
+    update, whose first minibatch ratio is exactly 1 (the behaviour log-probs are recomputed exactly)."""
+    assert run_main(["conf=smoke", "policy.name=token_vla", "policy.num_action_chunks=2", "rollout.chunk_steps=6",
+                     "rollout.chunk_steps_per_node=3", "algorithm.num_minibatches=2", "algorithm.update_epochs=1",
+                     f"run_root={tmp_path}", "cluster.dashboard_address=127.0.0.1:0", "runner.progress=false"]) == 0
+    run, ratio = _metric(tmp_path, "smoke", "train/ratio_mean")
+    assert run.info.status == "FINISHED" and len(ratio) == 3
+    _, kl = _metric(tmp_path, "smoke", "train/approx_kl")
+    assert all(math.isfinite(v) and v >= 0 for _, v in kl)
+    run_dir = tmp_path / "smoke" / run.info.run_name
+    assert (latest_checkpoint(run_dir) / "hf" / "model.safetensors").is_file()
+    st = TrajectoryStore.open(run_dir / "trajectories.zarr")
+    lp = st.read("logprobs")
+    assert lp.shape == (3, 6, 4, 2, 8) and (lp <= 0).all()  # token log-probs of a categorical
