@@ -268,9 +268,18 @@ class Runner:
         return {a: w.get("id", a) for a, w in self.client.scheduler_info(n_workers=-1)["workers"].items()}
 
     def _lost_workers(self) -> set[str]:
-        now = self._worker_ids()
+        """Placed workers gone (or restarted with a new id), confirmed by a second look 2 s later: on a starved
+        machine one scheduler_info() answer was seen to list none of the workers that were still alive."""
         placed = {*self.placement.shard_workers, self.placement.actor_worker}
-        return {a for a in placed if now.get(a) != self._placed_ids.get(a)}
+
+        def missing() -> set[str]:
+            now = self._worker_ids()
+            return {a for a in placed if now.get(a) != self._placed_ids.get(a)}
+        lost = missing()
+        if lost:
+            time.sleep(2.0)
+            lost &= missing()
+        return lost
 
     def _wait_or_lost(self, futures) -> set[str]:
         """Wait for `futures`; return the placed worker addresses that left the cluster meanwhile (empty: done).
