@@ -106,6 +106,7 @@ class AlgorithmConfig:
     num_minibatches: int = 8
     normalize_advantages: bool = True
     target_kl: Optional[float] = 0.1  # stop the update's epochs early once approx_kl exceeds it
+    critic_lr: Optional[float] = None  # learning rate of a VLA's value head (None: algorithm.lr for everything)
     critic_warmup_steps: int = 0  # ppo: the first N updates train only the critic (a fresh value head on a
     # pretrained policy would otherwise steer the policy with meaningless advantages)
     # ----- distributed actor update (tasks.distributed; RLinf actor.global_batch_size / micro_batch_size) -----
@@ -274,6 +275,7 @@ class Config:
             ("runner.keep_checkpoints", self.runner.keep_checkpoints, self.runner.keep_checkpoints >= 1,
              "must be >= 1"),
             ("runner.max_retries", self.runner.max_retries, self.runner.max_retries >= 0, "must be >= 0"),
+            ("algorithm.critic_lr", a.critic_lr, a.critic_lr is None or a.critic_lr > 0, "must be > 0 or null"),
             ("algorithm.critic_warmup_steps", a.critic_warmup_steps, a.critic_warmup_steps >= 0, "must be >= 0"),
             ("runner.stop_on_eval_success", self.runner.stop_on_eval_success,
              self.runner.stop_on_eval_success is None or 0 < self.runner.stop_on_eval_success <= 1,
@@ -315,6 +317,8 @@ class Config:
             if a.filter_rewards and a.rewards_lower_bound > a.rewards_upper_bound:
                 raise ConfigError("algorithm.rewards_lower_bound", a.rewards_lower_bound,
                                   f"must be <= algorithm.rewards_upper_bound={a.rewards_upper_bound}")
+        if a.critic_lr is not None and p.name == "mlp":
+            raise ConfigError("algorithm.critic_lr", a.critic_lr, "is for VLAs' value heads; the mlp has one lr: null")
         if p.model_path is not None:
             import os
             if not os.path.isfile(os.path.join(p.model_path, "config.json")):

@@ -107,8 +107,18 @@ def _build_actor(cfg: Config, obs_dim: int, action_dim: int, load: bool = True) 
 
 
 def make_optimizer(cfg: Config, policy: torch.nn.Module) -> torch.optim.Optimizer:
-    """The actor's optimizer: Adam(lr=algorithm.lr, eps=1e-5) over `policy.parameters()` (after any sharding)."""
-    return torch.optim.Adam(policy.parameters(), lr=cfg.algorithm.lr, eps=1e-5)
+    """The actor's optimizer: Adam(lr=algorithm.lr, eps=1e-5) over `policy.parameters()` (after any sharding);
+    with `algorithm.critic_lr` set, the value head's parameters (names starting with `value_head.`) form a second
+    group with that learning rate (a fresh critic on a pretrained VLA needs a larger step than the policy)."""
+    a = cfg.algorithm
+    if a.critic_lr is None:
+        return torch.optim.Adam(policy.parameters(), lr=a.lr, eps=1e-5)
+    critic = [p for n, p in policy.named_parameters() if n.startswith("value_head.")]
+    if not critic:
+        raise ValueError(f"algorithm.critic_lr={a.critic_lr}: the {type(policy).__name__} has no value_head")
+    ids = {id(p) for p in critic}
+    return torch.optim.Adam([{"params": [p for p in policy.parameters() if id(p) not in ids], "lr": a.lr},
+                             {"params": critic, "lr": a.critic_lr}], eps=1e-5)
 
 
 def actor_init(cfg: Config, run_id: str, dims: tuple[int, int], checkpoint: dict | None = None) -> dict:
