@@ -212,9 +212,27 @@ def check_placement(cfg: Config, cuda_count: int | None = None) -> ComponentPlac
             parse_devices(k, v, None)
         return None
     cp = parse_component_placement(c.component_placement, n, source)
+    check_actor_ranks(cfg, cp, source)
     if not c.address:  # the embedded cluster: env worker j serves device j % n (`_env_devices` on one host)
         _check_env_served(c.component_placement, cp, [j % n for j in range(c.num_env_workers)])
     return cp
+
+
+def check_actor_ranks(cfg: Config, cp: ComponentPlacement, source: str = "") -> None:
+    """Raise PlacementError unless `algorithm.num_actor_ranks` <= the actor's devices (one GPU worker per rank:
+    two ranks in one worker process would deadlock in their first collective)."""
+    R, devs = cfg.algorithm.num_actor_ranks, cp.devices["actor"]
+    if R <= len(devs):
+        return
+    spec = _entries(cfg.cluster.component_placement).get("actor", ("", "0 (default)"))[1]
+    fix = (f"place the actor on {R} devices (cluster.component_placement.actor=0-{R - 1})"
+           if R <= cp.num_devices else f"use a cluster with >= {R} GPU workers (cluster.num_gpu_workers={R} on CPU)"
+                                      f" and cluster.component_placement.actor=0-{R - 1}")
+    raise PlacementError("algorithm.num_actor_ranks", R,
+                         f"needs {R} actor devices (one GPU worker per rank), cluster.component_placement.actor="
+                         f"{spec} gives {len(devs)} of the {cp.num_devices} GPU"
+                         f"{'s' if cp.num_devices != 1 else ''}{f' ({source})' if source else ''}; {fix}, "
+                         f"or lower algorithm.num_actor_ranks")
 
 
 def _check_env_served(spec: dict, cp: ComponentPlacement, served: list[int]) -> None:
@@ -237,11 +255,19 @@ class ClusterHandle:
     dashboard_link: str
 
     def close(self) -> None:
+        """Close the client and, for the embedded cluster, its processes. On a starved machine a nanny may not
+        stop its worker within distributed's few seconds; that is not an error of the run (the processes are
+        killed anyway), so close timeouts are swallowed."""
         try:
             self.client.close()
+        except (TimeoutError, OSError):
+            pass
         finally:
             if self.cluster is not None:
-                self.cluster.close()
+                try:
+                    self.cluster.close(timeout=60)
+                except (TimeoutError, OSError):
+                    pass
 
 
 def _worker_env(cuda_device: int | None, simulator: str) -> dict[str, str]:
@@ -446,6 +472,7 @@ def plan_placement(cfg: Config, client) -> Placement:
         cp = parse_component_placement(c.component_placement, len(gpu_w), source)
     except ConfigError as exc:  # the live cluster cannot hold it
         raise PlacementError(exc.key, exc.value, exc.fix) from None
+    check_actor_ranks(cfg, cp, source)
     serves = _env_devices(env_w, gpu_w)
     _check_env_served(c.component_placement, cp, list(serves.values()))
     pool = [w for w in env_w if serves[w] in cp.devices["env"]]
