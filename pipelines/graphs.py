@@ -14,6 +14,11 @@ chunk steps per node so each node carries seconds of work against ~15 ms of sche
                 │                                                                └─> advantages_s{s} ─┐
                 └──────────────────────────────────────────────────────────────────> actor_update ◄───┘ -> weights(v+1)
                                                                        step_metrics ◄─ (trajectories, update)
+
+With `algorithm.num_actor_ranks` = R > 1 the update is R nodes `actor_update_r{r}` (tasks.distributed: one
+torch.distributed group living across steps), rank r pinned to `placement.actor_workers[r]`, all in the step's
+graph so they run together; rank 0's output is the new weights, the others' feed `step_metrics` so that a failed
+rank fails the step. Checkpoints read the state with one `actor_state_r{r}` node per rank (a collective too).
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ from typing import Any
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from pipelines.cluster import Placement
-from tasks import rollout, update
+from tasks import distributed, rollout, update
 from tasks.config import Config
 
 
@@ -52,9 +57,19 @@ class GraphBuilder:
 @dataclass
 class StepGraph:
     graph: HighLevelGraph
-    update: str  # key of actor_update: new weights + train metrics
+    update: str  # key of actor_update (rank 0's actor_update_r0 with R > 1): new weights + train metrics
     metrics: str  # key of step_metrics
     stores: list[str]  # keys of store_s{s}: written zarr regions
+    ranks: list[str] = field(default_factory=list)  # keys of actor_update_r{r} (empty with one rank)
+
+
+@dataclass
+class InitGraph:
+    graph: HighLevelGraph
+    dims: str  # key of (obs_dim, action_dim)
+    weights: str  # key of the initial versioned weights {"version", "state_dict"} (what rollouts take)
+    actor_weights: str  # key of the weights the actor ranks build from (+ "optimizer" on restore); = weights, R = 1
+    port: str | None  # key of a free port on rank 0's worker (the group's master_port); None with one rank
 
 
 def _store(path: str, epoch: int, shard: int, traj: dict) -> dict:
@@ -79,9 +94,23 @@ def step_metrics(update_out: dict, *parts: dict) -> dict:
     return {"metrics": m, "cursors": [t["cursor"] for t in trajs], "episodes": episodes}
 
 
+def step_metrics_ranks(num_others: int, rank0: dict, *rest: dict) -> dict:
+    """`step_metrics` of a multi-rank update: `rest` = the other ranks' outputs, then trajectories and advantages.
+    Checks every rank reached rank 0's weight version; `time/update` is the slowest rank's."""
+    others, parts = rest[:num_others], rest[num_others:]
+    for o in others:
+        if o["version"] != rank0["version"]:
+            raise RuntimeError(f"actor rank {o.get('rank')} reached weight version {o['version']}, rank 0 "
+                               f"{rank0['version']}: the ranks diverged")
+    out = step_metrics(rank0, *parts)
+    out["metrics"]["time/update"] = max(m["metrics"]["time/update"] for m in (rank0, *others))
+    return out
+
+
 def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: list[dict | None],
                      placement: Placement, store_path: str | None,
-                     dims: tuple[int, int] | None = None, attempt: int = 0) -> StepGraph:
+                     dims: tuple[int, int] | None = None, attempt: int = 0,
+                     group: list[dict] | None = None, actor_weights=None) -> StepGraph:
     """One training step's graph. `weights` is a Future (or value) of the versioned weights to roll out with.
 
     Args:
@@ -89,6 +118,9 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
         store_path: zarr store to write trajectories to (None: not stored).
         dims: (obs_dim, action_dim); needed by disaggregated inference only.
         attempt: retry number of this step (keys of a retry differ from those of the failed attempt).
+        group: with `algorithm.num_actor_ranks` > 1, each rank's process-group spec (`distributed.group_specs`).
+        actor_weights: what the ranks take as `weights` (default `weights`): {"version"} suffices while their
+            group lives; a (re)built group needs "state_dict" (+ "optimizer" on restore: the init graph's).
     """
     g = GraphBuilder()
     tag = f"{run_id}-{step}" + (f"-retry{attempt}" if attempt else "")
@@ -103,10 +135,31 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
         if store_path is not None:
             stores.append(g.add(f"store_s{s}-{tag}", _store, store_path, step, s, traj, deps=(traj,)))
         advs.append(g.add(f"advantages_s{s}-{tag}", update.advantages, cfg, traj, deps=(traj,)))
-    upd = g.add(f"actor_update-{tag}", update.actor_update, cfg, run_id, weights, *advs, deps=tuple(advs),
-                worker=placement.actor_worker, resources={"GPU": 1})
-    met = g.add(f"step_metrics-{tag}", step_metrics, upd, *trajs, *advs, deps=(upd, *trajs, *advs))
-    return StepGraph(g.graph(), upd, met, stores)
+    R = cfg.algorithm.num_actor_ranks
+    if R == 1:
+        upd = g.add(f"actor_update-{tag}", update.actor_update, cfg, run_id, weights, *advs, deps=tuple(advs),
+                    worker=placement.actor_worker, resources={"GPU": 1})
+        met = g.add(f"step_metrics-{tag}", step_metrics, upd, *trajs, *advs, deps=(upd, *trajs, *advs))
+        return StepGraph(g.graph(), upd, met, stores)
+    ranks = _rank_nodes(g, "actor_update", tag, R, group, placement, distributed.actor_update_rank, cfg, run_id,
+                        weights if actor_weights is None else actor_weights, *advs, deps=tuple(advs))
+    met = g.add(f"step_metrics-{tag}", step_metrics_ranks, R - 1, *ranks, *trajs, *advs,
+                deps=(*ranks, *trajs, *advs))
+    return StepGraph(g.graph(), ranks[0], met, stores, ranks)
+
+
+def _rank_nodes(g: GraphBuilder, name: str, tag: str, R: int, group: list[dict] | None, placement: Placement,
+                fn, *args, deps: tuple[str, ...] = ()) -> list[str]:
+    """One node `{name}_r{r}-{tag}` per actor rank: `fn(*args[:2], group[r], *args[2:])`, pinned to
+    rank r's GPU worker (distinct workers: two ranks in one process would deadlock in their first collective)."""
+    if group is None or len(group) != R:
+        raise ValueError(f"algorithm.num_actor_ranks={R} needs {R} group specs (distributed.group_specs), got "
+                         f"{None if group is None else len(group)}")
+    if len(placement.actor_workers) < R:
+        raise ValueError(f"algorithm.num_actor_ranks={R} needs {R} actor workers, the placement has "
+                         f"{len(placement.actor_workers)}")
+    return [g.add(f"{name}_r{r}-{tag}", fn, *args[:2], group[r], *args[2:], deps=deps,
+                  worker=placement.actor_workers[r], resources={"GPU": 1}) for r in range(R)]
 
 
 def _colocated_rollout(g: GraphBuilder, cfg: Config, tag: str, run_id: str, weights, cursors, placement) -> list[str]:
@@ -152,10 +205,13 @@ def _disaggregated_rollout(g: GraphBuilder, cfg: Config, tag: str, run_id: str, 
 
 
 def build_init(cfg: Config, *, run_id: str, placement: Placement, checkpoint_path: str | None,
-               tag: str = "") -> tuple[HighLevelGraph, str, str]:
+               tag: str = "") -> InitGraph:
     """Probe env dims on an env worker, create the resident actor (fresh or from a checkpoint).
 
-    Returns (graph, key of (obs_dim, action_dim), key of the initial versioned weights).
+    With `algorithm.num_actor_ranks` > 1 nothing is made resident here: `actor_init` on rank 0's worker returns
+    the weights the ranks build their group from in the first step (`distributed.initial_weights`, with the
+    checkpoint's optimizer on restore), `weights` strips them to what rollouts take, and `free_port` picks the
+    group's port on rank 0's worker.
     """
     g = GraphBuilder()
     run_id_tag = f"{run_id}{'-' + tag if tag else ''}"
@@ -166,9 +222,20 @@ def build_init(cfg: Config, *, run_id: str, placement: Placement, checkpoint_pat
         from storage.checkpoints import load_checkpoint
         ckpt = g.add(f"load_checkpoint-{run_id_tag}", load_checkpoint, checkpoint_path, worker=placement.actor_worker)
         deps += (ckpt,)
-    w = g.add(f"actor_init-{run_id_tag}", update.actor_init, cfg, run_id, dims, ckpt, deps=deps,
-              worker=placement.actor_worker, resources={"GPU": 1})
-    return g.graph(), dims, w
+    if cfg.algorithm.num_actor_ranks == 1:
+        w = g.add(f"actor_init-{run_id_tag}", update.actor_init, cfg, run_id, dims, ckpt, deps=deps,
+                  worker=placement.actor_worker, resources={"GPU": 1})
+        return InitGraph(g.graph(), dims, w, w, None)
+    full = g.add(f"actor_init-{run_id_tag}", distributed.initial_weights, cfg, dims, ckpt, deps=deps,
+                 worker=placement.actor_worker)
+    w = g.add(f"weights-{run_id_tag}", _rollout_weights, full, deps=(full,), worker=placement.actor_worker)
+    port = g.add(f"free_port-{run_id_tag}", distributed.free_port, worker=placement.actor_worker)
+    return InitGraph(g.graph(), dims, w, full, port)
+
+
+def _rollout_weights(weights: dict) -> dict:
+    """{"version", "state_dict"} of versioned weights (drops the optimizer state rollouts do not need)."""
+    return {"version": weights["version"], "state_dict": weights["state_dict"]}
 
 
 def build_eval(cfg: Config, *, run_id: str, step: int, weights, placement: Placement,
@@ -182,13 +249,26 @@ def build_eval(cfg: Config, *, run_id: str, step: int, weights, placement: Place
 
 
 def build_checkpoint(*, run_id: str, step: int, run_dir: str, meta: dict, placement: Placement,
-                     attempt: int = 0) -> tuple[HighLevelGraph, str]:
-    """Fetch the resident actor's state on its worker and write an atomic checkpoint with `meta` (runner state)."""
+                     attempt: int = 0, cfg: Config | None = None, group: list[dict] | None = None,
+                     weights=None, dims: tuple[int, int] | None = None) -> tuple[HighLevelGraph, str]:
+    """Fetch the resident actor's state on its worker and write an atomic checkpoint with `meta` (runner state).
+
+    With `cfg.algorithm.num_actor_ranks` > 1: one `actor_state_r{r}` node per rank (a collective; `group`,
+    `weights`, `dims` let the ranks rebuild a group restored since the last update); rank 0's full state is
+    written in the same format (policy, optimizer, rng_torch, run.weight_version), its optimizer FQN-keyed.
+    """
     g = GraphBuilder()
     tag = f"{run_id}-{step}" + (f"-retry{attempt}" if attempt else "")
-    state = g.add(f"actor_state-{tag}", update.actor_state, run_id, worker=placement.actor_worker)
-    key = g.add(f"checkpoint-{tag}", _save_checkpoint, run_dir, step, state, meta, deps=(state,),
-                worker=placement.actor_worker)
+    R = 1 if cfg is None else cfg.algorithm.num_actor_ranks
+    if R == 1:
+        state = g.add(f"actor_state-{tag}", update.actor_state, run_id, worker=placement.actor_worker)
+        key = g.add(f"checkpoint-{tag}", _save_checkpoint, run_dir, step, state, meta, deps=(state,),
+                    worker=placement.actor_worker)
+    else:
+        states = _rank_nodes(g, "actor_state", tag, R, group, placement, distributed.actor_state_rank, run_id, cfg,
+                             weights, dims)
+        key = g.add(f"checkpoint-{tag}", _save_checkpoint_ranks, run_dir, step, meta, *states, deps=tuple(states),
+                    worker=placement.actor_worker)
     key = g.add(f"export_pretrained-{tag}", _export, run_id, key, deps=(key,), worker=placement.actor_worker)
     return g.graph(), key
 
@@ -221,6 +301,11 @@ def build_sft_step(cfg: Config, *, run_id: str, step: int, weights, placement: P
 
 def _metrics_of(update_out: dict) -> dict:
     return update_out["metrics"]
+
+
+def _save_checkpoint_ranks(run_dir: str, step: int, meta: dict, state: dict, *others: dict) -> str:
+    """Write rank 0's state (`others`: the other ranks' empty results, kept so that every rank's node must finish)."""
+    return _save_checkpoint(run_dir, step, state, meta)
 
 
 def _save_checkpoint(run_dir: str, step: int, state: dict, meta: dict) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines import graphs
-from pipelines.cluster import ClusterHandle, Placement, cluster_rss_bytes, plan_placement
+from pipelines.cluster import ClusterHandle, Placement, _host, cluster_rss_bytes, plan_placement
 from pipelines.config import to_dict, to_yaml
 from storage.checkpoints import latest_checkpoint, load_checkpoint, prune_checkpoints
 from storage.rundir import find_run_dir, new_run_dir, write_resolved_config
@@ -38,6 +38,7 @@ class RunState:
     elapsed_s: float = 0.0
     best_eval_success_once: float = -1.0
     best_eval_step: int = -1
+    actor_generation: int = 0  # the multi-rank actor's process-group generation (bumped on every rebuild)
 
 
 @dataclass
@@ -80,6 +81,11 @@ class Runner:
         self.placement: Placement = plan_placement(cfg, self.client)
         self._placed_ids = self._worker_ids()
         self.state, ckpt = self._start_or_resume()
+        self.group: dict | None = None  # multi-rank actor: {"master_addr", "master_port"} of the current generation
+        self.actor_weights = None  # what the ranks take as weights: the init's (to build from), then {"version"}
+        if ckpt is not None and self.ranks > 1:  # a resumed run: drop groups a previous driver left on the workers
+            self._release_groups(self.placement.actor_workers[:self.ranks])
+            self.state.actor_generation += 1
         uri = cfg.tracking.uri or default_tracking_uri(self.root)
         params, changed = self._params(uri)  # on resume: refuses a changed training key before writing anything
         self.run_dir = new_run_dir(self.root, cfg.experiment, self.state.run_id)
@@ -93,7 +99,7 @@ class Runner:
             self.tracker.log_text("".join(f"{k}: {v}\n" for k, v in changed.items()),
                                   f"resumes/step_{self.state.step}.yaml")
         self.tracker.log_artifact(self.run_dir / "config.yaml")
-        self.weights, dims = self._init_actor(ckpt)
+        self.weights, dims = self._init_actor(ckpt, tag=f"g{self.state.actor_generation}" if self.ranks > 1 else "")
         self.dims = tuple(dims)
         self.store = None
         if cfg.storage.save_trajectories and cfg.algorithm.name != "sft":
@@ -160,11 +166,32 @@ class Runner:
                                              f"same training config or start a new run")
         return {k: v for k, v in flat.items() if k not in changed}, changed
 
+    @property
+    def ranks(self) -> int:
+        """Actor ranks: 1 (`tasks.update.actor_update`) or R > 1 (`tasks.distributed`, one process group)."""
+        return self.cfg.algorithm.num_actor_ranks
+
     def _init_actor(self, ckpt: dict | None, tag: str = ""):
-        graph, dims_key, w_key = graphs.build_init(self.cfg, run_id=self.state.run_id, placement=self.placement,
-                                                   checkpoint_path=ckpt["path"] if ckpt else None, tag=tag)
-        dims_f, w_f = self.client.get(graph, [dims_key, w_key], sync=False)
+        """Run the init graph; returns (weights future, dims). With R > 1 also sets `self.actor_weights` (the
+        weights the ranks build their group from) and `self.group` (rank 0's host and a free port there)."""
+        init = graphs.build_init(self.cfg, run_id=self.state.run_id, placement=self.placement,
+                                 checkpoint_path=ckpt["path"] if ckpt else None, tag=tag)
+        if self.ranks == 1:
+            dims_f, w_f = self.client.get(init.graph, [init.dims, init.weights], sync=False)
+            return w_f, dims_f.result()
+        dims_f, w_f, full_f, port_f = self.client.get(
+            init.graph, [init.dims, init.weights, init.actor_weights, init.port], sync=False)
+        self.actor_weights = full_f
+        self.group = {"master_addr": _host(self.placement.actor_workers[0]), "master_port": int(port_f.result())}
         return w_f, dims_f.result()
+
+    def _group_specs(self) -> list[dict] | None:
+        """Each rank's process-group spec of the current generation (None with one rank)."""
+        if self.ranks == 1:
+            return None
+        from tasks.distributed import group_specs
+        return group_specs(self.ranks, self.group["master_addr"], self.group["master_port"],
+                           self.state.actor_generation)
 
     # ----- the loop -----
     def _done(self, t_start: float) -> bool:
@@ -213,11 +240,13 @@ class Runner:
             sg = graphs.build_train_step(cfg, run_id=st.run_id, step=step, weights=self.weights,
                                          cursors=st.cursors, placement=self.placement, dims=self.dims,
                                          store_path=str(self.store.path) if self.store is not None else None,
-                                         attempt=attempt)
+                                         attempt=attempt, group=self._group_specs(), actor_weights=self.actor_weights)
             return sg.graph, [sg.update, sg.metrics, *sg.stores]
 
         (upd_f,), (out, *store_out) = self._compute(build, "training step", keep=1)
         version = int(out["metrics"]["train/weight_version"])
+        if self.ranks > 1:  # the group lives on with the weights; a rebuild comes with a new init's weights
+            self.actor_weights = {"version": version}
         if self.store is not None:
             self.store.mark_complete(step, weight_version=version - 1, global_step=step)
         self.weights = upd_f
@@ -257,9 +286,10 @@ class Runner:
                 if isinstance(results, list):
                     return futs[:keep], results
                 lost = results
+            busy = self._busy_rank_workers(graph)  # before cancelling: cancelled tasks leave the scheduler's view
             self.client.cancel(futs)
             if attempt < self.cfg.runner.max_retries:
-                self._recover(lost, self.state.step)
+                self._recover(lost, self.state.step, busy)
         raise RuntimeError(f"{what} at step {self.state.step}: placed workers lost {self.cfg.runner.max_retries + 1} "
                            f"times; giving up (resume with runner.resume={self.state.run_id})")
 
@@ -270,7 +300,7 @@ class Runner:
     def _lost_workers(self) -> set[str]:
         """Placed workers gone (or restarted with a new id), confirmed by a second look 2 s later: on a starved
         machine one scheduler_info() answer was seen to list none of the workers that were still alive."""
-        placed = {*self.placement.shard_workers, self.placement.actor_worker}
+        placed = {*self.placement.shard_workers, *self.placement.actor_workers[:self.ranks]}
 
         def missing() -> set[str]:
             now = self._worker_ids()
@@ -311,19 +341,62 @@ class Runner:
                         return lost
                 except Exception:  # a task that failed because its worker restarted under it: retry, not fail
                     lost = self._lost_workers()
+                    # a rank fails as soon as a peer's connection drops, which can be before the scheduler has
+                    # seen the peer's worker go: look a little longer before calling the error the run's
+                    deadline = time.monotonic() + (10.0 if self.ranks > 1 else 0.0)
+                    while not lost and time.monotonic() < deadline:
+                        time.sleep(1.0)
+                        lost = self._lost_workers()
                     if lost:
                         return lost
                     raise
         return out
 
-    def _recover(self, lost: set[str], step: int) -> None:
+    def _busy_rank_workers(self, graph) -> set[str]:
+        """Actor rank workers processing one of `graph`'s rank nodes (actor_update_r*, actor_state_r*) now."""
+        if self.ranks == 1:
+            return set()
+        mine = {k for k in graph.layers if str(k).startswith(("actor_update_r", "actor_state_r"))}
+        ranks = self.placement.actor_workers[:self.ranks]
+        try:
+            processing = self.client.processing()  # live workers only: a lost one is restarted anyway
+        except Exception:  # noqa: BLE001 - a scheduler that cannot answer: assume the worst (restart them)
+            return set(ranks)
+        return {w for w, keys in processing.items() if w in ranks and mine & {str(k) for k in keys}}
+
+    def _release_groups(self, workers: list[str], restart: set[str] = frozenset()) -> None:
+        """Free the actor process groups on `workers`: restart those in `restart` (a thread blocked in a collective
+        cannot be interrupted; the Nanny starts a fresh process), destroy the group on the others."""
+        from tasks.distributed import release_group
+        restart = [w for w in workers if w in restart]
+        if restart:
+            status = self.client.restart_workers(restart, timeout=120, raise_for_error=False)
+            failed = [w for w, s in status.items() if s != "OK"]
+            if failed:  # no nanny: the blocked rank raises after its group's timeout (distributed.DEFAULT_TIMEOUT_S)
+                self.echo(f"dagrl: could not restart actor worker(s) {failed} ({status}); their ranks stay blocked "
+                          f"until the process group's timeout")
+        rest = [w for w in workers if w not in restart]
+        if rest:
+            self.client.run(release_group, self.state.run_id, workers=rest, on_error="ignore")
+        self.echo(f"dagrl: actor process group (generation {self.state.actor_generation}) dropped: restarted "
+                  f"{restart or 'no worker'}, released on {rest or 'no worker'}")
+
+    def _recover(self, lost: set[str], step: int, busy: set[str] = frozenset()) -> None:
         """Re-plan placement on the live workers and drop resident env shards so that every shard is re-created
         from the step's seed cursor. If the actor's worker was lost (its weights and optimizer with it), roll the
-        run back to the latest checkpoint (or to a fresh actor when there is none yet)."""
+        run back to the latest checkpoint (or to a fresh actor when there is none yet).
+
+        Multi-rank actor: the loss of any rank's worker, or any loss while rank nodes were running (`busy`: a
+        cancelled rank may be blocked in a collective, and a retry must not pair with it), breaks the group:
+        the surviving rank workers are restarted (busy) or their groups destroyed, the run rolls back to the last
+        checkpoint and the group is rebuilt in the next generation on a new port."""
         cfg, st = self.cfg, self.state
-        actor_lost = self.placement.actor_worker in lost
+        ranks = self.placement.actor_workers[:self.ranks]
+        actor_lost = bool(lost & set(ranks)) or bool(busy)
         self.echo(f"dagrl: worker(s) {sorted(lost)} lost during step {step}; "
                   f"{'restoring the actor from the last checkpoint and ' if actor_lost else ''}retrying")
+        if actor_lost and self.ranks > 1:
+            self._release_groups([w for w in ranks if w not in lost], restart=busy)
         n = cfg.cluster.num_env_workers + cfg.cluster.num_gpu_workers if cfg.cluster.address is None else 1
         self.client.wait_for_workers(n, timeout=max(120.0, cfg.cluster.connect_timeout_s))
         deadline = time.monotonic() + 120.0
@@ -345,7 +418,10 @@ class Runner:
                 st.step, st.env_steps, st.cursors = saved["step"], saved["env_steps"], saved["cursors"]
             else:
                 st.step, st.env_steps, st.cursors = 0, 0, [None] * cfg.env.num_shards
-            self.weights, _ = self._init_actor({"path": str(ckpt)} if ckpt else None, tag=f"r{step}")
+            if self.ranks > 1:
+                st.actor_generation += 1
+            tag = f"r{step}" + (f"-g{st.actor_generation}" if self.ranks > 1 else "")
+            self.weights, _ = self._init_actor({"path": str(ckpt)} if ckpt else None, tag=tag)
 
     def evaluate(self) -> dict:
         st = self.state
@@ -371,7 +447,9 @@ class Runner:
         def build(attempt: int):
             meta = {"runner": {**asdict(st), "elapsed_s": elapsed}, "experiment": self.cfg.experiment}
             graph, key = graphs.build_checkpoint(run_id=st.run_id, step=st.step, run_dir=str(self.run_dir),
-                                                 meta=meta, placement=self.placement, attempt=attempt)
+                                                 meta=meta, placement=self.placement, attempt=attempt, cfg=self.cfg,
+                                                 group=self._group_specs(), weights=self.actor_weights,
+                                                 dims=self.dims)
             return graph, [key]
 
         path = self._compute(build, "checkpoint")[1][0]

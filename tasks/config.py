@@ -286,9 +286,15 @@ class Config:
         if a.num_actor_ranks != 1 or a.global_batch_size is not None or a.micro_batch_size is not None:
             from tasks.distributed import batch_plan
             batch_plan(self)  # the RLinf divisibility rules, with the numbers
-            raise ConfigError("algorithm.num_actor_ranks", a.num_actor_ranks,
-                              "the multi-rank FSDP update (tasks/distributed.py) is not wired into the training "
-                              "graph yet: use 1 and leave global_batch_size/micro_batch_size null")
+            if a.num_actor_ranks == 1:  # the one-rank update (tasks.update.actor_update) takes num_minibatches
+                key = "algorithm.global_batch_size" if a.global_batch_size is not None else "algorithm.micro_batch_size"
+                raise ConfigError(key, getattr(a, key.split(".")[1]), "is used by the multi-rank update only "
+                                  "(algorithm.num_actor_ranks > 1); with one rank leave it null and set "
+                                  "algorithm.num_minibatches")
+            if a.name == "sft":
+                raise ConfigError("algorithm.num_actor_ranks", a.num_actor_ranks,
+                                  "the SFT update runs on one rank: use 1 with algorithm.name=sft")
+            # ranks <= the actor's devices (one GPU worker per rank): pipelines.cluster.check_placement / plan_placement
         if a.name not in ("ppo", "grpo", "sft"):
             raise ConfigError("algorithm.name", a.name, "use 'ppo' (actor-critic, GAE), 'grpo' (critic-free) or "
                                                         "'sft' (behaviour cloning from sft.store)")

@@ -27,7 +27,7 @@ the same permutation per epoch from `torch.Generator().manual_seed(permutation_s
 contiguous slice [r * G/R, (r+1) * G/R) of each minibatch, then micro-batches in order: a deterministic split.
 Advantage normalisation is over the whole batch on every rank (identical; no communication).
 
-How the graph uses it (pipelines.graphs; not wired here):
+How the graph uses it (pipelines.graphs, pipelines.runner with `algorithm.num_actor_ranks` > 1):
   - One node per rank, `actor_update_r{r}-<run>-<step>`, calling
     `actor_update_rank(cfg, run_id, specs[r], weights, *advs)` with `specs = group_specs(...)`, pinned to that
     rank's GPU worker (`workers=[gpu_worker[r]], allow_other_workers=False, resources={"GPU": 1}`), ranks on
@@ -38,9 +38,10 @@ How the graph uses it (pipelines.graphs; not wired here):
     step_metrics) so a failed rank fails the step.
   - `master_addr` is rank 0's worker host, `master_port` a free port there (`free_port` run on that worker with
     `client.submit(free_port, workers=[w0], pure=False)`), `generation` 0 at start.
-  - Checkpoint: `actor_state_rank(run_id)` on every rank (a collective; one node per rank as above); rank 0 returns
-    {"policy", "optimizer" (FQN-keyed full state), "weight_version"}. Restore: pass those as
-    weights={"version", "state_dict", "optimizer"} with a new generation; the group is rebuilt from them.
+  - Checkpoint: `actor_state_rank(run_id, cfg, group, weights, dims)` on every rank (a collective; one node per rank
+    as above); rank 0 returns {"policy", "optimizer" (FQN-keyed full state), "rng_torch", "weight_version"}.
+    Restore: `initial_weights(cfg, dims, checkpoint)` gives weights={"version", "state_dict", "optimizer"} for a
+    new generation; the group is rebuilt from them.
 
 A lost rank: the surviving ranks block in a collective until the group's timeout (`timeout_s`, default
 DEFAULT_TIMEOUT_S) and then raise. The runner cancels the step's futures, restarts the surviving actor workers
@@ -383,14 +384,23 @@ def actor_update_rank(cfg: Config, run_id: str, group: dict, weights: dict, *sam
     return out
 
 
-def actor_state_rank(run_id: str) -> dict:
+def actor_state_rank(run_id: str, cfg: Config | None = None, group: dict | None = None,
+                     weights: dict | None = None, dims: tuple[int, int] | None = None) -> dict:
     """Full policy and optimizer state of the sharded actor, for a checkpoint (a collective: call on every rank).
 
+    With `cfg, group, weights, dims` given, the group is first joined as `actor_update_rank` would (built from
+    `weights` when this worker has none of that generation: a checkpoint right after a restore, before any update).
+
     Returns on rank 0 {"policy": full CPU state dict, "optimizer": FQN-keyed full optimizer state (the format
-    `weights["optimizer"]` takes), "weight_version": int}; {} on other ranks.
-    Raises RuntimeError when this worker holds no actor group for `run_id`.
+    `weights["optimizer"]` takes), "rng_torch": this process's torch RNG state, "weight_version": int};
+    {} on other ranks.
+    Raises RuntimeError when this worker holds no actor group for `run_id` (and none is given to build).
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    if group is not None:
+        if cfg is None or weights is None or dims is None:
+            raise ValueError("actor_state_rank: joining a group needs cfg, weights and dims")
+        _join(cfg, run_id, group, weights, tuple(dims))
     st: RankState | None = resident.get(_key(run_id))
     if st is None or st.policy is None:
         raise RuntimeError(f"no distributed actor for run {run_id} on this worker")
@@ -398,4 +408,29 @@ def actor_state_rank(run_id: str) -> dict:
                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if st.rank != 0:
         return {}
-    return {"policy": model_sd, "optimizer": optim_sd, "weight_version": st.version}
+    return {"policy": model_sd, "optimizer": optim_sd, "rng_torch": torch.get_rng_state(),
+            "weight_version": st.version}
+
+
+def initial_weights(cfg: Config, dims: tuple[int, int], checkpoint: dict | None = None) -> dict:
+    """The weights the ranks build their group from (the init graph's node on rank 0's worker; no resident state).
+
+    Fresh: the policy `tasks.update.actor_init` would make (seeded by `cfg.seed`, `policy.model_path` loaded);
+    from a checkpoint written by the ranks (`actor_state_rank`): its policy, optimizer and weight version.
+
+    Returns {"version": int, "state_dict": full CPU state dict[, "optimizer": FQN-keyed full optimizer state]}.
+    Raises ValueError for a checkpoint whose optimizer state is the one-process format (integer-keyed).
+    """
+    from tasks.policies import make_policy
+    from tasks.rollout import image_size, num_values
+    if checkpoint is not None:
+        opt = checkpoint["optimizer"]
+        if any(not isinstance(k, str) for k in opt.get("state", {})):
+            raise ValueError("this checkpoint's optimizer state comes from the one-rank update "
+                             "(algorithm.num_actor_ranks=1); resume it with num_actor_ranks=1")
+        return {"version": int(checkpoint["run"]["weight_version"]), "state_dict": checkpoint["policy"],
+                "optimizer": opt}
+    torch.manual_seed(cfg.seed)
+    policy = make_policy(cfg.policy, obs_dim=dims[0], action_dim=dims[1], num_values=num_values(cfg),
+                         seed=cfg.seed, image_size=image_size(cfg), load=True)
+    return {"version": 0, "state_dict": {k: v.detach().clone() for k, v in policy.state_dict().items()}}

@@ -73,7 +73,8 @@ def test_overrides_are_typed():
     (["conf=pushcube_flow_ppo", "policy.value_head=max_token"], "policy.value_head", "mean_token"),
     (["conf=pushcube_flow_ppo", "env.image_size=36"], "env.image_size", "multiple of the tiny preset's patch_size=8"),
     (["algorithm.num_actor_ranks=2", "algorithm.micro_batch_size=3"], "algorithm.micro_batch_size", "must divide"),
-    (["algorithm.num_actor_ranks=2"], "algorithm.num_actor_ranks", "not wired into the training graph yet"),
+    (["algorithm.global_batch_size=800"], "algorithm.global_batch_size",
+     "used by the multi-rank update only (algorithm.num_actor_ranks > 1)"),
 ])
 def test_bad_input_is_a_one_line_config_error_naming_the_key(overrides, key, words):
     if "PickSingleYCB-v1" in overrides[0]:

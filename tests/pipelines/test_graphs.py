@@ -194,7 +194,8 @@ def test_init_and_eval_graphs_run_with_the_synchronous_scheduler(monkeypatch):
     monkeypatch.setattr(tasks.envs, "make_single_env", lambda cfg: FakeEnv(cfg))
     cfg = small_config()
     cfg.env.eval.num_envs, cfg.env.eval.num_episodes = 2, 3
-    graph, dims_key, w_key = graphs.build_init(cfg, run_id=RUN_B, placement=PLACEMENT, checkpoint_path=None)
+    init = graphs.build_init(cfg, run_id=RUN_B, placement=PLACEMENT, checkpoint_path=None)
+    graph, dims_key, w_key = init.graph, init.dims, init.weights
     assert resident.keys() == []
     dims, weights = dask.get(graph, [dims_key, w_key])
     assert dims == (3, 2) and weights["version"] == 0

@@ -312,3 +312,64 @@ def test_embedded_cluster_starts_one_gpu_worker_per_cuda_device():
         gpu_worker_specs(config(num_gpus=8), 4)
     assert _worker_env(3, "none")["CUDA_VISIBLE_DEVICES"] == "3"
     assert "CUDA_VISIBLE_DEVICES" not in _worker_env(None, "none")
+
+
+# ----- the multi-rank actor (algorithm.num_actor_ranks > 1) -----
+
+def _ranks_config(placement: dict | None = None, ranks: int = 2, **cluster) -> Config:
+    cfg = config(placement, **cluster)
+    cfg.algorithm.num_actor_ranks = ranks
+    return cfg.validate()
+
+
+def test_more_actor_ranks_than_gpu_workers_is_rejected_offline_with_the_numbers():
+    """`algorithm.num_actor_ranks=2` with 1 GPU worker: rejected by `pipelines.validate` and before the embedded
+    cluster starts a worker (gpu_worker_specs), and by plan_placement on a live cluster."""
+    from pipelines.config import load_config
+    cfg, _ = load_config(["conf=smoke", "algorithm.num_actor_ranks=2"], components=False)
+    with pytest.raises(PlacementError) as err:
+        check_placement(cfg, cuda_count=0)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("algorithm.num_actor_ranks=2: needs 2 actor devices (one GPU worker "
+                                              "per rank), cluster.component_placement.actor=0 (default) gives 1 of "
+                                              "the 1 GPU (cluster.num_gpu_workers=1, no CUDA device)"), msg
+    with pytest.raises(PlacementError, match="algorithm.num_actor_ranks=2: needs 2 actor devices"):
+        gpu_worker_specs(cfg, 0)
+    # two GPU workers but the actor left on device 0: the fix names the placement
+    with pytest.raises(PlacementError, match=r"gives 1 of the 2 GPUs .*cluster.component_placement.actor=0-1\)"):
+        check_placement(_ranks_config(num_gpu_workers=2), cuda_count=0)
+    with pytest.raises(PlacementError, match=r"gives 1 of the 2 GPUs \(2 GPU workers in the cluster\)"):
+        plan_placement(_ranks_config(), info(2, 2))
+    ok = _ranks_config({"actor": "0-1"}, num_gpu_workers=2)
+    assert check_placement(ok, cuda_count=0).devices["actor"] == (0, 1)
+    assert plan_placement(ok, info(2, 2)).actor_workers == [gpu_addr(0), gpu_addr(1)]
+
+
+def test_multi_rank_graphs_pin_one_rank_per_actor_worker():
+    from tasks.distributed import group_specs
+    cluster = info(2, 2)
+    cfg = _ranks_config({"actor": "0-1"}, num_gpu_workers=2)
+    p = plan_placement(cfg, cluster)
+    specs = group_specs(2, "127.0.0.1", 29500, 0)
+    sg = graphs.build_train_step(cfg, run_id="r", step=3, weights={"version": 0}, cursors=[None, None],
+                                 placement=p, store_path=None, group=specs, actor_weights={"version": 0})
+    check_graph(sg.graph, cluster)
+    assert sg.ranks == ["actor_update_r0-r-3", "actor_update_r1-r-3"] and sg.update == sg.ranks[0]
+    for r, key in enumerate(sg.ranks):
+        assert sg.graph.layers[key].annotations == {"workers": [gpu_addr(r)], "allow_other_workers": False,
+                                                    "resources": {"GPU": 1}}
+        assert sg.graph.layers[key][key][3] == specs[r]  # (fn, cfg, run_id, group, weights, *advantages)
+    assert set(sg.ranks) <= sg.graph.dependencies[sg.metrics]  # a failed rank fails the step
+    assert "actor_update-r-3" not in sg.graph.layers
+    graph, key = graphs.build_checkpoint(run_id="r", step=3, run_dir="/tmp/x", meta={}, placement=p, cfg=cfg,
+                                         group=specs, weights={"version": 3}, dims=(3, 2))
+    check_graph(graph, cluster)
+    states = [k for k in graph.layers if k.startswith("actor_state_r")]
+    assert sorted(states) == ["actor_state_r0-r-3", "actor_state_r1-r-3"]
+    assert set(states) <= graph.dependencies["checkpoint-r-3"]
+    init = graphs.build_init(cfg, run_id="r", placement=p, checkpoint_path=None)
+    assert init.port == "free_port-r" and init.graph.layers[init.port].annotations["workers"] == [gpu_addr(0)]
+    assert init.actor_weights != init.weights
+    with pytest.raises(ValueError, match="needs 2 group specs"):
+        graphs.build_train_step(cfg, run_id="r", step=3, weights={"version": 0}, cursors=[None, None],
+                                placement=p, store_path=None)
