@@ -117,9 +117,8 @@ def record(cfg, handle, *, echo=print) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from pipelines.run import _quiet
+    from pipelines.run import _quiet, with_cluster
     _quiet()
-    from pipelines.cluster import start_cluster
     from pipelines.config import load_config
     from tasks.config import ConfigError
     from tasks.envs.vulkan import VulkanMissingError
@@ -131,26 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, VulkanMissingError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    try:
-        handle = start_cluster(cfg)
-    except (ConnectionError, ConfigError, VulkanMissingError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
+    def body(handle) -> int:
         print(f"dagrl record: dashboard {handle.dashboard_link}", flush=True)
         s = record(cfg, handle)
         print(f"dagrl record: {s['episodes']} episodes ({s['successful']} successful, {s['success_rate']:.2f}) "
               f"in {s['seconds']:.0f}s -> {s['store']}")
         return 0
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    finally:
-        handle.close()
-
+    return with_cluster(cfg, body)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -26,7 +26,6 @@ def _quiet() -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _quiet()
-    from pipelines.cluster import start_cluster
     from pipelines.config import load_config, to_yaml
     from tasks.config import ConfigError
     from tasks.envs.vulkan import VulkanMissingError
@@ -41,43 +40,54 @@ def main(argv: list[str] | None = None) -> int:
     if show:
         print(to_yaml(cfg))
         return 0
+    return with_cluster(cfg, lambda handle: _train(cfg, handle))
+
+
+def with_cluster(cfg, body) -> int:
+    """Start the cluster of `cfg`, run `body(handle) -> exit code`, close the cluster. Exit 2 for a cluster that
+    cannot start or a ConfigError raised by `body` (one line on stderr), 130 when interrupted (SIGTERM too)."""
+    import signal
+    from pipelines.cluster import start_cluster
+    from tasks.config import ConfigError
+    from tasks.envs.vulkan import VulkanMissingError
     try:
         handle = start_cluster(cfg)
     except (ConnectionError, ConfigError, VulkanMissingError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from pipelines.runner import Runner
-    import signal
 
     def _term(signum, frame):  # SIGTERM (timeout, kill, schedulers) ends the run like Ctrl-C: MLflow run KILLED
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _term)
     try:
-        print(f"dagrl: experiment {cfg.experiment} | dashboard {handle.dashboard_link}", flush=True)
-        try:
-            runner = Runner(cfg, handle)
-        except ConfigError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        print(f"dagrl: run {runner.state.run_id} | run dir {runner.run_dir} | MLflow {runner.tracking_uri} "
-              f"(run {runner.tracker.run_id})", flush=True)
-        res = runner.run()
-        ev = res.last_eval
-        print(f"dagrl: done: {res.steps} steps, {res.env_steps} env steps in {res.wall_s:.0f}s | "
-              f"eval success_once {ev.get('eval/success_once', float('nan')):.3f} "
-              f"success_at_end {ev.get('eval/success_at_end', float('nan')):.3f} over "
-              f"{ev.get('eval/num_episodes', 0):.0f} episodes (best success_once "
-              f"{runner.state.best_eval_success_once:.3f} at step {runner.state.best_eval_step}) | "
-              f"peak memory {res.peak_rss_gb:.2f} GiB")
-        print(f"dagrl: trajectories {res.store_path} | view: mlflow ui --backend-store-uri {res.tracking_uri}")
-        return 0
+        return body(handle)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     finally:
         handle.close()
 
+
+def _train(cfg, handle) -> int:
+    from pipelines.runner import Runner
+    print(f"dagrl: experiment {cfg.experiment} | dashboard {handle.dashboard_link}", flush=True)
+    runner = Runner(cfg, handle)
+    print(f"dagrl: run {runner.state.run_id} | run dir {runner.run_dir} | MLflow {runner.tracking_uri} "
+          f"(run {runner.tracker.run_id})", flush=True)
+    res = runner.run()
+    ev = res.last_eval
+    print(f"dagrl: done: {res.steps} steps, {res.env_steps} env steps in {res.wall_s:.0f}s | "
+          f"eval success_once {ev.get('eval/success_once', float('nan')):.3f} "
+          f"success_at_end {ev.get('eval/success_at_end', float('nan')):.3f} over "
+          f"{ev.get('eval/num_episodes', 0):.0f} episodes (best success_once "
+          f"{runner.state.best_eval_success_once:.3f} at step {runner.state.best_eval_step}) | "
+          f"peak memory {res.peak_rss_gb:.2f} GiB")
+    print(f"dagrl: trajectories {res.store_path} | view: mlflow ui --backend-store-uri {res.tracking_uri}")
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())
