@@ -61,11 +61,11 @@ def record_round(cfg: Config, teacher_cfg: Config, checkpoint_path: str, shard: 
     rows: dict[str, list] = {}
     episodes: list[dict] = []
     for _ in range(T):
+        seeds, ids = sh.current_episodes()
         rec = {"obs": state, "rgb": rgb, "actions": np.zeros((B, C, D), np.float32),
                "rewards": np.zeros((B, C), np.float32), "step_mask": np.zeros((B, C), bool),
                "terminated": np.zeros(B, bool), "truncated": np.zeros(B, bool), "success": np.zeros(B, bool),
-               "episode_seed": np.where(sh.active, sh.seed, -1),
-               "episode_id": np.array([sh._episode_id(b) if sh.active[b] else -1 for b in range(B)], np.int64)}
+               "episode_seed": seeds, "episode_id": ids}
         for c in range(C):
             if not sh.active.any():
                 break

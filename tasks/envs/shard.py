@@ -154,6 +154,12 @@ class EnvShard:
             self.reset_all()
         return None if self.rgb is None else self.rgb.copy()
 
+    def current_episodes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(episode_seed [B] int64, episode_id [B] int64) of the episodes the envs are in (-1 for idle envs)."""
+        seed = np.where(self.active, self.seed, -1).astype(np.int64)
+        ids = np.array([self._episode_id(b) if self.active[b] else -1 for b in range(self.num_envs)], np.int64)
+        return seed, ids
+
     def state_dict(self) -> dict:
         """Cursor for resume: per-env count of episodes started before the current one."""
         return {"episode_count": self.episode_count.tolist()}
@@ -184,8 +190,7 @@ class EnvShard:
         final_rgb = None if self.rgb is None else np.zeros_like(self.rgb)
         render = render and self.rgb is not None
         # idle envs (auto_reset=False, episode over) belong to no episode: -1
-        episode_seed = np.where(self.active, self.seed, -1).astype(np.int64)
-        episode_id = np.array([self._episode_id(b) if self.active[b] else -1 for b in range(B)], np.int64)
+        episode_seed, episode_id = self.current_episodes()
         episodes = []
         for b in range(B):
             if not self.active[b]:
