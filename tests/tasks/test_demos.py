@@ -1,0 +1,79 @@
+"""SFT sample selection from a hand-built trajectory store (no simulator): which chunk steps are learned from."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from storage.trajectories import FieldSpec, TrajectoryStore, clear_cache, write_shard
+from tasks import resident
+from tasks.config import Config
+from tasks.demos import sft_index, sft_load
+
+
+@pytest.fixture()
+def store(tmp_path):
+    """2 complete epochs + 1 incomplete, T=3 chunk steps, B=2 envs (one shard), C=2, D=1.
+
+    epoch 0: env 0 = episode 0, successful at t=1, ends at t=1 (t=2 idle: no executed action);
+             env 1 = episode 1, never successful.
+    epoch 1: env 0 = episode 2, never successful; env 1 = episode 3, successful at t=2.
+    epoch 2: written but not marked complete (must be ignored).
+    """
+    path = tmp_path / "demos.zarr"
+    fields = {"obs": FieldSpec((1,), "float32"), "actions": FieldSpec((2, 1), "float32"),
+              "step_mask": FieldSpec((2,), "bool"), "success": FieldSpec((), "bool"),
+              "episode_id": FieldSpec((), "int64")}
+    st = TrajectoryStore.create(path, fields=fields, T=3, num_envs=2, shard_size=2)
+    step_mask = np.ones((3, 3, 2, 2), bool)
+    step_mask[0, 2, 0] = False  # epoch 0, env 0 idle at t=2
+    success = np.zeros((3, 3, 2), bool)
+    success[0, 1, 0] = True
+    success[1, 2, 1] = True
+    success[2] = True
+    episode_id = np.array([[[0, 1]] * 3, [[2, 3]] * 3, [[4, 5]] * 3])
+    episode_id[0, 2, 0] = -1
+    for e in range(3):
+        st.reserve(e)
+        obs = np.arange(6, dtype=np.float32).reshape(3, 2, 1) + 100 * e  # value = 100 e + 2 t + b
+        write_shard(str(path), epoch=e, shard=0, data={
+            "obs": obs, "actions": obs[..., None].repeat(2, axis=2), "step_mask": step_mask[e],
+            "success": success[e], "episode_id": episode_id[e]})
+        if e < 2:
+            st.mark_complete(e)
+    yield path
+    clear_cache()
+
+
+def test_sft_index_keeps_executed_chunk_steps_of_successful_episodes_in_complete_epochs(store):
+    rows = sft_index(str(store), only_success=True)
+    # episode 0: t=0,1 of env 0 in epoch 0 (t=2 idle); episode 3: t=0..2 of env 1 in epoch 1
+    assert rows.tolist() == [[0, 0, 0], [0, 1, 0], [1, 0, 1], [1, 1, 1], [1, 2, 1]]
+    everything = sft_index(str(store), only_success=False)
+    assert len(everything) == 2 * 3 * 2 - 1  # every executed chunk step of the 2 complete epochs
+
+
+def test_sft_load_draws_seeded_minibatches_of_the_selected_samples(store):
+    cfg = Config()
+    cfg.sft.store, cfg.sft.batch_size = str(store), 4
+    resident.release("sft_data/")
+    a, b = sft_load(cfg, seed=3, num_batches=2), sft_load(cfg, seed=3, num_batches=2)
+    assert len(a) == 2 and a[0]["obs"].shape == (4, 1) and a[0]["actions"].shape == (4, 2, 1)
+    np.testing.assert_array_equal(a[1]["obs"], b[1]["obs"])
+    allowed = {0.0, 2.0, 101.0, 103.0, 105.0}  # obs values of the selected rows (100 e + 2 t + b)
+    assert set(np.concatenate([x["obs"].ravel() for x in a]).tolist()) <= allowed
+    resident.release("sft_data/")
+
+
+def test_sft_index_names_the_store_when_nothing_is_selectable(tmp_path):
+    path = tmp_path / "empty.zarr"
+    st = TrajectoryStore.create(path, fields={"step_mask": FieldSpec((1,), "bool"),
+                                              "success": FieldSpec((), "bool"),
+                                              "episode_id": FieldSpec((), "int64")}, T=1, num_envs=1, shard_size=1)
+    st.reserve(0)
+    write_shard(str(path), epoch=0, shard=0, data={"step_mask": np.ones((1, 1, 1), bool),
+                                                   "success": np.zeros((1, 1), bool),
+                                                   "episode_id": np.zeros((1, 1), np.int64)})
+    st.mark_complete(0)
+    with pytest.raises(ValueError, match="empty.zarr: no chunk step to learn from in a successful episode"):
+        sft_index(str(path), only_success=True)
+    clear_cache()
