@@ -19,6 +19,15 @@ With `algorithm.num_actor_ranks` = R > 1 the update is R nodes `actor_update_r{r
 torch.distributed group living across steps), rank r pinned to `placement.actor_workers[r]`, all in the step's
 graph so they run together; rank 0's output is the new weights, the others' feed `step_metrics` so that a failed
 rank fails the step. Checkpoints read the state with one `actor_state_r{r}` node per rank (a collective too).
+
+Asynchronous steps (`runner.max_staleness` = k > 0, pipelines.runner): step n+1's graph is submitted while step n's
+runs. Its rollout takes older weights (`weights`), its update the previous update's output (`update_weights`),
+and its first env node per shard (stage) depends on step n's last one (`after` = `StepGraph.last_env` of step n),
+which orders the stateful shards across graphs.
+
+Pipeline stages (`rollout.pipeline_stage_num` = p > 1, disaggregated): per chunk step one `policy_infer_p{j}` node
+per stage group j (the j-th B/p envs of every shard) and one `env_step_s{s}p{j}` node per shard and stage, so the
+p chains interleave: while stage j's envs step on the env workers, stage j+1's inference runs on the GPU worker.
 """
 from __future__ import annotations
 
@@ -61,6 +70,7 @@ class StepGraph:
     metrics: str  # key of step_metrics
     stores: list[str]  # keys of store_s{s}: written zarr regions
     ranks: list[str] = field(default_factory=list)  # keys of actor_update_r{r} (empty with one rank)
+    last_env: list[str] = field(default_factory=list)  # per shard (x stage), the rollout's last env node
 
 
 @dataclass
@@ -89,6 +99,10 @@ def step_metrics(update_out: dict, *parts: dict) -> dict:
         if episodes:
             m[f"env/{k}"] = sum(float(e[k]) for e in episodes) / len(episodes)
     m["env/num_episodes"] = float(len(episodes))
+    if all("weight_version" in t for t in trajs):  # behaviour weights vs the weights the update started from
+        behaviour = min(t["weight_version"] for t in trajs)
+        m["train/behaviour_version"] = float(behaviour)
+        m["train/staleness"] = float(update_out["version"] - 1 - behaviour)
     for k in ("env", "infer", "total"):
         m[f"time/rollout_{k}_max"] = max(t["timing"][k] for t in trajs)
     return {"metrics": m, "cursors": [t["cursor"] for t in trajs], "episodes": episodes}
@@ -110,7 +124,8 @@ def step_metrics_ranks(num_others: int, rank0: dict, *rest: dict) -> dict:
 def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: list[dict | None],
                      placement: Placement, store_path: str | None,
                      dims: tuple[int, int] | None = None, attempt: int = 0,
-                     group: list[dict] | None = None, actor_weights=None) -> StepGraph:
+                     group: list[dict] | None = None, actor_weights=None, update_weights=None,
+                     after: list | None = None) -> StepGraph:
     """One training step's graph. `weights` is a Future (or value) of the versioned weights to roll out with.
 
     Args:
@@ -121,31 +136,38 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
         group: with `algorithm.num_actor_ranks` > 1, each rank's process-group spec (`distributed.group_specs`).
         actor_weights: what the ranks take as `weights` (default `weights`): {"version"} suffices while their
             group lives; a (re)built group needs "state_dict" (+ "optimizer" on restore: the init graph's).
+        update_weights: the weights the (one-rank) update starts from (default `weights`); asynchronous steps
+            pass the previous update's output (a Future), which also orders the updates.
+        after: per shard (x stage), a Future (or key) of the previous step's last env node (`StepGraph.last_env`)
+            that this rollout's first env node must follow (asynchronous steps); None: no ordering needed.
     """
     g = GraphBuilder()
     tag = f"{run_id}-{step}" + (f"-retry{attempt}" if attempt else "")
-    advs, stores = [], []
+    advs, stores, last = [], [], []
     if cfg.rollout.inference == "colocated":
-        trajs = _colocated_rollout(g, cfg, tag, run_id, weights, cursors, placement)
+        trajs = _colocated_rollout(g, cfg, tag, run_id, weights, cursors, placement, after, last)
     else:
         if dims is None:
             raise ValueError("disaggregated inference needs the env dims (obs_dim, action_dim)")
-        trajs = _disaggregated_rollout(g, cfg, tag, run_id, weights, cursors, placement, dims)
+        trajs = _disaggregated_rollout(g, cfg, tag, run_id, weights, cursors, placement, dims, after, last)
     for s, traj in enumerate(trajs):
         if store_path is not None:
             stores.append(g.add(f"store_s{s}-{tag}", _store, store_path, step, s, traj, deps=(traj,)))
         advs.append(g.add(f"advantages_s{s}-{tag}", update.advantages, cfg, traj, deps=(traj,)))
     R = cfg.algorithm.num_actor_ranks
     if R == 1:
-        upd = g.add(f"actor_update-{tag}", update.actor_update, cfg, run_id, weights, *advs, deps=tuple(advs),
+        upd = g.add(f"actor_update-{tag}", update.actor_update, cfg, run_id,
+                    weights if update_weights is None else update_weights, *advs, deps=tuple(advs),
                     worker=placement.actor_worker, resources={"GPU": 1})
         met = g.add(f"step_metrics-{tag}", step_metrics, upd, *trajs, *advs, deps=(upd, *trajs, *advs))
-        return StepGraph(g.graph(), upd, met, stores)
+        return StepGraph(g.graph(), upd, met, stores, last_env=last)
+    if update_weights is not None:
+        raise ValueError("update_weights (asynchronous steps) is wired for the one-rank update only")
     ranks = _rank_nodes(g, "actor_update", tag, R, group, placement, distributed.actor_update_rank, cfg, run_id,
                         weights if actor_weights is None else actor_weights, *advs, deps=tuple(advs))
     met = g.add(f"step_metrics-{tag}", step_metrics_ranks, R - 1, *ranks, *trajs, *advs,
                 deps=(*ranks, *trajs, *advs))
-    return StepGraph(g.graph(), ranks[0], met, stores, ranks)
+    return StepGraph(g.graph(), ranks[0], met, stores, ranks, last_env=last)
 
 
 def _rank_nodes(g: GraphBuilder, name: str, tag: str, R: int, group: list[dict] | None, placement: Placement,
@@ -162,46 +184,67 @@ def _rank_nodes(g: GraphBuilder, name: str, tag: str, R: int, group: list[dict] 
                   worker=placement.actor_workers[r], resources={"GPU": 1}) for r in range(R)]
 
 
-def _colocated_rollout(g: GraphBuilder, cfg: Config, tag: str, run_id: str, weights, cursors, placement) -> list[str]:
-    """Per shard a chain of env_step nodes, each running `chunk_steps_per_node` chunk steps with inference inside."""
+def _colocated_rollout(g: GraphBuilder, cfg: Config, tag: str, run_id: str, weights, cursors, placement,
+                       after: list | None, last: list[str]) -> list[str]:
+    """Per shard a chain of env_step nodes, each running `chunk_steps_per_node` chunk steps with inference inside;
+    shard s's first node follows `after[s]` when given. Appends each shard's last node to `last`."""
     out = []
     nseg, per = cfg.num_segments, cfg.rollout.chunk_steps_per_node
     for s in range(cfg.env.num_shards):
-        prev, segs = None, []
+        prev, segs = (None if after is None else after[s]), []
         for k in range(nseg):
             key = f"env_step_s{s}-{tag}-{k}"
             g.add(key, rollout.env_step, cfg, run_id, s, weights, per, cursors[s], k == 0, prev,
-                  deps=(prev,) if prev else (), worker=placement.shard_workers[s], resources={"CPU": 1})
+                  deps=(prev,) if isinstance(prev, str) else (), worker=placement.shard_workers[s],
+                  resources={"CPU": 1})
             segs.append(key)
             prev = key
+        last.append(prev)
         out.append(g.add(f"trajectory_s{s}-{tag}", rollout.trajectory, *segs, deps=tuple(segs)))
     return out
 
 
 def _disaggregated_rollout(g: GraphBuilder, cfg: Config, tag: str, run_id: str, weights, cursors, placement,
-                           dims: tuple[int, int]) -> list[str]:
-    """A policy_infer node per chunk step on the actor's worker (one inference group of all shards) and an
-    env_step node per shard per chunk step on the shard's worker: T * (S + 1) nodes, for policies whose
-    inference outweighs the ~15 ms a node costs."""
-    S, T = cfg.env.num_shards, cfg.rollout.chunk_steps
+                           dims: tuple[int, int], after: list | None, last_env: list[str]) -> list[str]:
+    """Per stage group (p = `rollout.pipeline_stage_num`; one group of all shards when p = 1) a policy_infer node
+    per chunk step on the actor's worker and an env_step node per shard per chunk step on the shard's worker:
+    p * T * (S + 1) nodes, for policies whose inference outweighs the ~15 ms a node costs. Stage groups are
+    independent chains, so one group's inference overlaps another's env stepping. Shard s's first env node of stage
+    j follows `after[j * S + s]` when given; the last ones are appended to `last_env` in that order."""
+    S, T, p = cfg.env.num_shards, cfg.rollout.chunk_steps, cfg.rollout.pipeline_stage_num
     gpu = placement.actor_worker
-    last = [g.add(f"env_observe_s{s}-{tag}", rollout.env_observe, cfg, run_id, s, cursors[s],
-                  worker=placement.shard_workers[s], resources={"CPU": 1}) for s in range(S)]
-    first = list(last)
-    chain: list[list[str]] = [[] for _ in range(S)]
-    for t in range(T + 1):
-        inf = g.add(f"policy_infer-{tag}-{t}", rollout.policy_infer, cfg, run_id, weights, dims, t < T, *last,
-                    deps=tuple(last), worker=gpu, resources={"GPU": 1})
+    parts: list[list] = [[] for _ in range(S)]  # per shard: its stages' trajectory_disaggregated arguments
+    for j in range(p):
+        sj = "" if p == 1 else f"p{j}"  # p = 1: today's keys and arguments
+        stage = () if p == 1 else (j,)
+        last = []
         for s in range(S):
-            chain[s].append(inf)
-        if t == T:
-            break
-        last = [g.add(f"env_step_s{s}-{tag}-{t}", rollout.env_step_chunk, cfg, run_id, s, inf, cursors[s],
-                      deps=(inf,), worker=placement.shard_workers[s], resources={"CPU": 1}) for s in range(S)]
+            prev = None if after is None else after[j * S + s]
+            extra = (True, j if p > 1 else None, prev) if (p > 1 or prev is not None) else ()
+            last.append(g.add(f"env_observe_s{s}{sj}-{tag}", rollout.env_observe, cfg, run_id, s, cursors[s], *extra,
+                              deps=(prev,) if isinstance(prev, str) else (), worker=placement.shard_workers[s],
+                              resources={"CPU": 1}))
+        chain: list[list[str]] = [[key] for key in last]
+        for t in range(T + 1):
+            inf = g.add(f"policy_infer{'' if p == 1 else '_' + sj}-{tag}-{t}", rollout.policy_infer, cfg, run_id,
+                        weights, dims, t < T, *last, deps=tuple(last), worker=gpu, resources={"GPU": 1})
+            for s in range(S):
+                chain[s].append(inf)
+            if t == T:
+                break
+            last = [g.add(f"env_step_s{s}{sj}-{tag}-{t}", rollout.env_step_chunk, cfg, run_id, s, inf, cursors[s],
+                          *stage, deps=(inf,), worker=placement.shard_workers[s], resources={"CPU": 1})
+                    for s in range(S)]
+            for s in range(S):
+                chain[s].append(last[s])
         for s in range(S):
-            chain[s].append(last[s])
-    return [g.add(f"trajectory_s{s}-{tag}", rollout.trajectory_disaggregated, cfg, s, first[s], *chain[s],
-                  deps=(first[s], *chain[s])) for s in range(S)]
+            parts[s].append(chain[s])
+            last_env.append(chain[s][-2])  # [-1] is the bootstrap inference
+    if p == 1:
+        return [g.add(f"trajectory_s{s}-{tag}", rollout.trajectory_disaggregated, cfg, s, *parts[s][0],
+                      deps=tuple(parts[s][0])) for s in range(S)]
+    return [g.add(f"trajectory_s{s}-{tag}", rollout.trajectory_stages, cfg, s, p, *(k for c in parts[s] for k in c),
+                  deps=tuple(k for c in parts[s] for k in c)) for s in range(S)]
 
 
 def build_init(cfg: Config, *, run_id: str, placement: Placement, checkpoint_path: str | None,

@@ -3,6 +3,15 @@
 Only this module and pipelines.run hold a Dask client. Per step: reserve the zarr epoch, build and submit the
 step graph, wait for `step_metrics` and the store writes, mark the epoch complete, log one MLflow batch, advance
 the progress bar; every `val_check_interval` steps an eval graph; every `save_interval` steps a checkpoint.
+
+Asynchronous steps (`runner.max_staleness` = k > 0): the runner keeps up to k step graphs submitted ahead of the one
+it waits for. Step j's rollout takes the weights of step j-k (`v(j-k)`: the rollout of step n+1 runs on v(n) while
+update n runs; the newest weights when nothing is in flight), its update the previous update's output, its first env nodes follow step j-1's last ones; the actor
+corrects with decoupled PPO (tasks.update.actor_update). Nothing is submitted ahead across a step after which an
+eval or a checkpoint follows, nor beyond `max_steps`/`max_env_steps`: an eval or checkpoint always sees a drained
+pipeline, so a checkpoint holds exactly what a synchronous one does (a resumed run refills the pipeline from v(n)).
+A run stopped by `max_wall_time_s` finishes the steps already in flight. A lost worker cancels every step in
+flight and takes the synchronous retry path (`_recover`); the pipeline then refills from the current weights.
 """
 from __future__ import annotations
 
@@ -117,6 +126,10 @@ class Runner:
                        "max_episode_steps": cfg.env.max_episode_steps})
         self.peak_rss = 0
         self.last_eval: dict = {}
+        self._ahead: list[tuple[int, object, list]] = []  # async: submitted steps (step, graph, futures), in order
+        self._stopping = False  # async: submit nothing more (the run is done; in-flight steps drain)
+        self._tags = 0  # async: graphs built since the start (a run-wide unique retry tag after a recovery)
+        self._reset_pipeline()
 
     # ----- set-up -----
     def _start_or_resume(self) -> tuple[RunState, dict | None]:
@@ -228,6 +241,8 @@ class Runner:
         """Run one training step's graph; on a lost worker, recover and retry (up to `runner.max_retries`)."""
         if self.cfg.algorithm.name == "sft":
             return self.sft_step()
+        if self.cfg.runner.max_staleness > 0:
+            return self._train_step_async()
         cfg, st = self.cfg, self.state
         t0 = time.perf_counter()
         retries, step = 0, st.step
@@ -244,11 +259,17 @@ class Runner:
             return sg.graph, [sg.update, sg.metrics, *sg.stores]
 
         (upd_f,), (out, *store_out) = self._compute(build, "training step", keep=1)
+        return self._finish_step(step, upd_f, out, store_out, retries, t0)
+
+    def _finish_step(self, step: int, upd_f, out: dict, store_out: list, retries: int, t0: float) -> dict:
+        """Account a finished training step: weights, store epoch, cursors, counters; return its metrics."""
+        cfg, st = self.cfg, self.state
         version = int(out["metrics"]["train/weight_version"])
         if self.ranks > 1:  # the group lives on with the weights; a rebuild comes with a new init's weights
             self.actor_weights = {"version": version}
         if self.store is not None:
-            self.store.mark_complete(step, weight_version=version - 1, global_step=step)
+            behaviour = int(out["metrics"].get("train/behaviour_version", version - 1))
+            self.store.mark_complete(step, weight_version=behaviour, global_step=step)
         self.weights = upd_f
         st.cursors = out["cursors"]
         env_steps = cfg.env.num_envs * cfg.rollout.chunk_steps * cfg.policy.num_action_chunks
@@ -267,6 +288,75 @@ class Runner:
         m["system/rss_total_gb"] = self.peak_rss / 2**30
         m["train/retries"] = float(retries)
         return m
+
+    # ----- asynchronous steps (runner.max_staleness > 0) -----
+    def _reset_pipeline(self) -> None:
+        """Start the pipeline afresh from `self.weights` at the current step (start, resume, after a recovery)."""
+        self._ahead = []
+        self._w = {self.state.step: self.weights}  # step j -> the weights update j starts from (v(j))
+        self._w_base = self.state.step
+        self._after: list | None = None  # futures of the newest submitted step's last env nodes
+
+    def _may_submit_ahead(self, j: int) -> bool:
+        """Whether step j's graph may be submitted while step j-1's is still in flight."""
+        r, st = self.cfg.runner, self.state
+        per_step = self.cfg.env.num_envs * self.cfg.rollout.chunk_steps * self.cfg.policy.num_action_chunks
+        return (not self._stopping and j < r.max_steps and j % r.val_check_interval != 0
+                and j % r.save_interval != 0
+                and (r.max_env_steps is None or st.env_steps + (j - st.step) * per_step < r.max_env_steps))
+
+    def _submit_step(self) -> None:
+        """Build and submit the next step's graph (j = current step + steps in flight)."""
+        cfg, st = self.cfg, self.state
+        j = st.step + len(self._ahead)
+        if self.store is not None:
+            self.store.reserve(j)
+        # with nothing in flight the newest weights cost no waiting: a drained pipeline restarts on-policy
+        behaviour = self._w[j] if not self._ahead else self._w[max(j - cfg.runner.max_staleness, self._w_base)]
+        sg = graphs.build_train_step(
+            cfg, run_id=st.run_id, step=j, weights=behaviour,
+            cursors=st.cursors, placement=self.placement, dims=self.dims,
+            store_path=str(self.store.path) if self.store is not None else None, attempt=self._tags,
+            update_weights=self._w[j], after=self._after)
+        futs = self.client.get(sg.graph, [sg.update, sg.metrics, *sg.stores, *sg.last_env], sync=False)
+        n = 2 + len(sg.stores)
+        self._w[j + 1] = futs[0]
+        self._after = futs[n:]
+        self._ahead.append((j, sg.graph, futs[:n]))
+
+    def _cancel_pipeline(self) -> None:
+        futs = [f for _, _, fs in self._ahead for f in fs] + list(self._after or [])
+        if futs:
+            self.client.cancel(futs)
+        self._ahead, self._after = [], None
+
+    def _train_step_async(self) -> dict:
+        """Wait for the oldest step in flight, after topping the pipeline up to `max_staleness` steps ahead."""
+        st, k = self.state, self.cfg.runner.max_staleness
+        t0 = time.perf_counter()
+        for attempt in range(self.cfg.runner.max_retries + 1):
+            if not self._ahead:
+                self._submit_step()
+            while len(self._ahead) <= k and self._may_submit_ahead(st.step + len(self._ahead)):
+                self._submit_step()
+            step, graph, futs = self._ahead[0]
+            lost = self._wait_or_lost(futs)
+            if not lost:
+                results = self._fetch_or_lost(futs[1:])
+                if isinstance(results, list):
+                    self._ahead.pop(0)
+                    for old in [v for v in self._w if v < step + 1 - k]:  # weights no later rollout takes
+                        del self._w[old]
+                    out, *store_out = results
+                    return self._finish_step(step, futs[0], out, store_out, attempt, t0)
+                lost = results
+            self._cancel_pipeline()  # every step in flight: the retry path starts from the current step
+            if attempt < self.cfg.runner.max_retries:
+                self._recover(lost, st.step)
+                self._tags += 1
+                self._reset_pipeline()
+        raise RuntimeError(f"training step at step {st.step}: placed workers lost {self.cfg.runner.max_retries + 1} "
+                           f"times; giving up (resume with runner.resume={st.run_id})")
 
     # ----- failures -----
     def _compute(self, build, what: str, keep: int = 0) -> tuple[list, list]:
@@ -443,6 +533,8 @@ class Runner:
     def checkpoint(self, elapsed: float) -> str:
         from dataclasses import asdict
         st = self.state
+        if self._ahead:  # the actor would be read while a later update may run (see the module docstring)
+            raise RuntimeError(f"checkpoint at step {st.step} with {len(self._ahead)} step(s) in flight")
 
         def build(attempt: int):
             meta = {"runner": {**asdict(st), "elapsed_s": elapsed}, "experiment": self.cfg.experiment}
@@ -471,7 +563,10 @@ class Runner:
                 self.tracker.log_metrics(self.evaluate(), step=0)
                 self.echo(f"dagrl: eval before training: success_once {self.last_eval['eval/success_once']:.3f} "
                           f"over {self.last_eval['eval/num_episodes']:.0f} episodes")
-            while not self._done(t_start):
+            while True:
+                self._stopping = self._done(t_start)
+                if self._stopping and not self._ahead:  # async: steps in flight when the run is done still finish
+                    break
                 m = self.train_step()
                 r = cfg.runner
                 if st.step % r.val_check_interval == 0:

@@ -122,6 +122,8 @@ class RolloutConfig:
     chunk_steps: int = 100
     chunk_steps_per_node: int = 50  # graph granularity: chunk steps carried by one env_step node
     inference: str = "colocated"  # colocated: policy replica inside env_step nodes; disaggregated: policy_infer nodes
+    pipeline_stage_num: int = 1  # disaggregated: each env shard's envs in p stage groups, one policy_infer node per
+    # stage per chunk step, so inference for one stage overlaps env stepping of another (RLinf pipeline_stage_num)
 
 
 @dataclass
@@ -136,6 +138,8 @@ class RunnerConfig:
     resume: Optional[str] = None  # a run id or "latest"
     stop_on_eval_success: Optional[float] = None  # stop once eval/success_once reaches this value
     max_retries: int = 3  # retries of one step after losing a worker
+    max_staleness: int = 0  # asynchronous steps: rollouts in flight ahead of the update (k); the rollout of step
+    # n+k runs on weights v(n) while update n runs, and the update corrects with decoupled PPO. 0: synchronous
     progress: bool = True
 
 
@@ -368,7 +372,32 @@ class Config:
                 if name.strip() not in c.COMPONENTS:
                     raise ConfigError(f"cluster.component_placement.{names}", c.component_placement[names],
                                       f"unknown component {name.strip()!r}; known: {list(c.COMPONENTS)}")
+        self._check_async()
         return self
+
+    def _check_async(self) -> None:
+        """runner.max_staleness and rollout.pipeline_stage_num."""
+        e, r, a, k = self.env, self.rollout, self.algorithm, self.runner.max_staleness
+        if k < 0:
+            raise ConfigError("runner.max_staleness", k, "must be >= 0 (0: synchronous steps)")
+        if k > 0 and a.num_actor_ranks > 1:
+            raise ConfigError("runner.max_staleness", k, "asynchronous steps are wired for the one-rank update only: "
+                              "use algorithm.num_actor_ranks=1 or runner.max_staleness=0")
+        if k > 0 and a.name == "sft":
+            raise ConfigError("runner.max_staleness", k, "SFT steps roll nothing out: use 0 with algorithm.name=sft")
+        p = r.pipeline_stage_num
+        if p < 1:
+            raise ConfigError("rollout.pipeline_stage_num", p, "must be >= 1")
+        if p > 1 and r.inference != "disaggregated":
+            raise ConfigError("rollout.pipeline_stage_num", p, "pipelines inference against env stepping across "
+                              "nodes: set rollout.inference=disaggregated (colocated nodes run inference inline)")
+        if e.shard_size % p:
+            raise ConfigError("rollout.pipeline_stage_num", p,
+                              f"must divide the env shard size {e.shard_size} (env.num_envs / env.num_shards)")
+        if p > 1 and a.adv_type == "grpo" and (e.shard_size // p) % a.group_size:
+            raise ConfigError("rollout.pipeline_stage_num", p,
+                              f"a stage group of {e.shard_size // p} envs must hold whole GRPO groups of "
+                              f"algorithm.group_size={a.group_size}")
 
 
 def _positive(cfg: Config, keys: list[str]) -> None:

@@ -8,7 +8,12 @@ Shapes: T chunk steps, B envs of the shard, C actions per chunk, D action dim, O
   truncated [T,B] bool, step_mask [T,B,C] bool, success [T,B] bool, episode_seed [T,B] i64, episode_id [T,B] i64,
 plus, with obs_mode=rgb, rgb [T,B,H,W,3] u8 (the image of `obs`); "extras/<name>" [T,B,...] (what the policy
 needs to recompute its log-probs, e.g. a flow VLA's denoising chain); "episodes" (finished-episode metrics),
-"cursor" (shard seed cursor) and "timing" (seconds).
+"cursor" (shard seed cursor), "timing" (seconds) and "weight_version" (of the weights that acted).
+
+Pipeline stages (`rollout.pipeline_stage_num` = p > 1, disaggregated inference): shard s's B envs are p resident
+stage groups of B/p envs (`get_shard(..., stage=j)`: global envs s*B + j*B/p ...), each its own EnvShard, so the
+seeds and episode ids of every env are those of p = 1 and the shard's cursor is the stages' cursors end to end. As
+in RLinf (one env object per stage), without auto_reset a stage group restarts when all of *its* envs are done.
 
 Policies see observations as a dict of tensors ({"state", "rgb", "prompt"}, see tasks.policies); `policy_obs`
 builds it, tokenising the env task's instruction for VLAs once per replica.
@@ -105,20 +110,28 @@ def image_size(cfg: Config) -> int | None:
     return cfg.env.image_size if cfg.env.obs_mode == "rgb" else None
 
 
-def get_shard(cfg: Config, run_id: str, shard: int, cursor: dict | None) -> EnvShard:
-    """The resident training env shard `shard`; created (continuing `cursor`) on first use."""
+def get_shard(cfg: Config, run_id: str, shard: int, cursor: dict | None, stage: int | None = None) -> EnvShard:
+    """The resident training env shard `shard` (or its stage group `stage` of `rollout.pipeline_stage_num`);
+    created (continuing the shard's `cursor`) on first use."""
     e = cfg.env
+    p = 1 if stage is None else cfg.rollout.pipeline_stage_num
+    counts = (cursor or {}).get("episode_count")
+    if counts is not None and stage is not None:  # the stage's envs of the shard's cursor
+        b = e.shard_size // p
+        counts = counts[stage * b:(stage + 1) * b]
+    part = shard if stage is None else shard * p + stage
 
     def create() -> EnvShard:
         torch.set_num_threads(cfg.cluster.threads_per_worker)
         # every worker process starts with torch's same default seed: without this, shards on different workers
         # would draw identical exploration noise
-        torch.manual_seed(cfg.seed * 100_003 + shard * 7_919 + int(sum((cursor or {}).get("episode_count", []))))
-        return make_shard(e, shard=shard, num_shards=e.num_shards, num_envs=e.num_envs, auto_reset=e.auto_reset,
-                          ignore_terminations=e.ignore_terminations, base_seed=e.seed,
-                          episode_count=(cursor or {}).get("episode_count"), group_size=group_size(cfg))
+        torch.manual_seed(cfg.seed * 100_003 + part * 7_919 + int(sum(counts or [])))
+        # stage j of shard s = part s*p+j of num_shards*p equal parts: the same global env indices (seeds) as p=1
+        return make_shard(e, shard=part, num_shards=e.num_shards * p, num_envs=e.num_envs, auto_reset=e.auto_reset,
+                          ignore_terminations=e.ignore_terminations, base_seed=e.seed, episode_count=counts,
+                          group_size=group_size(cfg))
 
-    sh, _ = resident.get_or_create(f"{run_id}/shard/{shard}", create)
+    sh, _ = resident.get_or_create(f"{run_id}/shard/{shard}" + ("" if stage is None else f"/stage{stage}"), create)
     return sh
 
 
@@ -194,7 +207,8 @@ def env_step(cfg: Config, run_id: str, shard: int, weights: dict, num_chunk_step
     bootstrap = _values_np(rep, policy_obs(rep.module, state, rgb, instr, rep.prompts), sh.num_envs)
     seg = {k: np.stack(v) for k, v in steps.items()}
     seg.update(bootstrap_values=bootstrap, episodes=episodes, cursor=sh.state_dict(),
-               timing={"env": t_env, "infer": t_inf, "total": time.perf_counter() - t0})
+               timing={"env": t_env, "infer": t_inf, "total": time.perf_counter() - t0},
+               weight_version=int(weights["version"]))
     return seg
 
 
@@ -210,6 +224,8 @@ def trajectory(*segments: dict) -> dict:
     traj["episodes"] = [e for s in segments for e in s["episodes"]]
     traj["cursor"] = segments[-1]["cursor"]
     traj["timing"] = {k: sum(s["timing"][k] for s in segments) for k in segments[0]["timing"]}
+    if "weight_version" in segments[0]:
+        traj["weight_version"] = min(s["weight_version"] for s in segments)
     return traj
 
 
@@ -248,20 +264,24 @@ def evaluate(cfg: Config, run_id: str, shard: int, weights: dict) -> list[dict]:
 
 # ----- disaggregated inference: env_step and policy_infer are separate nodes, one per chunk step -----
 
-def env_observe(cfg: Config, run_id: str, shard: int, cursor: dict | None, first: bool = True) -> dict:
+def env_observe(cfg: Config, run_id: str, shard: int, cursor: dict | None, first: bool = True,
+                stage: int | None = None, prev=None) -> dict:
     """The observation a rollout starts from, {"obs": [B, O], "rgb": [B,H,W,3] or None} (resets first without
-    auto_reset)."""
-    sh = get_shard(cfg, run_id, shard, cursor)
+    auto_reset). `stage`: a stage group of the shard (pipeline stages); `prev` (the previous step's last env node
+    of the same envs) is only a graph dependency that orders steps."""
+    sh = get_shard(cfg, run_id, shard, cursor, stage)
     if first and not cfg.env.auto_reset:
         sh.reset_all()
     return {"obs": sh.current_obs(), "rgb": sh.current_rgb(), "truncated": np.zeros(sh.num_envs, bool),
             "final_obs": None, "final_rgb": None, "instruction": sh.instruction}
 
 
-def env_step_chunk(cfg: Config, run_id: str, shard: int, infer_out: list[dict], cursor: dict | None) -> dict:
-    """One chunk step of shard `shard` with the actions `policy_infer` computed for it (disaggregated mode)."""
+def env_step_chunk(cfg: Config, run_id: str, shard: int, infer_out: list[dict], cursor: dict | None,
+                   stage: int | None = None) -> dict:
+    """One chunk step of shard `shard` (its stage group `stage` with pipeline stages) with the actions
+    `policy_infer` computed for it (disaggregated mode; `infer_out[shard]`: the shard's part of the group)."""
     t0 = time.perf_counter()
-    sh = get_shard(cfg, run_id, shard, cursor)
+    sh = get_shard(cfg, run_id, shard, cursor, stage)
     res = sh.chunk_step(infer_out[shard]["actions"])
     out = {k: getattr(res, k) for k in ("obs", "rgb", "rewards", "terminated", "truncated", "step_mask", "success",
                                         "final_obs", "final_rgb", "episode_seed", "episode_id", "episodes")}
@@ -302,6 +322,7 @@ def policy_infer(cfg: Config, run_id: str, weights: dict, dims: tuple[int, int],
                               instr, rep.prompts)
             fv[m] = _values_np(rep, fobs, int(m.sum()))
         r["final_values"] = fv
+        r["weight_version"] = int(weights["version"])
         r["infer_time"] = (time.perf_counter() - t0) / len(sizes)
         results.append(r)
         start += n
@@ -337,4 +358,21 @@ def trajectory_disaggregated(cfg: Config, shard: int, first_obs: dict, *parts) -
     env_t = sum(env["env_time"] for env in envs)
     inf_t = sum(i[shard]["infer_time"] for i in infers)
     traj["timing"] = {"env": env_t, "infer": inf_t, "total": env_t + inf_t}
+    traj["weight_version"] = min(i[shard]["weight_version"] for i in infers)
     return traj
+
+
+def trajectory_stages(cfg: Config, shard: int, num_stages: int, *parts) -> dict:
+    """One shard's trajectory from its `num_stages` stage groups: `parts` = per stage, the arguments of
+    `trajectory_disaggregated` after `shard` (first_obs, infer_0, env_0, ..., infer_T), stage after stage.
+    Step fields are joined along B in stage order (stage j holds envs j*B/p ... of the shard), so the result has
+    the layout of a one-stage trajectory; episodes are listed stage after stage; timings are summed."""
+    n = len(parts) // num_stages
+    trajs = [trajectory_disaggregated(cfg, shard, *parts[j * n:(j + 1) * n]) for j in range(num_stages)]
+    out = {k: np.concatenate([t[k] for t in trajs], axis=1) for k in step_fields(trajs[0])}  # p x [T, B/p] -> [T, B]
+    out["bootstrap_values"] = np.concatenate([t["bootstrap_values"] for t in trajs])  # p x [B/p, V] -> [B, V]
+    out["episodes"] = [e for t in trajs for e in t["episodes"]]
+    out["cursor"] = {"episode_count": [c for t in trajs for c in t["cursor"]["episode_count"]]}
+    out["timing"] = {k: sum(t["timing"][k] for t in trajs) for k in trajs[0]["timing"]}
+    out["weight_version"] = min(t["weight_version"] for t in trajs)
+    return out

@@ -12,9 +12,9 @@ import numpy as np
 import torch
 
 from tasks import resident
-from tasks.algorithms import (aggregate_rewards, critic_loss, entropy_bonus, expand_advantages, from_action_level,
-                              get_advantage, loss_mask_for, normalize_advantages, ppo_actor_loss, reduce_logprobs,
-                              to_action_level)
+from tasks.algorithms import (aggregate_rewards, critic_loss, decoupled_ppo_actor_loss, entropy_bonus,
+                              expand_advantages, from_action_level, get_advantage, loss_mask_for, masked_mean,
+                              normalize_advantages, ppo_actor_loss, reduce_logprobs, to_action_level)
 from tasks.config import Config
 from tasks.policies import make_policy
 from tasks.rollout import image_size, instruction, num_values, prompt_tokens
@@ -60,9 +60,9 @@ def advantages(cfg: Config, traj: dict) -> dict:
 
 
 def _passthrough(traj: dict) -> dict:
-    """The trajectory fields the update consumes unchanged."""
-    return {k: traj[k] for k in traj if k in ("obs", "rgb", "actions", "logprobs", "values", "step_mask")
-            or k.startswith("extras/")}
+    """The trajectory fields the update consumes unchanged (and the rollout's `weight_version`, when known)."""
+    return {k: traj[k] for k in traj if k in ("obs", "rgb", "actions", "logprobs", "values", "step_mask",
+                                               "weight_version") or k.startswith("extras/")}
 
 
 def _grpo(cfg: Config, traj: dict) -> dict:
@@ -214,6 +214,9 @@ def minibatch_loss(cfg: Config, policy: torch.nn.Module, data: dict[str, torch.T
                    idx: torch.Tensor, instr: str) -> dict[str, torch.Tensor]:
     """PPO loss terms on samples `idx` (int64 [n]) of a flattened batch: one forward of `policy.evaluate`.
 
+    With `prep["prox_lp"]` set (a stale rollout, `proximal_logprobs`), the decoupled PPO loss: ratio against the
+    proximal log-probs, weighted by proximal / behaviour (`tasks.algorithms.decoupled_ppo_actor_loss`).
+
     Returns 0-d tensors: `actor_loss`, `critic_loss` (0 without a critic), `entropy` (differentiable token-means
     over `lp_mask[idx]` / `v_mask[idx]`), `loss` = actor_loss + value_coef * critic_loss - entropy_coef * entropy
     (differentiable), and the metrics `approx_kl`, `clipfrac`, `ratio_mean` (token-means over `lp_mask[idx]`),
@@ -223,9 +226,15 @@ def minibatch_loss(cfg: Config, policy: torch.nn.Module, data: dict[str, torch.T
     step_mask, lp_mask = prep["step_mask"], prep["lp_mask"]
     out = policy.evaluate(batch_obs(policy, data, idx, instr), data["actions"][idx], batch_extras(data, idx))
     new_lp = reduce_logprobs(out["logprobs"], step_mask=step_mask[idx], logprob_type=a.logprob_type)
-    pl = ppo_actor_loss(logprobs=new_lp, old_logprobs=prep["old_lp"][idx], advantages=prep["adv"][idx],
-                        loss_mask=lp_mask[idx], clip_ratio_low=a.clip_ratio_low,
-                        clip_ratio_high=a.clip_ratio_high, dual_clip=a.dual_clip)
+    if prep.get("prox_lp") is None:  # on-policy: proximal = behaviour log-probs, plain PPO
+        pl = ppo_actor_loss(logprobs=new_lp, old_logprobs=prep["old_lp"][idx], advantages=prep["adv"][idx],
+                            loss_mask=lp_mask[idx], clip_ratio_low=a.clip_ratio_low,
+                            clip_ratio_high=a.clip_ratio_high, dual_clip=a.dual_clip)
+    else:  # a stale rollout (runner.max_staleness > 0): decoupled PPO around the update's starting weights
+        pl = decoupled_ppo_actor_loss(logprobs=new_lp, proximal_logprobs=prep["prox_lp"][idx],
+                                      behaviour_logprobs=prep["old_lp"][idx], advantages=prep["adv"][idx],
+                                      loss_mask=lp_mask[idx], clip_ratio_low=a.clip_ratio_low,
+                                      clip_ratio_high=a.clip_ratio_high, dual_clip=a.dual_clip)
     vl = critic_loss(values=out["values"], returns=prep["returns"][idx], loss_mask=prep["v_mask"][idx],
                      value_clip=a.value_clip, old_values=prep["old_values"][idx]) if prep["critic"] else \
         {"loss": torch.zeros(()), "explained_variance": torch.zeros(())}
@@ -240,11 +249,39 @@ def minibatch_loss(cfg: Config, policy: torch.nn.Module, data: dict[str, torch.T
             "explained_variance": vl["explained_variance"], "loss": loss}
 
 
+def proximal_logprobs(cfg: Config, policy: torch.nn.Module, data: dict[str, torch.Tensor], prep: dict,
+                      instr: str) -> torch.Tensor:
+    """Log-probs of the batch's actions under `policy` as it is now (before the update's first minibatch),
+    reduced like `prep["old_lp"]` (same shape); no grad, in minibatch-sized chunks, in the policy's current mode.
+    These are decoupled PPO's proximal log-probs (the trust region's centre) for a rollout made with older weights."""
+    N = data["actions"].shape[0]
+    chunk = max(1, N // cfg.algorithm.num_minibatches)
+    parts = []
+    with torch.no_grad():
+        for start in range(0, N, chunk):
+            idx = torch.arange(start, min(N, start + chunk))
+            out = policy.evaluate(batch_obs(policy, data, idx, instr), data["actions"][idx], batch_extras(data, idx))
+            parts.append(reduce_logprobs(out["logprobs"], step_mask=prep["step_mask"][idx],
+                                         logprob_type=cfg.algorithm.logprob_type))
+    return torch.cat(parts)
+
+
+def behaviour_version(weights: dict, samples: tuple[dict, ...]) -> int:
+    """The oldest weight version the samples were rolled out with (`weights`' version when they do not say)."""
+    return min(int(s.get("weight_version", weights["version"])) for s in samples)
+
+
 def actor_update(cfg: Config, run_id: str, weights: dict, *samples: dict) -> dict:
     """PPO update on the samples of every shard; returns new versioned weights and metrics.
 
-    `weights` are the weights the rollout used; if the resident actor is missing (a fresh worker after a loss),
-    it is rebuilt from them with a fresh optimizer and `train/actor_rebuilt` = 1 is reported.
+    `weights` are the actor's current weights (version v): the rollout's own with synchronous steps, the previous
+    update's output with `runner.max_staleness` > 0. If the resident actor is missing (a fresh worker after a
+    loss), it is rebuilt from them with a fresh optimizer and `train/actor_rebuilt` = 1 is reported.
+
+    When the samples were rolled out with an older version than v (their `weight_version`), the proximal
+    log-probs are recomputed under the current weights before the first minibatch and the decoupled PPO loss is
+    used; otherwise proximal = behaviour and the loss is plain PPO (bit-identical to synchronous steps).
+    Logged: `train/behaviour_logprob_mean`, `train/proximal_logprob_mean` (masked means).
     """
     t0 = time.perf_counter()
     a = cfg.algorithm
@@ -267,6 +304,11 @@ def actor_update(cfg: Config, run_id: str, weights: dict, *samples: dict) -> dic
     instr = instruction(cfg)
     policy, opt = actor.policy, actor.optimizer
     policy.train()
+    if behaviour_version(weights, samples) < int(weights["version"]):
+        prep["prox_lp"] = proximal_logprobs(cfg, policy, data, prep, instr)
+    lp_stats = {"train/behaviour_logprob_mean": float(masked_mean(prep["old_lp"], prep["lp_mask"])),
+                "train/proximal_logprob_mean": float(masked_mean(
+                    prep["old_lp"] if prep.get("prox_lp") is None else prep["prox_lp"], prep["lp_mask"]))}
     mb = N // a.num_minibatches
     sums: dict[str, float] = {}
     count, epochs_run, stop = 0, 0, False
@@ -294,7 +336,8 @@ def actor_update(cfg: Config, run_id: str, weights: dict, *samples: dict) -> dic
     metrics = {f"train/{k}": v / max(count, 1) for k, v in sums.items()}
     metrics.update({"train/epochs_run": float(epochs_run), "train/minibatch_updates": float(count),
                     "train/lr": opt.param_groups[0]["lr"], "train/actor_rebuilt": rebuilt,
-                    "train/weight_version": float(actor.version), "time/update": time.perf_counter() - t0})
+                    "train/weight_version": float(actor.version), "time/update": time.perf_counter() - t0,
+                    **lp_stats})
     out = actor.weights()
     out["metrics"] = metrics
     return out

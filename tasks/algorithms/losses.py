@@ -22,6 +22,7 @@ __all__ = [
     "masked_mean",
     "aggregate_loss",
     "ppo_actor_loss",
+    "decoupled_ppo_actor_loss",
     "critic_loss",
     "entropy_bonus",
     "normalize_advantages",
@@ -122,6 +123,22 @@ def ppo_actor_loss(
     _check_same_shape(
         logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, loss_mask=loss_mask
     )
+    pg, terms = _clipped_surrogate(logprobs, old_logprobs, advantages, loss_mask, clip_ratio_low,
+                                   clip_ratio_high, dual_clip)
+    return {"loss": aggregate_loss(pg, loss_mask, reduction=reduction), **terms}
+
+
+def _clipped_surrogate(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    dual_clip: float | None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-element clipped surrogate ``pg`` of ratio = exp(logprobs - ref_logprobs) (shapes checked by the
+    caller) and its detached metrics (clipfrac, dual_clipfrac, approx_kl, ratio_mean)."""
     if clip_ratio_low < 0 or clip_ratio_high < 0:
         raise ValueError(
             f"clip_ratio_low/high must be >= 0, got {clip_ratio_low}, {clip_ratio_high}"
@@ -129,10 +146,10 @@ def ppo_actor_loss(
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1.0 (or None), got {dual_clip}")
     keep = loss_mask if loss_mask.dtype == torch.bool else loss_mask != 0
-    old_logprobs, advantages = old_logprobs.detach(), advantages.detach()
+    ref_logprobs, advantages = ref_logprobs.detach(), advantages.detach()
 
     # Zero the log-ratio at masked slots before exp so garbage there cannot produce inf*0 = NaN grads.
-    log_ratio = torch.where(keep, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    log_ratio = torch.where(keep, logprobs - ref_logprobs, torch.zeros_like(logprobs))
     log_ratio = log_ratio.clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
     surr_unclipped = -advantages * ratio
@@ -144,20 +161,68 @@ def ppo_actor_loss(
         pg = torch.where(advantages < 0, torch.minimum(pg, surr_dual), pg)
     else:
         dual_active = torch.zeros_like(keep)
-    loss = aggregate_loss(pg, loss_mask, reduction=reduction)
 
     with torch.no_grad():
         clipfrac = masked_mean((surr_clipped > surr_unclipped).to(pg.dtype), loss_mask)
         dual_clipfrac = masked_mean(dual_active.to(pg.dtype), loss_mask)
         approx_kl = masked_mean((ratio - 1.0) - log_ratio, loss_mask)
         ratio_mean = masked_mean(ratio, loss_mask)
-    return {
-        "loss": loss,
+    return pg, {
         "clipfrac": clipfrac.detach(),
         "dual_clipfrac": dual_clipfrac.detach(),
         "approx_kl": approx_kl.detach(),
         "ratio_mean": ratio_mean.detach(),
     }
+
+
+def decoupled_ppo_actor_loss(
+    *,
+    logprobs: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    dual_clip: float | None = None,
+    behaviour_weight_cap: float | None = None,
+    reduction: str = "token-mean",
+) -> dict[str, torch.Tensor]:
+    """Decoupled PPO (Hilton et al. 2021, "Batch size-invariance for policy optimization", the objective of
+    asynchronous RL trainers such as AReaL): samples drawn by a stale *behaviour* policy, trust region around
+    the *proximal* policy (the weights at the start of this update)::
+
+        ratio = exp(logprobs - proximal_logprobs)                  (clipped exactly as in ``ppo_actor_loss``)
+        w     = exp(proximal_logprobs - behaviour_logprobs)        (log clamped to [-20, 20])
+        pg    = w * max(-A * ratio, -A * clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high))
+        loss  = reduction(pg, loss_mask)
+
+    With ``behaviour_weight_cap`` set, elements with w > cap get weight 0 (they stay in the denominator of the
+    reduction; AReaL's ``behav_imp_weight_cap``). With proximal == behaviour, w = 1 and the loss equals
+    ``ppo_actor_loss(old_logprobs=behaviour_logprobs)`` exactly.
+
+    All tensors share one shape (no broadcasting); proximal/behaviour log-probs and advantages are constants.
+    Returns the terms of ``ppo_actor_loss`` (ratio metrics taken against the proximal policy) plus
+    ``behaviour_weight_mean`` (masked mean of w after the cap) and ``behaviour_capfrac`` (fraction capped).
+    Raises ValueError as ``ppo_actor_loss`` does, and on ``behaviour_weight_cap <= 1``.
+    """
+    _check_same_shape(logprobs=logprobs, proximal_logprobs=proximal_logprobs,
+                      behaviour_logprobs=behaviour_logprobs, advantages=advantages, loss_mask=loss_mask)
+    if behaviour_weight_cap is not None and behaviour_weight_cap <= 1.0:
+        raise ValueError(f"behaviour_weight_cap must be > 1.0 (or None), got {behaviour_weight_cap}")
+    pg, terms = _clipped_surrogate(logprobs, proximal_logprobs, advantages, loss_mask, clip_ratio_low,
+                                   clip_ratio_high, dual_clip)
+    keep = loss_mask if loss_mask.dtype == torch.bool else loss_mask != 0
+    with torch.no_grad():
+        log_w = torch.where(keep, proximal_logprobs - behaviour_logprobs, torch.zeros_like(pg))
+        w = torch.exp(log_w.clamp(-20.0, 20.0))
+        capped = (w > behaviour_weight_cap) & keep if behaviour_weight_cap is not None else torch.zeros_like(keep)
+        w = torch.where(capped, torch.zeros_like(w), w)
+    loss = aggregate_loss(pg * w, loss_mask, reduction=reduction)
+    with torch.no_grad():
+        terms["behaviour_weight_mean"] = masked_mean(w, loss_mask)
+        terms["behaviour_capfrac"] = masked_mean(capped.to(pg.dtype), loss_mask)
+    return {"loss": loss, **terms}
 
 
 def _explained_variance(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
