@@ -325,8 +325,11 @@ class Runner:
         self._ahead.append((j, sg.graph, futs[:n]))
 
     def _cancel_pipeline(self) -> None:
-        futs = [f for _, _, fs in self._ahead for f in fs] + list(self._after or [])
-        if futs:
+        """Cancel every step in flight, newest first and one graph at a time: the scheduler cancels a key's
+        dependents with it and asserts that someone wants each of them, so a step's outputs must go only after
+        the later steps that depend on them (its update, its last env nodes) are gone. The last env nodes' futures
+        are only dropped: their dependents are their own graph's inner nodes."""
+        for _, _, futs in reversed(self._ahead):
             self.client.cancel(futs)
         self._ahead, self._after = [], None
 

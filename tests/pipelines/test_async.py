@@ -197,3 +197,44 @@ def test_smoke_run_with_max_staleness_one(tmp_path):
     ckpt = load_checkpoint(latest_checkpoint(run_dir))
     assert ckpt["run"]["runner"]["cursors"] == [{"episode_count": [2, 2]}] * 2
     assert ckpt["run"]["weight_version"] == 4
+
+
+@pytest.mark.slow  # timing-dependent (where the kill lands); run with `pytest -m slow`
+def test_killed_env_worker_with_steps_in_flight_is_recovered(tmp_path):
+    """max_staleness=1: an env worker killed while step 3 (and step 4's rollout) are in flight; every step in
+    flight is cancelled, the shard re-created from the cursor and the run finishes with every epoch stored."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from pipelines.cluster import start_cluster
+    from pipelines.config import load_config
+    from pipelines.runner import Runner
+    from storage.trajectories import TrajectoryStore
+    cfg, _ = load_config(["conf=smoke", f"run_root={tmp_path}", "runner.max_steps=6", "rollout.chunk_steps=40",
+                          "rollout.chunk_steps_per_node=20", "runner.save_interval=6", "runner.val_check_interval=6",
+                          "runner.max_staleness=1", "cluster.dashboard_address=127.0.0.1:0"])
+    handle = start_cluster(cfg)
+    try:
+        runner = Runner(cfg, handle, echo=lambda *a: None)
+        pids = handle.client.run(os.getpid)
+        addr = runner.placement.shard_workers[1]
+        killed = []
+
+        def killer():
+            while runner.state.step < 3:
+                time.sleep(0.02)
+            time.sleep(0.3)
+            os.kill(pids[addr], signal.SIGKILL)
+            killed.append(runner.state.step)
+
+        threading.Thread(target=killer, daemon=True).start()
+        res = runner.run()
+        assert killed and res.steps == 6
+        assert sum(v for _, v in runner.tracker.get_metric_history("train/retries")) == 1.0
+        assert TrajectoryStore.open(res.store_path).complete_epochs().tolist() == list(range(6))
+        versions = [v for _, v in runner.tracker.get_metric_history("train/weight_version")]
+        assert versions == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    finally:
+        handle.close()
