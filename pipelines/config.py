@@ -104,12 +104,57 @@ def check_components(cfg: Config) -> None:
         raise ConfigError("algorithm.adv_type", cfg.algorithm.adv_type,
                           f"known estimators: {[*advantage_names(), 'grpo']}")
     check_env_config(cfg.env)
+    if cfg.policy.model_path:
+        check_model_path(cfg)
+    if cfg.algorithm.name == "sft":
+        check_sft_store(cfg)
     if cfg.env.eval.num_envs % cfg.env.num_shards:
         raise ConfigError("env.eval.num_envs", cfg.env.eval.num_envs,
                           f"must be divisible by env.num_shards={cfg.env.num_shards} (eval envs are sharded the same way)")
     if cfg.env.simulator == "maniskill":
         from tasks.envs.vulkan import vulkan_env
         vulkan_env()
+
+
+def check_model_path(cfg: Config) -> None:
+    """policy.model_path's config.json against the config: family, image size, chunk length. Raises ConfigError."""
+    import json
+    import os
+    meta = json.loads(open(os.path.join(cfg.policy.model_path, "config.json")).read())
+    p, key = cfg.policy, "policy.model_path"
+    if meta.get("family") != p.name:
+        raise ConfigError(key, p.model_path, f"holds a {meta.get('family')!r} checkpoint; policy.name={p.name}")
+    want = cfg.env.image_size if cfg.env.obs_mode == "rgb" else None
+    if meta.get("image_size") != want:
+        raise ConfigError(key, p.model_path, f"was saved for image_size={meta.get('image_size')}, this config gives "
+                                             f"{want} (env.obs_mode={cfg.env.obs_mode}, env.image_size)")
+    saved_c = meta.get("policy", {}).get("num_action_chunks")
+    if saved_c != p.num_action_chunks:
+        raise ConfigError(key, p.model_path, f"was saved with policy.num_action_chunks={saved_c}, this config has "
+                                             f"{p.num_action_chunks}")
+
+
+def check_sft_store(cfg: Config) -> None:
+    """sft.store against the config: chunk length, images, and at least one selectable chunk step."""
+    from storage.trajectories import TrajectoryStore
+    from tasks.demos import sft_index
+    st = TrajectoryStore.open(cfg.sft.store)
+    C = cfg.policy.num_action_chunks
+    act = st.fields.get("actions")
+    if act is None or act.shape[0] != C:
+        raise ConfigError("sft.store", cfg.sft.store, f"stores action chunks of {None if act is None else act.shape[0]}, "
+                                                      f"policy.num_action_chunks={C}; record with the same C")
+    if cfg.env.obs_mode == "rgb":
+        rgb = st.fields.get("rgb")
+        if rgb is None or rgb.shape[:2] != (cfg.env.image_size, cfg.env.image_size):
+            raise ConfigError("sft.store", cfg.sft.store,
+                              f"has {'no images' if rgb is None else f'{rgb.shape[0]} px images'}, the config wants "
+                              f"env.image_size={cfg.env.image_size}")
+    try:
+        sft_index(cfg.sft.store, cfg.sft.only_success)
+    except ValueError as exc:
+        raise ConfigError("sft.store", cfg.sft.store, f"{str(exc).split(': ', 1)[-1]}; record more episodes or set "
+                                                      f"sft.only_success=false") from None
 
 
 def load_config(overrides: Sequence[str] = (), *, components: bool = True) -> tuple[Config, DictConfig]:

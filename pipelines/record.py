@@ -50,6 +50,32 @@ def teacher_config(run_dir: Path):
     return to_config(OmegaConf.load(run_dir / "config.yaml"))
 
 
+def output_path(cfg) -> Path:
+    return Path(cfg.record.out or Path(cfg.run_root) / "demos" / f"{cfg.experiment}.zarr")
+
+
+def check_record(cfg) -> None:
+    """Every check of a recording that needs no cluster. Raises ConfigError (one line, nothing written)."""
+    from tasks.config import ConfigError
+    if cfg.env.obs_mode != "rgb":
+        raise ConfigError("env.obs_mode", cfg.env.obs_mode, "record with env.obs_mode=rgb (images for a VLA)")
+    if cfg.record.num_episodes < 1:
+        raise ConfigError("record.num_episodes", cfg.record.num_episodes, "must be >= 1")
+    run_dir, _ = resolve_teacher(cfg.record.teacher, cfg.run_root)
+    tcfg = teacher_config(run_dir)
+    if tcfg.policy.name != "mlp" or tcfg.env.obs_mode != "state":
+        raise ConfigError("record.teacher", cfg.record.teacher,
+                          f"is a {tcfg.policy.name} run on {tcfg.env.obs_mode} observations; the recorder runs a "
+                          f"state-based mlp teacher (e.g. the default job's run)")
+    for key in ("env_id", "control_mode"):
+        if getattr(tcfg.env, key) != getattr(cfg.env, key):
+            raise ConfigError(f"env.{key}", getattr(cfg.env, key),
+                              f"the teacher was trained with env.{key}={getattr(tcfg.env, key)}; use the same")
+    if output_path(cfg).exists():
+        raise ConfigError("record.out", str(output_path(cfg)),
+                          "exists; choose another path (a store is never overwritten)")
+
+
 def record(cfg, handle, *, echo=print) -> dict:
     """Record `record.num_episodes` (rounded up to whole rounds) teacher episodes. Returns a summary dict."""
     import numpy as np
@@ -60,18 +86,12 @@ def record(cfg, handle, *, echo=print) -> dict:
     from pipelines.runner import trajectory_fields
     from storage.trajectories import TrajectoryStore
     from tasks import demos
-    from tasks.config import ConfigError
     from tasks.rollout import env_dims
 
+    check_record(cfg)
     run_dir, ckpt = resolve_teacher(cfg.record.teacher, cfg.run_root)
     tcfg = teacher_config(run_dir)
-    for key in ("env_id", "control_mode"):
-        if getattr(tcfg.env, key) != getattr(cfg.env, key):
-            raise ConfigError(f"env.{key}", getattr(cfg.env, key),
-                              f"the teacher was trained with env.{key}={getattr(tcfg.env, key)}; use the same")
-    out = Path(cfg.record.out or Path(cfg.run_root) / "demos" / f"{cfg.experiment}.zarr")
-    if out.exists():
-        raise ConfigError("record.out", str(out), "exists; choose another path (a store is never overwritten)")
+    out = output_path(cfg)
     client = handle.client
     placement = plan_placement(cfg, client)
     dims = client.submit(env_dims, cfg, workers=[placement.shard_workers[0]], pure=False).result()
@@ -126,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg, _ = load_config(argv)
         if cfg.env.obs_mode != "rgb":
             raise ConfigError("env.obs_mode", cfg.env.obs_mode, "record with env.obs_mode=rgb (images for a VLA)")
-        resolve_teacher(cfg.record.teacher, cfg.run_root)
+        check_record(cfg)
     except (ConfigError, VulkanMissingError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -112,3 +112,29 @@ def test_token_vla_trains_through_the_pipeline(tmp_path):
     st = TrajectoryStore.open(run_dir / "trajectories.zarr")
     lp = st.read("logprobs")
     assert lp.shape == (3, 6, 4, 2, 8) and (lp <= 0).all()  # token log-probs of a categorical
+
+
+def test_artifacts_that_do_not_fit_the_config_are_rejected_offline(recipe):
+    """model_path's saved config and the SFT store are checked before any worker starts (one line, exit 2)."""
+    from pipelines.config import load_config
+    from tasks.config import ConfigError
+    root, store, hf = recipe
+    cases = [(["conf=pushcube_flow_ppo", f"policy.model_path={hf}", "env.image_size=32"], "image_size=16"),
+             (["conf=pushcube_flow_ppo", f"policy.model_path={hf}", "env.image_size=16",
+               "policy.num_action_chunks=4"], "num_action_chunks=5"),
+             (["conf=pushcube_flow_ppo", f"policy.model_path={hf}", "env.image_size=16", "policy.name=token_vla"],
+              "'flow_vla' checkpoint"),
+             (["conf=pushcube_flow_sft", f"sft.store={store}", "env.image_size=32"], "16 px images"),
+             (["conf=pushcube_flow_sft", f"sft.store={store}", "env.image_size=16", "policy.num_action_chunks=2"],
+              "action chunks of 5")]
+    for overrides, words in cases:
+        with pytest.raises(ConfigError) as info:
+            load_config(overrides)
+        assert words in str(info.value) and "\n" not in str(info.value), str(info.value)
+    # record: the teacher must be a state mlp run, and an existing store is never overwritten
+    vla_run = next(p for p in (root / "pushcube_flow_ppo").iterdir() if p.is_dir())
+    assert record_cli.main(["conf=pushcube_record", f"run_root={root}", f"record.teacher={vla_run}",
+                            f"record.out={root / 'x.zarr'}", *SMALL_ENV]) == 2
+    assert record_cli.main(["conf=pushcube_record", f"run_root={root}", f"record.teacher={vla_run.parent.parent}"
+                            "/smoke", f"record.out={store}", *SMALL_ENV]) == 2
+    assert not (root / "x.zarr").exists()
