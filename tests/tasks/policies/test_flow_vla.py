@@ -15,15 +15,6 @@ from tasks.policies.flow_vla import FlowVLAPolicy, sde_sigmas, time_grid
 O, D, C, K, IMG = 5, 3, 4, 4, 16  # D < A = 8 (tiny preset): the slicing is exercised everywhere
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one intra-op thread is as fast and does not stall when the 2-core machine is shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _cfg(**kw) -> PolicyConfig:
     base = dict(name="flow_vla", preset="tiny", num_action_chunks=C, num_denoise_steps=K, max_prompt_len=12)
     return PolicyConfig(**{**base, **kw})

@@ -11,15 +11,6 @@ SIZES = dict(patch_size=8, vision_width=32, vision_layers=1, vision_heads=2, vis
              lm_layers=2, lm_heads=2, lm_kv_heads=1, lm_head_dim=16, lm_mlp=64, vocab_size=384, value_hidden=16)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one intra-op thread is as fast and does not stall when the 2-core machine is shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_tokenizer_bytes_pad_truncate_and_roundtrip(tmp_path):
     tok = ByteTokenizer()
     ids = tok(["ab", "pick the cube"], 6)
