@@ -137,6 +137,9 @@ def record(cfg, handle, *, echo=print) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if {"-h", "--help"} & set(argv):
+        print(__doc__)
+        return 0
     from pipelines.run import _quiet, with_cluster
     _quiet()
     from pipelines.config import load_config

@@ -30,10 +30,17 @@ def main(argv: list[str] | None = None) -> int:
     from tasks.config import ConfigError
     from tasks.envs.vulkan import VulkanMissingError
 
+    if {"-h", "--help"} & set(argv):
+        print(__doc__)
+        return 0
     show = "--show" in argv
     overrides = [a for a in argv if a != "--show"]
     try:
         cfg, _ = load_config(overrides)
+        if cfg.env.obs_mode == "rgb" and cfg.policy.name == "mlp":
+            raise ConfigError("policy.name", cfg.policy.name,
+                              "the mlp reads only the state vector, env.obs_mode=rgb would render images for nothing: "
+                              "use policy.name=flow_vla|token_vla (or `python -m pipelines.record` for a record conf)")
     except (ConfigError, VulkanMissingError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

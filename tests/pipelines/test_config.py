@@ -176,3 +176,11 @@ def test_cluster_address_that_never_answers_fails_fast(tmp_path, capsys):
         assert not any(tmp_path.iterdir())
     finally:
         srv.close()
+
+
+def test_run_refuses_a_record_conf_and_prints_help(capsys):
+    from pipelines.run import main
+    assert main(["conf=pushcube_record"]) == 2  # an rgb env with the state-only mlp: a record conf, not training
+    assert "pipelines.record" in capsys.readouterr().err
+    assert main(["--help"]) == 0
+    assert "python -m pipelines.run" in capsys.readouterr().out
