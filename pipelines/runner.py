@@ -102,34 +102,39 @@ class Runner:
         self.tracker = Tracker(uri=uri, experiment=cfg.tracking.experiment or cfg.experiment,
                                run_name=self.state.run_id, run_id=self.state.mlflow_run_id)
         self.tracking_uri = uri
-        self.state.mlflow_run_id = self.tracker.run_id
-        self.tracker.log_params(params)
-        if changed:
-            self.tracker.log_text("".join(f"{k}: {v}\n" for k, v in changed.items()),
-                                  f"resumes/step_{self.state.step}.yaml")
-        self.tracker.log_artifact(self.run_dir / "config.yaml")
-        self.weights, dims = self._init_actor(ckpt, tag=f"g{self.state.actor_generation}" if self.ranks > 1 else "")
-        self.dims = tuple(dims)
-        self.store = None
-        if cfg.storage.save_trajectories and cfg.algorithm.name != "sft":
-            self.store = TrajectoryStore.create(
-                self.run_dir / "trajectories.zarr", fields=trajectory_fields(cfg, *dims), T=cfg.rollout.chunk_steps,
-                num_envs=cfg.env.num_envs, shard_size=cfg.env.shard_size,
-                attrs={"run_id": self.state.run_id, "env_id": cfg.env.env_id, "simulator": cfg.env.simulator,
-                       "obs_mode": cfg.env.obs_mode, "control_mode": cfg.env.control_mode,
-                       "reward_mode": cfg.env.reward_mode, "base_seed": cfg.env.seed,
-                       "sim_backend": cfg.env.sim_backend, "auto_reset": cfg.env.auto_reset,
-                       "ignore_terminations": cfg.env.ignore_terminations,
-                       "seed_rule": "episode k of global env g: base_seed + g // group_size + k * (num_envs // "
-                                    "group_size)", "group_size": group_size(cfg),
-                       "num_action_chunks": cfg.policy.num_action_chunks,
-                       "max_episode_steps": cfg.env.max_episode_steps})
-        self.peak_rss = 0
-        self.last_eval: dict = {}
-        self._ahead: list[tuple[int, object, list]] = []  # async: submitted steps (step, graph, futures), in order
-        self._stopping = False  # async: submit nothing more (the run is done; in-flight steps drain)
-        self._tags = 0  # async: graphs built since the start (a run-wide unique retry tag after a recovery)
-        self._reset_pipeline()
+        try:  # an interrupt or error while setting up must not leave the MLflow run RUNNING
+            self.state.mlflow_run_id = self.tracker.run_id
+            self.tracker.log_params(params)
+            if changed:
+                self.tracker.log_text("".join(f"{k}: {v}\n" for k, v in changed.items()),
+                                      f"resumes/step_{self.state.step}.yaml")
+            self.tracker.log_artifact(self.run_dir / "config.yaml")
+            self.weights, dims = self._init_actor(
+                ckpt, tag=f"g{self.state.actor_generation}" if self.ranks > 1 else "")
+            self.dims = tuple(dims)
+            self.store = None
+            if cfg.storage.save_trajectories and cfg.algorithm.name != "sft":
+                self.store = TrajectoryStore.create(
+                    self.run_dir / "trajectories.zarr", fields=trajectory_fields(cfg, *dims), T=cfg.rollout.chunk_steps,
+                    num_envs=cfg.env.num_envs, shard_size=cfg.env.shard_size,
+                    attrs={"run_id": self.state.run_id, "env_id": cfg.env.env_id, "simulator": cfg.env.simulator,
+                           "obs_mode": cfg.env.obs_mode, "control_mode": cfg.env.control_mode,
+                           "reward_mode": cfg.env.reward_mode, "base_seed": cfg.env.seed,
+                           "sim_backend": cfg.env.sim_backend, "auto_reset": cfg.env.auto_reset,
+                           "ignore_terminations": cfg.env.ignore_terminations,
+                           "seed_rule": "episode k of global env g: base_seed + g // group_size + k * (num_envs // "
+                                        "group_size)", "group_size": group_size(cfg),
+                           "num_action_chunks": cfg.policy.num_action_chunks,
+                           "max_episode_steps": cfg.env.max_episode_steps})
+            self.peak_rss = 0
+            self.last_eval: dict = {}
+            self._ahead: list[tuple[int, object, list]] = []  # async: submitted steps (step, graph, futures), in order
+            self._stopping = False  # async: submit nothing more (the run is done; in-flight steps drain)
+            self._tags = 0  # async: graphs built since the start (a run-wide unique retry tag after a recovery)
+            self._reset_pipeline()
+        except BaseException as exc:
+            self.tracker.set_terminated("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+            raise
 
     # ----- set-up -----
     def _start_or_resume(self) -> tuple[RunState, dict | None]:
