@@ -21,7 +21,7 @@ from tasks import resident
 from tasks.config import Config
 from tasks.envs import make_shard
 from tasks.policies import make_policy
-from tasks.rollout import instruction, num_values
+from tasks.rollout import instruction, num_values, policy_obs
 
 
 def chunk_steps_per_episode(cfg: Config) -> int:
@@ -162,11 +162,7 @@ def sft_update(cfg: Config, run_id: str, weights: dict, *batch_lists: list[dict]
     instr = instruction(cfg)
     losses, norms = [], []
     for b in batches:
-        obs = {"state": torch.from_numpy(b["obs"])}
-        if "rgb" in b and cfg.env.obs_mode == "rgb":
-            obs["rgb"] = torch.from_numpy(b["rgb"])
-        if getattr(policy, "needs_prompt", False):
-            obs["prompt"] = policy.tokenize([instr] * len(b["obs"]))
+        obs = policy_obs(policy, b["obs"], b["rgb"] if "rgb" in b and cfg.env.obs_mode == "rgb" else None, instr)
         loss = policy.sft_loss(obs, torch.from_numpy(b["actions"]))
         opt.zero_grad(set_to_none=True)
         loss.backward()

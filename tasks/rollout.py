@@ -41,29 +41,27 @@ class Replica:
 
     module: torch.nn.Module
     version: int = -1
-    prompts: dict | None = None  # (instruction, B) -> int64 [B, L] prompt tokens
 
 
-def prompt_tokens(policy: torch.nn.Module, instruction: str, batch: int, cache: dict | None = None):
-    """int64 [batch, L] tokens of `instruction` for a VLA (None for policies without prompts)."""
+def prompt_tokens(policy: torch.nn.Module, instruction: str, batch: int):
+    """int64 [batch, L] tokens of `instruction` for a VLA (None for policies without prompts); tokenised once per
+    (instruction, batch) and policy instance (cached on it: rollouts and updates call this at every chunk step or
+    minibatch with the same instruction)."""
     if not getattr(policy, "needs_prompt", False):
         return None
+    cache = policy.__dict__.setdefault("_prompt_cache", {})
     key = (instruction, batch)
-    if cache is not None and key in cache:
-        return cache[key]
-    tok = policy.tokenize([instruction] * batch)
-    if cache is not None:
-        cache[key] = tok
-    return tok
+    if key not in cache:
+        cache[key] = policy.tokenize([instruction] * batch)
+    return cache[key]
 
 
-def policy_obs(policy: torch.nn.Module, state: np.ndarray, rgb: np.ndarray | None, instruction: str,
-               cache: dict | None = None) -> dict[str, torch.Tensor]:
-    """The policy's observation dict from numpy arrays: state f32 [B, O], rgb u8 [B, H, W, 3] or None."""
+def policy_obs(policy: torch.nn.Module, state, rgb, instruction: str) -> dict[str, torch.Tensor]:
+    """The policy's observation dict from arrays or tensors: state f32 [B, O], rgb u8 [B, H, W, 3] or None."""
     obs = {"state": torch.as_tensor(state)}
     if rgb is not None:
         obs["rgb"] = torch.as_tensor(rgb)
-    tok = prompt_tokens(policy, instruction, len(state), cache)
+    tok = prompt_tokens(policy, instruction, len(state))
     if tok is not None:
         obs["prompt"] = tok
     return obs
@@ -97,7 +95,7 @@ def get_replica(cfg: Config, run_id: str, weights: dict, obs_dim: int, action_di
     """The resident policy replica of this worker, loaded with `weights` (a load only when the version changed)."""
     rep, _ = resident.get_or_create(f"{run_id}/policy", lambda: Replica(
         make_policy(cfg.policy, obs_dim=obs_dim, action_dim=action_dim, num_values=num_values(cfg),
-                    image_size=image_size(cfg), load=False), prompts={}))
+                    image_size=image_size(cfg), load=False)))
     if rep.version != weights["version"]:
         rep.module.load_state_dict(weights["state_dict"])
         rep.module.eval()
@@ -150,8 +148,7 @@ def _final_values(rep: Replica, res, instr: str, V: int) -> np.ndarray:
     fv = np.zeros((len(res.truncated), V), np.float32)
     if res.truncated.any():
         m = res.truncated
-        obs = policy_obs(rep.module, res.final_obs[m], None if res.final_rgb is None else res.final_rgb[m], instr,
-                         rep.prompts)
+        obs = policy_obs(rep.module, res.final_obs[m], None if res.final_rgb is None else res.final_rgb[m], instr)
         fv[m] = _values_np(rep, obs, int(m.sum()))
     return fv
 
@@ -188,7 +185,7 @@ def env_step(cfg: Config, run_id: str, shard: int, weights: dict, num_chunk_step
     state, rgb = sh.current_obs(), sh.current_rgb()
     for _ in range(num_chunk_steps):
         ti = time.perf_counter()
-        out = _act(rep, policy_obs(rep.module, state, rgb, instr, rep.prompts))
+        out = _act(rep, policy_obs(rep.module, state, rgb, instr))
         te = time.perf_counter()
         res = sh.chunk_step(out["actions"])
         tf = time.perf_counter()
@@ -204,7 +201,7 @@ def env_step(cfg: Config, run_id: str, shard: int, weights: dict, num_chunk_step
             steps.setdefault(k, []).append(v)
         episodes += res.episodes
         state, rgb = res.obs, res.rgb
-    bootstrap = _values_np(rep, policy_obs(rep.module, state, rgb, instr, rep.prompts), sh.num_envs)
+    bootstrap = _values_np(rep, policy_obs(rep.module, state, rgb, instr), sh.num_envs)
     seg = {k: np.stack(v) for k, v in steps.items()}
     seg.update(bootstrap_values=bootstrap, episodes=episodes, cursor=sh.state_dict(),
                timing={"env": t_env, "infer": t_inf, "total": time.perf_counter() - t0},
@@ -255,7 +252,7 @@ def evaluate(cfg: Config, run_id: str, shard: int, weights: dict) -> list[dict]:
             state = sh.reset_all()
             rgb = sh.current_rgb()
             while sh.active.any():
-                out = _act(rep, policy_obs(rep.module, state, rgb, instr, rep.prompts), deterministic=True)
+                out = _act(rep, policy_obs(rep.module, state, rgb, instr), deterministic=True)
                 res = sh.chunk_step(out["actions"])
                 episodes += res.episodes
                 state, rgb = res.obs, res.rgb
@@ -310,7 +307,7 @@ def policy_infer(cfg: Config, run_id: str, weights: dict, dims: tuple[int, int],
     rep = get_replica(cfg, run_id, weights, *dims)
     instr = env_outs[0].get("instruction") or instruction(cfg)
     V = num_values(cfg)
-    obs = policy_obs(rep.module, state, rgb, instr, rep.prompts)
+    obs = policy_obs(rep.module, state, rgb, instr)
     acts = _act(rep, obs) if sample else {"values": _values_np(rep, obs, len(state))}
     results, start = [], 0
     for o, n in zip(env_outs, sizes):
@@ -319,7 +316,7 @@ def policy_infer(cfg: Config, run_id: str, weights: dict, dims: tuple[int, int],
         if o["final_obs"] is not None and o["truncated"].any():
             m = o["truncated"]
             fobs = policy_obs(rep.module, o["final_obs"][m], None if o["final_rgb"] is None else o["final_rgb"][m],
-                              instr, rep.prompts)
+                              instr)
             fv[m] = _values_np(rep, fobs, int(m.sum()))
         r["final_values"] = fv
         r["weight_version"] = int(weights["version"])

@@ -17,7 +17,7 @@ from tasks.algorithms import (aggregate_rewards, critic_loss, decoupled_ppo_acto
                               normalize_advantages, ppo_actor_loss, reduce_logprobs, to_action_level)
 from tasks.config import Config
 from tasks.policies import make_policy
-from tasks.rollout import image_size, instruction, num_values, prompt_tokens
+from tasks.rollout import image_size, instruction, num_values, policy_obs
 
 SAMPLE_FIELDS = ("obs", "actions", "logprobs", "values", "advantages", "returns", "step_mask", "loss_mask")
 
@@ -170,13 +170,7 @@ def _flatten(samples: list[dict]) -> dict[str, torch.Tensor]:
 
 def batch_obs(policy: torch.nn.Module, data: dict[str, torch.Tensor], idx: torch.Tensor, instr: str) -> dict:
     """The policy's observation dict for samples `idx` of a flattened batch (state, rgb, prompt)."""
-    obs = {"state": data["obs"][idx]}
-    if "rgb" in data:
-        obs["rgb"] = data["rgb"][idx]
-    tok = prompt_tokens(policy, instr, len(idx))
-    if tok is not None:
-        obs["prompt"] = tok
-    return obs
+    return policy_obs(policy, data["obs"][idx], data["rgb"][idx] if "rgb" in data else None, instr)
 
 
 def batch_extras(data: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, torch.Tensor]:
