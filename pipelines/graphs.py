@@ -28,6 +28,12 @@ which orders the stateful shards across graphs.
 Pipeline stages (`rollout.pipeline_stage_num` = p > 1, disaggregated): per chunk step one `policy_infer_p{j}` node
 per stage group j (the j-th B/p envs of every shard) and one `env_step_s{s}p{j}` node per shard and stage, so the
 p chains interleave: while stage j's envs step on the env workers, stage j+1's inference runs on the GPU worker.
+
+Weights (tasks.weights): when `weights` is a Future (the runner's), a `weights_handle` node on the actor's worker
+turns it into a handle (version, key, size; no tensors) and the rollout nodes take the handle: a replica pulls
+the state dict worker to worker, and only when its version changed. `step_metrics` likewise takes the update's
+handle (`update_handle`), so the new weights never leave the actor's worker except to replicas that need them.
+With `algorithm.offload` the update node runs `tasks.offload.actor_update_offload` (same key).
 """
 from __future__ import annotations
 
@@ -37,7 +43,7 @@ from typing import Any
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from pipelines.cluster import Placement
-from tasks import distributed, rollout, update
+from tasks import distributed, offload, rollout, update, weights as weights_mod
 from tasks.config import Config
 
 
@@ -88,7 +94,9 @@ def _store(path: str, epoch: int, shard: int, traj: dict) -> dict:
 
 
 def step_metrics(update_out: dict, *parts: dict) -> dict:
-    """Merge a step's metrics: update metrics, advantage stats (mean over shards), episodes, timings, cursors."""
+    """Merge a step's metrics: update metrics, advantage stats (mean over shards), episodes, timings, cursors,
+    weight sync (`time/weight_sync`: the slowest replica load, s; `system/weight_sync_mb`: MB loaded into replicas).
+    `update_out` is the update's output or its handle (tasks.weights.handle: no tensors)."""
     n = len(parts) // 2
     trajs, advs = parts[:n], parts[n:]
     m = dict(update_out["metrics"])
@@ -105,6 +113,12 @@ def step_metrics(update_out: dict, *parts: dict) -> dict:
         m["train/staleness"] = float(update_out["version"] - 1 - behaviour)
     for k in ("env", "infer", "total"):
         m[f"time/rollout_{k}_max"] = max(t["timing"][k] for t in trajs)
+    syncs = [t["weight_sync"] for t in trajs if t.get("weight_sync") is not None]
+    if syncs:  # each replica's load is reported by one shard of its worker: max over shards = max over workers
+        m["time/weight_sync"] = max(s["seconds"] for s in syncs)
+        m["system/weight_sync_mb"] = sum(s["bytes"] for s in syncs) / 1e6
+    if any("offload_s" in t for t in trajs):
+        m["time/offload_replica_max"] = max(t.get("offload_s", 0.0) for t in trajs)
     return {"metrics": m, "cursors": [t["cursor"] for t in trajs], "episodes": episodes}
 
 
@@ -144,6 +158,7 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
     g = GraphBuilder()
     tag = f"{run_id}-{step}" + (f"-retry{attempt}" if attempt else "")
     advs, stores, last = [], [], []
+    full_weights, weights = weights, _weights_handle(g, "weights_handle", tag, weights, placement)
     if cfg.rollout.inference == "colocated":
         trajs = _colocated_rollout(g, cfg, tag, run_id, weights, cursors, placement, after, last)
     else:
@@ -156,18 +171,32 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
         advs.append(g.add(f"advantages_s{s}-{tag}", update.advantages, cfg, traj, deps=(traj,)))
     R = cfg.algorithm.num_actor_ranks
     if R == 1:
-        upd = g.add(f"actor_update-{tag}", update.actor_update, cfg, run_id,
-                    weights if update_weights is None else update_weights, *advs, deps=tuple(advs),
+        fn = offload.actor_update_offload if cfg.algorithm.offload else update.actor_update
+        upd = g.add(f"actor_update-{tag}", fn, cfg, run_id,
+                    full_weights if update_weights is None else update_weights, *advs, deps=tuple(advs),
                     worker=placement.actor_worker, resources={"GPU": 1})
-        met = g.add(f"step_metrics-{tag}", step_metrics, upd, *trajs, *advs, deps=(upd, *trajs, *advs))
+        h = _weights_handle(g, "update_handle", tag, upd, placement)
+        met = g.add(f"step_metrics-{tag}", step_metrics, h, *trajs, *advs, deps=(h, *trajs, *advs))
         return StepGraph(g.graph(), upd, met, stores, last_env=last)
     if update_weights is not None:
         raise ValueError("update_weights (asynchronous steps) is wired for the one-rank update only")
     ranks = _rank_nodes(g, "actor_update", tag, R, group, placement, distributed.actor_update_rank, cfg, run_id,
-                        weights if actor_weights is None else actor_weights, *advs, deps=tuple(advs))
-    met = g.add(f"step_metrics-{tag}", step_metrics_ranks, R - 1, *ranks, *trajs, *advs,
-                deps=(*ranks, *trajs, *advs))
+                        full_weights if actor_weights is None else actor_weights, *advs, deps=tuple(advs))
+    h = _weights_handle(g, "update_handle", tag, ranks[0], placement, worker=placement.actor_workers[0])
+    met = g.add(f"step_metrics-{tag}", step_metrics_ranks, R - 1, h, *ranks[1:], *trajs, *advs,
+                deps=(h, *ranks[1:], *trajs, *advs))
     return StepGraph(g.graph(), ranks[0], met, stores, ranks, last_env=last)
+
+
+def _weights_handle(g: GraphBuilder, name: str, tag: str, weights, placement: Placement, worker: str | None = None):
+    """A `{name}-{tag}` node turning versioned weights held under a key (a Future's, or a node of this graph)
+    into a handle (tasks.weights.handle), pinned to the actor's worker (`worker`) where they are; weights given
+    as a value (tests, the synchronous scheduler) are returned unchanged."""
+    key = weights if isinstance(weights, str) else getattr(weights, "key", None)
+    if key is None:
+        return weights
+    return g.add(f"{name}-{tag}", weights_mod.handle, weights, weights_mod.KeyName(key), deps=(key,),
+                 worker=worker or placement.actor_worker)
 
 
 def _rank_nodes(g: GraphBuilder, name: str, tag: str, R: int, group: list[dict] | None, placement: Placement,
@@ -194,8 +223,8 @@ def _colocated_rollout(g: GraphBuilder, cfg: Config, tag: str, run_id: str, weig
         prev, segs = (None if after is None else after[s]), []
         for k in range(nseg):
             key = f"env_step_s{s}-{tag}-{k}"
-            g.add(key, rollout.env_step, cfg, run_id, s, weights, per, cursors[s], k == 0, prev,
-                  deps=(prev,) if isinstance(prev, str) else (), worker=placement.shard_workers[s],
+            g.add(key, rollout.env_step, cfg, run_id, s, weights, per, cursors[s], k == 0, prev, k == nseg - 1,
+                  deps=tuple(d for d in (prev, weights) if isinstance(d, str)), worker=placement.shard_workers[s],
                   resources={"CPU": 1})
             segs.append(key)
             prev = key
@@ -227,7 +256,8 @@ def _disaggregated_rollout(g: GraphBuilder, cfg: Config, tag: str, run_id: str, 
         chain: list[list[str]] = [[key] for key in last]
         for t in range(T + 1):
             inf = g.add(f"policy_infer{'' if p == 1 else '_' + sj}-{tag}-{t}", rollout.policy_infer, cfg, run_id,
-                        weights, dims, t < T, *last, deps=tuple(last), worker=gpu, resources={"GPU": 1})
+                        weights, dims, t < T, *last, deps=(*last, *((weights,) if isinstance(weights, str) else ())),
+                        worker=gpu, resources={"GPU": 1})
             for s in range(S):
                 chain[s].append(inf)
             if t == T:
@@ -286,7 +316,9 @@ def build_eval(cfg: Config, *, run_id: str, step: int, weights, placement: Place
     """Deterministic evaluation on every eval shard with the given weights; returns (graph, episode-list keys)."""
     g = GraphBuilder()
     tag = f"{run_id}-{step}" + (f"-retry{attempt}" if attempt else "")
+    weights = _weights_handle(g, "weights_handle_eval", tag, weights, placement)
     keys = [g.add(f"eval_s{s}-{tag}", rollout.evaluate, cfg, run_id, s, weights,
+                  deps=(weights,) if isinstance(weights, str) else (),
                   worker=placement.shard_workers[s], resources={"CPU": 1}) for s in range(cfg.env.num_shards)]
     return g.graph(), keys
 

@@ -77,6 +77,9 @@ class PolicyConfig:
     noise_std_min: float = 0.08  # flow_vla, flow_noise: bounds of the learned noise std
     noise_std_max: float = 0.16
     action_bins: int = 256  # token_vla: bins per action dimension
+    # ----- device and precision of rollout replicas (tasks.device) -----
+    device: str = "cpu"  # cpu | cuda (the worker's CUDA device; needs CUDA)
+    dtype: str = "float32"  # float32 | bfloat16 (autocast on CUDA; needs policy.device=cuda)
 
 
 @dataclass
@@ -113,6 +116,8 @@ class AlgorithmConfig:
     global_batch_size: Optional[int] = None  # samples per optimizer step over all ranks; None: batch / num_minibatches
     micro_batch_size: Optional[int] = None  # samples per forward/backward on one rank; None: global / num_actor_ranks
     num_actor_ranks: int = 1  # actor_update ranks (one torch.distributed process group, FSDP2)
+    offload: bool = False  # move the actor (model + optimizer state) to CPU memory after each update and back
+    # before the next, and rollout replicas off their device during the update (tasks.offload; a no-op on CPU)
 
 
 @dataclass
@@ -373,7 +378,29 @@ class Config:
                     raise ConfigError(f"cluster.component_placement.{names}", c.component_placement[names],
                                       f"unknown component {name.strip()!r}; known: {list(c.COMPONENTS)}")
         self._check_async()
+        self._check_device()
         return self
+
+    def _check_device(self) -> None:
+        """policy.device / policy.dtype and algorithm.offload (env.sim_backend: the env adapter's check_config)."""
+        from tasks.device import DEVICES, DTYPES, cuda_available
+        p, a = self.policy, self.algorithm
+        if p.device not in DEVICES:
+            raise ConfigError("policy.device", p.device, f"use one of {list(DEVICES)}")
+        if p.dtype not in DTYPES:
+            raise ConfigError("policy.dtype", p.dtype, f"use one of {list(DTYPES)}")
+        if p.dtype == "bfloat16" and p.device != "cuda":
+            raise ConfigError("policy.dtype", p.dtype, "bfloat16 autocast is for CUDA: set policy.device=cuda "
+                              "(on a machine with CUDA) or policy.dtype=float32")
+        if p.device == "cuda" and self.cluster.address is None and not cuda_available():
+            raise ConfigError("policy.device", p.device, "no CUDA device on this machine (torch.cuda.is_available() "
+                              "is False): use policy.device=cpu")
+        if a.offload and a.num_actor_ranks > 1:
+            raise ConfigError("algorithm.offload", a.offload, "offload is wired for the one-rank update: use "
+                              "algorithm.num_actor_ranks=1 or algorithm.offload=false")
+        if a.offload and a.name == "sft":
+            raise ConfigError("algorithm.offload", a.offload, "the SFT update does not offload: use "
+                              "algorithm.offload=false with algorithm.name=sft")
 
     def _check_async(self) -> None:
         """runner.max_staleness and rollout.pipeline_stage_num."""

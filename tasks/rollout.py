@@ -8,7 +8,13 @@ Shapes: T chunk steps, B envs of the shard, C actions per chunk, D action dim, O
   truncated [T,B] bool, step_mask [T,B,C] bool, success [T,B] bool, episode_seed [T,B] i64, episode_id [T,B] i64,
 plus, with obs_mode=rgb, rgb [T,B,H,W,3] u8 (the image of `obs`); "extras/<name>" [T,B,...] (what the policy
 needs to recompute its log-probs, e.g. a flow VLA's denoising chain); "episodes" (finished-episode metrics),
-"cursor" (shard seed cursor), "timing" (seconds) and "weight_version" (of the weights that acted).
+"cursor" (shard seed cursor), "timing" (seconds), "weight_version" (of the weights that acted) and
+"weight_sync" ({"seconds", "bytes"} this shard's replica spent loading new weights; tasks.weights) and
+"offload_s" (seconds moving the replica off/onto its device, algorithm.offload).
+
+`weights` arguments are versioned weights {"version", "state_dict"} or a handle of them (tasks.weights: the
+graph passes handles, and a replica fetches the state dict worker to worker only when its version changed).
+Replicas compute on `policy.device` in `policy.dtype` (tasks.device); nodes exchange float32 numpy.
 
 Pipeline stages (`rollout.pipeline_stage_num` = p > 1, disaggregated inference): shard s's B envs are p resident
 stage groups of B/p envs (`get_shard(..., stage=j)`: global envs s*B + j*B/p ...), each its own EnvShard, so the
@@ -28,6 +34,8 @@ import torch
 
 from tasks import resident
 from tasks.config import Config
+from tasks.device import autocast, policy_device, to_device, to_numpy
+from tasks.offload import module_device, move_module
 from tasks.envs import EnvShard, make_shard
 from tasks.policies import make_policy
 
@@ -41,6 +49,20 @@ class Replica:
 
     module: torch.nn.Module
     version: int = -1
+    dtype: str = "float32"  # policy.dtype: float32 | bfloat16 (autocast)
+    last_sync: dict | None = None  # the last get_replica's weight load: {"seconds", "bytes"} (0, 0: none)
+    moved_s: float = 0.0  # seconds moving the module between devices since the last `take_moved` (offload)
+
+    def take_moved(self) -> float:
+        s, self.moved_s = self.moved_s, 0.0
+        return s
+
+    def offload(self) -> None:
+        """Move the module to CPU memory (algorithm.offload: off the device while the update runs)."""
+        if module_device(self.module).type != "cpu":
+            t0 = time.perf_counter()
+            move_module(self.module, "cpu")
+            self.moved_s += time.perf_counter() - t0
 
 
 def prompt_tokens(policy: torch.nn.Module, instruction: str, batch: int):
@@ -92,14 +114,27 @@ def env_dims(cfg: Config) -> tuple[int, int]:
 
 
 def get_replica(cfg: Config, run_id: str, weights: dict, obs_dim: int, action_dim: int) -> Replica:
-    """The resident policy replica of this worker, loaded with `weights` (a load only when the version changed)."""
+    """The resident policy replica of this worker on `policy.device`, loaded with `weights` (versioned weights
+    or a handle, tasks.weights): a load, and for a handle a fetch, only when the version changed. Sets
+    `last_sync` to the load's {"seconds" (fetch + load_state_dict), "bytes" (of the state dict)}, zeros without
+    a load; moves an offloaded replica back onto its device first."""
+    from tasks.weights import fetch, state_dict_nbytes
+    dev = policy_device(cfg)
     rep, _ = resident.get_or_create(f"{run_id}/policy", lambda: Replica(
         make_policy(cfg.policy, obs_dim=obs_dim, action_dim=action_dim, num_values=num_values(cfg),
-                    image_size=image_size(cfg), load=False)))
+                    image_size=image_size(cfg), load=False).to(dev), dtype=cfg.policy.dtype))
+    if module_device(rep.module).type != dev.type:  # offloaded during the update
+        t0 = time.perf_counter()
+        move_module(rep.module, dev)
+        rep.moved_s += time.perf_counter() - t0
+    rep.last_sync = {"seconds": 0.0, "bytes": 0}
     if rep.version != weights["version"]:
-        rep.module.load_state_dict(weights["state_dict"])
+        t0 = time.perf_counter()
+        sd = fetch(weights)
+        rep.module.load_state_dict(sd)
         rep.module.eval()
         rep.version = weights["version"]
+        rep.last_sync = {"seconds": time.perf_counter() - t0, "bytes": state_dict_nbytes(sd)}
     return rep
 
 
@@ -139,8 +174,9 @@ def group_size(cfg: Config) -> int:
 
 
 def _values_np(rep: Replica, obs: dict, n: int) -> np.ndarray:
-    with torch.no_grad():
-        return rep.module.values(obs).reshape(n, -1).numpy()
+    dev = module_device(rep.module)
+    with torch.no_grad(), autocast(rep.dtype, dev):
+        return to_numpy(rep.module.values(to_device(obs, dev)).reshape(n, -1))
 
 
 def _final_values(rep: Replica, res, instr: str, V: int) -> np.ndarray:
@@ -155,28 +191,32 @@ def _final_values(rep: Replica, res, instr: str, V: int) -> np.ndarray:
 
 def _act(rep: Replica, obs: dict, deterministic: bool = False) -> dict[str, np.ndarray]:
     """One policy call -> numpy actions/logprobs/values [B, ...] and extras/<name>."""
-    with torch.no_grad():
-        out = rep.module.act(obs, deterministic=deterministic)
+    dev = module_device(rep.module)
+    with torch.no_grad(), autocast(rep.dtype, dev):
+        out = rep.module.act(to_device(obs, dev), deterministic=deterministic)
     B = out["actions"].shape[0]
-    res = {"actions": out["actions"].numpy(), "logprobs": out["logprobs"].numpy(),
-           "values": out["values"].reshape(B, -1).numpy()}
+    res = {"actions": to_numpy(out["actions"]), "logprobs": to_numpy(out["logprobs"]),
+           "values": to_numpy(out["values"].reshape(B, -1))}
     for k, v in (out.get("extras") or {}).items():
-        res[f"extras/{k}"] = v.numpy()
+        res[f"extras/{k}"] = to_numpy(v)
     return res
 
 
 def env_step(cfg: Config, run_id: str, shard: int, weights: dict, num_chunk_steps: int, cursor: dict | None,
-             first: bool, prev=None) -> dict:
+             first: bool, prev=None, last: bool = False) -> dict:
     """Colocated rollout segment: `num_chunk_steps` chunk steps of shard `shard`, inference inside.
 
-    `prev` (the previous segment of the same shard) is only a graph dependency that orders segments.
-    Returns the STEP_FIELDS with a leading [n] axis, and bootstrap_values, episodes, cursor, timing.
+    `prev` (the previous segment of the same shard) is only a graph dependency that orders segments; `last`
+    (the shard's last segment of the step) offloads the replica afterwards with `algorithm.offload`.
+    Returns the STEP_FIELDS with a leading [n] axis, and bootstrap_values, episodes, cursor, timing,
+    weight_sync, offload_s.
     """
     t0 = time.perf_counter()
     sh = get_shard(cfg, run_id, shard, cursor)
     if first and not cfg.env.auto_reset:
         sh.reset_all()  # without auto_reset every rollout starts from fresh episodes (RLinf)
     rep = get_replica(cfg, run_id, weights, sh.obs_dim, sh.action_dim)
+    sync = rep.last_sync
     instr = sh.instruction or instruction(cfg)
     V = num_values(cfg)
     t_env = t_inf = 0.0
@@ -202,10 +242,12 @@ def env_step(cfg: Config, run_id: str, shard: int, weights: dict, num_chunk_step
         episodes += res.episodes
         state, rgb = res.obs, res.rgb
     bootstrap = _values_np(rep, policy_obs(rep.module, state, rgb, instr), sh.num_envs)
+    if last and cfg.algorithm.offload:
+        rep.offload()
     seg = {k: np.stack(v) for k, v in steps.items()}
     seg.update(bootstrap_values=bootstrap, episodes=episodes, cursor=sh.state_dict(),
                timing={"env": t_env, "infer": t_inf, "total": time.perf_counter() - t0},
-               weight_version=int(weights["version"]))
+               weight_version=int(weights["version"]), weight_sync=sync, offload_s=rep.take_moved())
     return seg
 
 
@@ -223,7 +265,19 @@ def trajectory(*segments: dict) -> dict:
     traj["timing"] = {k: sum(s["timing"][k] for s in segments) for k in segments[0]["timing"]}
     if "weight_version" in segments[0]:
         traj["weight_version"] = min(s["weight_version"] for s in segments)
+    _sum_sync(traj, segments)
     return traj
+
+
+def _sum_sync(traj: dict, parts) -> None:
+    """traj["weight_sync"] / ["offload_s"]: the sums over `parts` (segments, inference outputs, stages) that
+    report them; absent when none does."""
+    syncs = [p["weight_sync"] for p in parts if p.get("weight_sync") is not None]
+    if syncs:
+        traj["weight_sync"] = {"seconds": sum(s["seconds"] for s in syncs), "bytes": sum(s["bytes"] for s in syncs)}
+    moved = [p["offload_s"] for p in parts if "offload_s" in p]
+    if moved:
+        traj["offload_s"] = sum(moved)
 
 
 def evaluate(cfg: Config, run_id: str, shard: int, weights: dict) -> list[dict]:
@@ -305,10 +359,14 @@ def policy_infer(cfg: Config, run_id: str, weights: dict, dims: tuple[int, int],
     rgb = None if env_outs[0]["rgb"] is None else np.concatenate([o["rgb"] for o in env_outs])
     sizes = [len(o["obs"]) for o in env_outs]
     rep = get_replica(cfg, run_id, weights, *dims)
+    sync = rep.last_sync
     instr = env_outs[0].get("instruction") or instruction(cfg)
     V = num_values(cfg)
     obs = policy_obs(rep.module, state, rgb, instr)
     acts = _act(rep, obs) if sample else {"values": _values_np(rep, obs, len(state))}
+    if not sample and cfg.algorithm.offload:  # the bootstrap: this group's last inference of the step
+        rep.offload()
+    moved = rep.take_moved()
     results, start = [], 0
     for o, n in zip(env_outs, sizes):
         r = {k: v[start:start + n] for k, v in acts.items()}
@@ -321,6 +379,8 @@ def policy_infer(cfg: Config, run_id: str, weights: dict, dims: tuple[int, int],
         r["final_values"] = fv
         r["weight_version"] = int(weights["version"])
         r["infer_time"] = (time.perf_counter() - t0) / len(sizes)
+        if not results:  # the node's one load and moves, reported once (with its first shard)
+            r["weight_sync"], r["offload_s"] = sync, moved
         results.append(r)
         start += n
     return results
@@ -356,6 +416,7 @@ def trajectory_disaggregated(cfg: Config, shard: int, first_obs: dict, *parts) -
     inf_t = sum(i[shard]["infer_time"] for i in infers)
     traj["timing"] = {"env": env_t, "infer": inf_t, "total": env_t + inf_t}
     traj["weight_version"] = min(i[shard]["weight_version"] for i in infers)
+    _sum_sync(traj, [i[shard] for i in infers])
     return traj
 
 
@@ -372,4 +433,5 @@ def trajectory_stages(cfg: Config, shard: int, num_stages: int, *parts) -> dict:
     out["cursor"] = {"episode_count": [c for t in trajs for c in t["cursor"]["episode_count"]]}
     out["timing"] = {k: sum(t["timing"][k] for t in trajs) for k in trajs[0]["timing"]}
     out["weight_version"] = min(t["weight_version"] for t in trajs)
+    _sum_sync(out, trajs)
     return out

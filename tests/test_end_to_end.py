@@ -64,6 +64,23 @@ def test_smoke_run_logs_params_and_metrics(smoke):
     assert [v for _, v in _history(client, rid, "eval/episode_len")] == [50.0]  # run to the limit in eval
 
 
+def test_smoke_run_logs_weight_sync(smoke):
+    """Every step each env worker's replica loads the new version once: 2 replicas x the MLP's state dict bytes,
+    pulled worker to worker (tasks.weights), in well under a second each."""
+    from tasks.config import PolicyConfig
+    from tasks.policies import make_policy
+    from tasks.weights import state_dict_nbytes
+    _, client, run, _ = smoke
+    nbytes = state_dict_nbytes(make_policy(PolicyConfig(), obs_dim=35, action_dim=8, num_values=1, image_size=None,
+                                           load=False).state_dict())
+    assert nbytes == 4 * ((35 * 256 + 256 + 2 * (256 * 256 + 256)) * 2 + 256 * 8 + 8 + 256 + 1 + 8)
+    mb = _history(client, run.info.run_id, "system/weight_sync_mb")
+    assert [s for s, _ in mb] == [1, 2, 3]
+    assert all(v == pytest.approx(2 * nbytes / 1e6, rel=1e-9) for _, v in mb), (mb, nbytes)
+    secs = _history(client, run.info.run_id, "time/weight_sync")
+    assert [s for s, _ in secs] == [1, 2, 3] and all(0.0 < v < 10.0 for _, v in secs), secs
+
+
 def test_smoke_run_stores_trajectories(smoke):
     _, _, _, run_dir = smoke
     store = TrajectoryStore.open(run_dir / "trajectories.zarr")

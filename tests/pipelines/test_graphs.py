@@ -78,7 +78,7 @@ def test_keys_are_readable_and_unique():
     assert keysets[1].isdisjoint(keysets[2])
     prefixes = {key_split(k) for k in keysets[0]}
     assert prefixes == {"env_step_s0", "env_step_s1", "trajectory_s0", "trajectory_s1", "store_s0", "store_s1",
-                        "advantages_s0", "advantages_s1", "actor_update", "step_metrics"}
+                        "advantages_s0", "advantages_s1", "actor_update", "update_handle", "step_metrics"}
     assert steps[0].update == f"actor_update-{RUN_A}-0" and steps[0].metrics == f"step_metrics-{RUN_A}-0"
     assert sorted(steps[0].stores) == [f"store_s0-{RUN_A}-0", f"store_s1-{RUN_A}-0"]
     # without a store path there are no store nodes
@@ -112,11 +112,15 @@ def test_placement_annotations():
         elif kind == "actor_update":
             assert ann == {"workers": [PLACEMENT.actor_worker], "allow_other_workers": False,
                            "resources": {"GPU": 1}}
+        elif kind == "update_handle":  # where the new weights are: nothing but the handle leaves that worker
+            assert ann == {"workers": [PLACEMENT.actor_worker], "allow_other_workers": False}
         else:  # stateless nodes: anywhere
             assert ann == {}, (key, ann)
     assert sg.graph.dependencies[sg.update] == {f"advantages_s0-{RUN_A}-0", f"advantages_s1-{RUN_A}-0"}
-    assert sg.graph.dependencies[sg.metrics] == {sg.update, *(f"{p}_s{s}-{RUN_A}-0" for p in ("trajectory", "advantages")
-                                                             for s in (0, 1))}
+    handle = f"update_handle-{RUN_A}-0"
+    assert sg.graph.dependencies[handle] == {sg.update}
+    assert sg.graph.dependencies[sg.metrics] == {handle, *(f"{p}_s{s}-{RUN_A}-0" for p in ("trajectory", "advantages")
+                                                           for s in (0, 1))}
 
 
 # ----- the step graph executed for real, synchronously, on a fake simulator -----------------------------------
@@ -257,3 +261,54 @@ def test_action_level_rewards_train_through_the_step_graph(monkeypatch):
     adv, upd = dask.get(sg.graph, [f"advantages_s0-{RUN_A}-0", sg.update])
     assert adv["advantages"].shape == (6, 2, 2) and adv["values"].shape == (6, 2, 2)
     assert upd["version"] == 1 and math.isfinite(upd["metrics"]["train/critic_loss"])
+
+
+# ----- weight sync and offload metrics of a step (tasks.weights, tasks.offload) --------------------------------
+def test_step_metrics_report_the_weight_sync_of_the_replica(monkeypatch):
+    """One process holds one replica: the first shard's node loads version 0 (the state dict's bytes), the
+    second shard's finds it loaded (0 bytes); a second step with the same weights loads nothing."""
+    from tasks.weights import state_dict_nbytes
+    monkeypatch.setattr(tasks.envs, "make_single_env", lambda cfg: FakeEnv(cfg))
+    cfg = small_config()
+    weights = update.actor_init(cfg, RUN_A, (FakeEnv.obs_dim, FakeEnv.action_dim))
+    nbytes = state_dict_nbytes(weights["state_dict"])
+    # hidden [16, 16] MLP on obs 3 / action 2: actor + critic Linear layers and the log-std, float32
+    n_params = (3 * 16 + 16 + 16 * 16 + 16 + 16 * 2 + 2) + (3 * 16 + 16 + 16 * 16 + 16 + 16 * 1 + 1) + 2
+    assert nbytes == 4 * n_params
+    sg = graphs.build_train_step(cfg, run_id=RUN_A, step=0, weights=weights, cursors=[None, None],
+                                 placement=PLACEMENT, store_path=None)
+    met = dask.get(sg.graph, sg.metrics)["metrics"]
+    assert met["system/weight_sync_mb"] == pytest.approx(nbytes / 1e6)
+    assert 0.0 < met["time/weight_sync"] < 5.0
+    assert "time/offload_replica_max" in met and met["time/offload_replica_max"] == 0.0  # offload off: no moves
+    again = graphs.build_train_step(cfg, run_id=RUN_A, step=1, weights=weights, cursors=[None, None],
+                                    placement=PLACEMENT, store_path=None)
+    met2 = dask.get(again.graph, again.metrics)["metrics"]
+    assert met2["system/weight_sync_mb"] == 0.0 and met2["time/weight_sync"] == 0.0
+
+
+def test_offload_step_logs_the_actor_memory_around_the_move(monkeypatch):
+    """algorithm.offload on a CPU-only machine: the update node is the offload wrapper (same key), the moves are
+    cpu -> cpu no-ops, and the metrics say so: the actor's bytes on its device are the parameters plus Adam's two
+    moments (and the gradients), before and after alike."""
+    from tasks import offload
+    monkeypatch.setattr(tasks.envs, "make_single_env", lambda cfg: FakeEnv(cfg))
+    cfg = small_config()
+    cfg.algorithm.offload = True
+    cfg.validate()
+    weights = update.actor_init(cfg, RUN_A, (FakeEnv.obs_dim, FakeEnv.action_dim))
+    sg = graphs.build_train_step(cfg, run_id=RUN_A, step=0, weights=weights, cursors=[None, None],
+                                 placement=PLACEMENT, store_path=None)
+    assert dict(sg.graph)[sg.update][0] is offload.actor_update_offload
+    upd, met = dask.get(sg.graph, [sg.update, sg.metrics])
+    m = upd["metrics"]
+    actor = resident.get(f"{RUN_A}/actor")
+    params = sum(p.numel() * 4 for p in actor.policy.parameters())
+    grads = sum(p.grad.numel() * 4 for p in actor.policy.parameters() if p.grad is not None)
+    adam = 2 * params  # exp_avg, exp_avg_sq
+    steps = sum(s["step"].numel() * s["step"].element_size() for s in actor.optimizer.state.values())
+    assert m["system/actor_device_mb_before_offload"] == pytest.approx((params + grads + adam + steps) / 1e6)
+    assert m["system/actor_device_mb_after_offload"] == m["system/actor_device_mb_before_offload"]  # cpu: no-op
+    assert 0.0 <= m["time/offload"] < 1.0
+    assert met["metrics"]["time/offload"] == m["time/offload"]
+    assert met["metrics"]["time/offload_replica_max"] >= 0.0
