@@ -13,6 +13,8 @@ _SIMULATORS: dict[str, tuple[str, str]] = {
     # name -> (module, class); modules are imported lazily so heavy simulators stay optional
     "maniskill": ("tasks.envs.maniskill", "ManiSkillEnv"),
 }
+# name -> class of one instance holding a whole shard, for the module's BATCHED_BACKENDS (GPU simulation)
+_BATCHED: dict[str, str] = {"maniskill": "ManiSkillBatchedEnv"}
 
 
 def _module(simulator: str):
@@ -37,6 +39,13 @@ def make_shard(cfg: EnvConfig, *, shard: int, num_shards: int, num_envs: int, au
                seed_fn: Callable[[int, int], int] | None = None, group_size: int = 1) -> EnvShard:
     """Create env shard `shard` of `num_shards` splitting `num_envs` envs evenly."""
     size = num_envs // num_shards
+    mod = _module(cfg.simulator)
+    if cfg.sim_backend in getattr(mod, "BATCHED_BACKENDS", ()):  # one simulator instance holds the shard's envs
+        from tasks.envs.batched import BatchedEnvShard
+        return BatchedEnvShard(getattr(mod, _BATCHED[cfg.simulator])(cfg, size), env_offset=shard * size,
+                               num_envs_total=num_envs, base_seed=base_seed, auto_reset=auto_reset,
+                               ignore_terminations=ignore_terminations, episode_count=episode_count,
+                               seed_fn=seed_fn, group_size=group_size)
     envs = [make_single_env(cfg) for _ in range(size)]
     return EnvShard(envs, env_offset=shard * size, num_envs_total=num_envs, base_seed=base_seed,
                     auto_reset=auto_reset, ignore_terminations=ignore_terminations, episode_count=episode_count,

@@ -1,4 +1,6 @@
-"""ManiSkill3 adapter: one `physx_cpu` simulator instance per env (num_envs=1), many instances per process.
+"""ManiSkill3 adapter: one `physx_cpu` simulator instance per env (num_envs=1), many instances per process; or,
+with `env.sim_backend=physx_cuda`, one GPU simulator instance per env shard holding all its envs
+(`ManiSkillBatchedEnv`, num_envs = shard size, batched torch tensors on the GPU; tasks.envs.batched).
 
 Observation (`obs_mode=state`): the env task's flat state vector, float32 [O] (PushCube-v1: O=35 — Panda joint
 positions (rad) and velocities (rad/s), gripper/TCP pose (m, quaternion), goal and cube positions (m); see
@@ -17,6 +19,13 @@ rather than at every simulator step: on CPU (lavapipe) one 32-64 px capture cost
 Instructions: each env task has a fixed natural-language instruction (`INSTRUCTIONS`, else one derived from the
 id), the prompt of VLA policies.
 
+GPU simulation (`physx_cuda`, needs CUDA; checked offline): observations, rewards and flags come back as CUDA
+tensors [B, ...] and are copied to numpy once per simulator step for the shard's bookkeeping (the policy moves
+them back with `policy.device=cuda`). ManiSkill 3.0.1 seeds a partial reset's initial states with the first env's
+episode seed (`torch.manual_seed(_episode_seed[0])` in `BaseEnv.reset`), so GPU episodes keep the per-env seed
+bookkeeping but are not bit-replayable per (env, seed) as CPU ones are; single envs (the dims probe, replay)
+always use the CPU simulator.
+
 Imports of mani_skill/sapien happen inside functions: importing this module is cheap and needs no Vulkan.
 """
 from __future__ import annotations
@@ -27,7 +36,8 @@ from tasks.config import ConfigError, EnvConfig
 from tasks.envs.vulkan import VulkanMissingError, ensure_vulkan
 
 OBS_MODES = ("state", "rgb")  # rgb: the state vector plus the task's camera image (see ManiSkillEnv)
-SIM_BACKENDS = ("physx_cpu", "cpu")
+SIM_BACKENDS = ("physx_cpu", "cpu", "physx_cuda")
+BATCHED_BACKENDS = ("physx_cuda",)  # one simulator instance per shard (tasks.envs.make_shard)
 REWARD_MODES = ("normalized_dense", "dense", "sparse")
 
 
@@ -46,8 +56,12 @@ def check_config(env: EnvConfig) -> None:
     if env.obs_mode not in OBS_MODES:
         raise ConfigError("env.obs_mode", env.obs_mode, f"supported: {list(OBS_MODES)}")
     if env.sim_backend not in SIM_BACKENDS:
-        raise ConfigError("env.sim_backend", env.sim_backend,
-                          f"supported on CPU: {list(SIM_BACKENDS)} (GPU simulation is not wired in yet)")
+        raise ConfigError("env.sim_backend", env.sim_backend, f"use one of {list(SIM_BACKENDS)}")
+    if env.sim_backend in BATCHED_BACKENDS:
+        import torch
+        if not torch.cuda.is_available():
+            raise ConfigError("env.sim_backend", env.sim_backend, "GPU simulation needs CUDA and this machine has "
+                              "none (torch.cuda.is_available() is False): use env.sim_backend=physx_cpu")
     if env.reward_mode not in REWARD_MODES:
         raise ConfigError("env.reward_mode", env.reward_mode, f"use one of {list(REWARD_MODES)}")
     reg = _registry()
@@ -100,8 +114,7 @@ class ManiSkillEnv:
         for name in ("mani_skill", "mani_skill "):  # ManiSkill 3.0.1 names its logger with a trailing space
             logging.getLogger(name).setLevel(logging.ERROR)  # "sapien_cuda not found, falling back" on CPU
         kwargs = dict(obs_mode="state", control_mode=cfg.control_mode, reward_mode=cfg.reward_mode,
-                      sim_backend="physx_cpu" if cfg.sim_backend == "cpu" else cfg.sim_backend,
-                      render_mode=None, num_envs=1)
+                      sim_backend="physx_cpu", render_mode=None, num_envs=1)  # physx_cuda: ManiSkillBatchedEnv
         if cfg.max_episode_steps:
             kwargs["max_episode_steps"] = cfg.max_episode_steps
         self.image_shape = None
@@ -138,6 +151,71 @@ class ManiSkillEnv:
         data = self.env.unwrapped._get_obs_sensor_data()
         cam = data["base_camera"] if "base_camera" in data else next(iter(data.values()))
         return cam["rgb"].reshape(self.image_shape).numpy()
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class ManiSkillBatchedEnv:
+    """One ManiSkill GPU simulator instance with `num_envs` envs (`tasks.envs.batched.BatchedEnv`): batched
+    torch tensors on the simulator's CUDA device inside, numpy at the interface. Layouts as ManiSkillEnv's, with a
+    leading [B]."""
+
+    def __init__(self, cfg: EnvConfig, num_envs: int):
+        ensure_vulkan()
+        import logging
+        import gymnasium as gym
+        import mani_skill.envs  # noqa: F401
+        for name in ("mani_skill", "mani_skill "):
+            logging.getLogger(name).setLevel(logging.ERROR)
+        kwargs = dict(obs_mode="state", control_mode=cfg.control_mode, reward_mode=cfg.reward_mode,
+                      sim_backend=cfg.sim_backend, render_mode=None, num_envs=num_envs)
+        if cfg.max_episode_steps:
+            kwargs["max_episode_steps"] = cfg.max_episode_steps
+        self.image_shape = None
+        if cfg.obs_mode == "rgb":
+            kwargs["sensor_configs"] = dict(width=cfg.image_size, height=cfg.image_size)
+            self.image_shape = (cfg.image_size, cfg.image_size, 3)
+        self.instruction = instruction_for(cfg.env_id)
+        self.env = gym.make(cfg.env_id, **kwargs)
+        base = self.env.unwrapped
+        self.device = base.device
+        self.num_envs = int(base.num_envs)
+        self.obs_dim = int(np.prod(base.single_observation_space.shape))
+        self.action_dim = int(np.prod(base.single_action_space.shape))
+        self._seeds = np.zeros(self.num_envs, np.int64)  # the seed each env's episode was reset with
+        self._started = False
+
+    def reset(self, seeds: np.ndarray, env_idx: np.ndarray) -> np.ndarray:
+        """Reset envs `env_idx` with `seeds` (the first call resets every env: ManiSkill builds the scene then)."""
+        import torch
+        env_idx = np.asarray(env_idx, np.int64)
+        self._seeds[env_idx] = seeds
+        if not self._started or len(env_idx) == self.num_envs:
+            obs, _ = self.env.reset(seed=self._seeds.tolist())
+            self._started = True
+        else:  # partial reset; the other envs keep their state (their seeds are passed unchanged)
+            obs, _ = self.env.reset(seed=self._seeds.tolist(),
+                                    options={"env_idx": torch.as_tensor(env_idx, device=self.device)})
+        return self._np(obs).reshape(self.num_envs, -1)[env_idx].astype(np.float32, copy=False)
+
+    def step(self, actions: np.ndarray):
+        import torch
+        obs, r, term, trunc, info = self.env.step(torch.as_tensor(actions, device=self.device))
+        B = self.num_envs
+        return (self._np(obs).reshape(B, -1).astype(np.float32, copy=False), self._np(r).reshape(B).astype(np.float32),
+                self._np(term).reshape(B).astype(bool), self._np(trunc).reshape(B).astype(bool),
+                self._np(info["success"]).reshape(B).astype(bool))
+
+    def render_rgb(self) -> np.ndarray:
+        """Camera images of the current states, uint8 [B, H, W, 3] (obs_mode=rgb only)."""
+        data = self.env.unwrapped._get_obs_sensor_data()
+        cam = data["base_camera"] if "base_camera" in data else next(iter(data.values()))
+        return self._np(cam["rgb"]).reshape(self.num_envs, *self.image_shape)
+
+    @staticmethod
+    def _np(x) -> np.ndarray:
+        return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
 
     def close(self) -> None:
         self.env.close()

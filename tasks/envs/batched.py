@@ -1,0 +1,142 @@
+"""BatchedEnvShard: an EnvShard over ONE simulator instance that holds all B envs (GPU simulation, e.g. ManiSkill's
+`physx_cuda`: one process steps thousands of envs as batched tensors).
+
+Same semantics as `EnvShard` (seeds, episode ids and cursors, action chunks, auto_reset, ignore_terminations,
+episode metrics; the ChunkResult layout), computed with array operations: a chunk of C actions is C batched
+simulator steps. The difference a batched simulator forces: every env is stepped at every simulator step. An env
+whose episode ended earlier in the chunk (or an idle env without auto_reset) receives zero actions and its
+results are discarded (reward 0, `step_mask` False), exactly what EnvShard reports; its state is replaced by the
+reset that follows (auto_reset after the chunk, or `reset_all`), so nothing it did is ever observed.
+(tests/tasks/envs/test_batched.py checks a BatchedEnvShard against an EnvShard on the same fake dynamics.)
+"""
+from __future__ import annotations
+
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+
+from tasks.envs.shard import ChunkResult, EnvShard
+
+
+class BatchedEnv(Protocol):
+    """B envs in one simulator instance; numpy in, numpy out (adapters convert from device tensors)."""
+
+    num_envs: int
+    obs_dim: int
+    action_dim: int
+
+    def reset(self, seeds: np.ndarray, env_idx: np.ndarray) -> np.ndarray:
+        """Reset envs `env_idx` (int [n]) with reset seeds `seeds` (int64 [n]); return their obs float32 [n, O]."""
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, ...]:
+        """One step of every env with actions float32 [B, D] in [-1, 1]; return obs float32 [B, O], reward
+        float32 [B], terminated bool [B], truncated bool [B], success bool [B]."""
+
+    def close(self) -> None: ...
+
+    # optional, for obs_mode=rgb: image_shape (H, W, 3) and render_rgb() -> uint8 [B, H, W, 3]; instruction: str
+
+
+class _EnvView:
+    """What EnvShard.__init__ reads from each env (dims, image shape, instruction) for env b of a batched one."""
+
+    def __init__(self, env: BatchedEnv):
+        self.obs_dim, self.action_dim = env.obs_dim, env.action_dim
+        self.image_shape = getattr(env, "image_shape", None)
+        self.instruction = getattr(env, "instruction", "")
+
+    def close(self) -> None:
+        pass
+
+
+class BatchedEnvShard(EnvShard):
+    """EnvShard over one BatchedEnv of B envs; constructor arguments as EnvShard's except `env`."""
+
+    def __init__(self, env: BatchedEnv, *, env_offset: int, num_envs_total: int, base_seed: int, auto_reset: bool,
+                 ignore_terminations: bool, episode_count: Sequence[int] | None = None,
+                 seed_fn: Callable[[int, int], int] | None = None, group_size: int = 1):
+        super().__init__([_EnvView(env)] * env.num_envs, env_offset=env_offset, num_envs_total=num_envs_total,
+                         base_seed=base_seed, auto_reset=auto_reset, ignore_terminations=ignore_terminations,
+                         episode_count=episode_count, seed_fn=seed_fn, group_size=group_size)
+        self.env = env
+
+    def _reset_envs(self, idx: np.ndarray) -> None:
+        """New episodes in envs `idx` (int [n]) with their next seeds; refreshes their obs (and images)."""
+        if len(idx) == 0:
+            return
+        for b in idx:
+            self.seed[b] = self.seed_fn(self.env_offset + int(b), int(self.episode_count[b]))
+        self.obs[idx] = self.env.reset(self.seed[idx].copy(), idx)
+        if self.rgb is not None:
+            self.rgb[idx] = self.env.render_rgb()[idx]
+        self.active[idx] = True
+        self.ep_return[idx], self.ep_len[idx], self.success_once[idx] = 0.0, 0, False
+
+    def _reset_env(self, b: int) -> None:
+        self._reset_envs(np.array([b]))
+
+    def reset_all(self) -> np.ndarray:
+        self._reset_envs(np.arange(self.num_envs))
+        self.needs_reset = False
+        return self.obs.copy()
+
+    def chunk_step(self, actions: np.ndarray, render: bool = True) -> ChunkResult:
+        """EnvShard.chunk_step with C batched simulator steps (see the module docstring)."""
+        B, D = self.num_envs, self.action_dim
+        if actions.ndim != 3 or actions.shape[0] != B or actions.shape[2] != D:
+            raise ValueError(f"actions must be [B={B}, C, D={D}], got {list(actions.shape)}")
+        if self.needs_reset:
+            self.reset_all()
+        C = actions.shape[1]
+        clipped = np.clip(actions, -1.0, 1.0).astype(np.float32)
+        rewards = np.zeros((B, C), np.float32)
+        step_mask = np.zeros((B, C), bool)
+        terminated, truncated, success = np.zeros(B, bool), np.zeros(B, bool), np.zeros(B, bool)
+        final_obs = np.zeros((B, self.obs_dim), np.float32)
+        final_rgb = None if self.rgb is None else np.zeros_like(self.rgb)
+        render = render and self.rgb is not None
+        episode_seed, episode_id = self.current_episodes()
+        live = self.active.copy()  # envs still executing actions in this chunk
+        for c in range(C):
+            if not live.any():
+                break
+            obs, r, term, trunc, succ = self.env.step(np.where(live[:, None], clipped[:, c], 0.0).astype(np.float32))
+            term = np.zeros(B, bool) if self.ignore_terminations else np.asarray(term, bool)
+            trunc, succ, r = np.asarray(trunc, bool), np.asarray(succ, bool), np.asarray(r, np.float64)
+            rewards[live, c] = r[live]
+            step_mask[live, c] = True
+            self.obs[live] = obs[live]
+            self.ep_return[live] += r[live]
+            self.ep_len[live] += 1
+            self.success_once[live] |= succ[live]
+            success[live] = succ[live]
+            ended = live & (term | trunc)
+            terminated[ended] = term[ended]
+            truncated[ended] = trunc[ended] & ~term[ended]
+            live &= ~ended
+        done = terminated | truncated
+        if render:
+            imgs = self.env.render_rgb()  # [B, H, W, 3] of the state after the chunk
+            final_rgb[truncated] = imgs[truncated]  # V(final_obs) bootstraps truncations only
+            keep = self.active & ~done
+            self.rgb[keep] = imgs[keep]
+        episodes = []
+        for b in np.flatnonzero(done):
+            final_obs[b] = self.obs[b]
+            episodes.append({"env": self.env_offset + int(b), "seed": int(self.seed[b]),
+                             "episode_id": int(episode_id[b]), "return": float(self.ep_return[b]),
+                             "episode_len": int(self.ep_len[b]), "success_once": bool(self.success_once[b]),
+                             "success_at_end": bool(success[b])})
+        self.episode_count[done] += 1
+        if self.auto_reset:
+            self._reset_envs(np.flatnonzero(done))
+        else:
+            self.active[done] = False
+            if not self.active.any():
+                self.needs_reset = True
+        return ChunkResult(self.obs.copy(), rewards, terminated, truncated, step_mask, success, final_obs,
+                           episode_seed, episode_id, episodes,
+                           rgb=None if self.rgb is None else self.rgb.copy(), final_rgb=final_rgb)
+
+    def close(self) -> None:
+        self.env.close()
