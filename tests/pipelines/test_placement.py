@@ -359,7 +359,10 @@ def test_multi_rank_graphs_pin_one_rank_per_actor_worker():
         assert sg.graph.layers[key].annotations == {"workers": [gpu_addr(r)], "allow_other_workers": False,
                                                     "resources": {"GPU": 1}}
         assert sg.graph.layers[key][key][3] == specs[r]  # (fn, cfg, run_id, group, weights, *advantages)
-    assert set(sg.ranks) <= sg.graph.dependencies[sg.metrics]  # a failed rank fails the step
+    # a failed rank fails the step: rank 0 through the handle of its weights (tasks.weights), the others directly
+    assert sg.graph.dependencies[sg.metrics] >= {"update_handle-r-3", *sg.ranks[1:]}
+    assert sg.graph.dependencies["update_handle-r-3"] == {sg.ranks[0]}
+    assert sg.graph.layers["update_handle-r-3"].annotations["workers"] == [gpu_addr(0)]
     assert "actor_update-r-3" not in sg.graph.layers
     graph, key = graphs.build_checkpoint(run_id="r", step=3, run_dir="/tmp/x", meta={}, placement=p, cfg=cfg,
                                          group=specs, weights={"version": 3}, dims=(3, 2))
