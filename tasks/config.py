@@ -186,6 +186,9 @@ class SFTConfig:
     batch_size: int = 64  # chunk-step samples per gradient step
     updates_per_step: int = 25  # gradient steps per training step (one graph)
     num_loaders: int = 2  # data nodes per training step reading the store in parallel
+    # > 0: also fit the value head to the discounted chunk-level returns of EVERY recorded episode (successful or
+    # not; algorithm.gamma / reward_scale): a critic warm start for PPO from the SFT checkpoint
+    value_coef: float = 0.0
 
 
 @dataclass
@@ -314,6 +317,11 @@ class Config:
             if not os.path.isfile(os.path.join(self.sft.store, "zarr.json")):
                 raise ConfigError("sft.store", self.sft.store, "no zarr store there; record one with "
                                                                "`python -m pipelines.record` first")
+            if self.sft.value_coef < 0:
+                raise ConfigError("sft.value_coef", self.sft.value_coef, "use >= 0 (0: no value warm start)")
+            if self.sft.value_coef > 0 and a.reward_type != "chunk_level":
+                raise ConfigError("sft.value_coef", self.sft.value_coef,
+                                  "the value warm start fits chunk-level returns: use algorithm.reward_type=chunk_level")
             for key, val in (("sft.batch_size", self.sft.batch_size), ("sft.updates_per_step", self.sft.updates_per_step),
                              ("sft.num_loaders", self.sft.num_loaders)):
                 if val < 1:

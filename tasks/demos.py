@@ -117,26 +117,68 @@ def sft_index(store_path: str, only_success: bool) -> np.ndarray:
     return rows.astype(np.int64)
 
 
-def _dataset(store_path: str, only_success: bool) -> dict[str, np.ndarray]:
-    """The selected samples in memory, cached per worker: obs [M, O], rgb [M, H, W, 3] (if stored), actions
-    [M, C, D]."""
+def chunk_returns(rewards: np.ndarray, step_mask: np.ndarray, truncated: np.ndarray, gamma: float,
+                  reward_scale: float = 1.0) -> np.ndarray:
+    """Discounted chunk-level returns of recorded episodes (the critic's warm-start targets).
+
+    Args:
+        rewards: float [T, B, C] per-action rewards of one recording round (one episode per env, starting at t=0).
+        step_mask: bool [T, B, C] executed actions. truncated: bool [T, B] the episode hit the time limit there.
+        gamma: discount per chunk step (algorithm.gamma). reward_scale: algorithm.reward_scale.
+
+    Returns float32 [T, B]: G_t = r_t + gamma G_{t+1} with r_t = reward_scale * (sum of the chunk's executed
+    rewards). An episode cut by the time limit is bootstrapped as if its last chunk reward went on for ever
+    (G_end = r_last / (1 - gamma)), the stationary value PPO's truncation bootstrap converges to when the state no
+    longer changes (ignore_terminations: the cube stays where it is); a terminated episode's tail is 0.
+    """
+    T, B = rewards.shape[:2]
+    r = reward_scale * np.where(step_mask, rewards, 0.0).sum(-1)  # [T, B]
+    alive = step_mask.any(-1)  # [T, B]
+    out = np.zeros((T, B), np.float32)
+    for b in range(B):
+        steps = np.flatnonzero(alive[:, b])
+        if not len(steps):
+            continue
+        last = steps[-1]
+        g = r[last, b] / (1.0 - gamma) if truncated[last, b] and gamma < 1 else 0.0
+        for t in range(last, -1, -1):
+            g = r[t, b] + gamma * g
+            out[t, b] = g
+    return out
+
+
+def _dataset(cfg: Config) -> dict[str, np.ndarray]:
+    """The samples in memory, cached per worker: obs [M, O], rgb [M, H, W, 3] (if stored), actions [M, C, D].
+
+    With `sft.value_coef` > 0 the samples are the chunk steps of every recorded episode, with `bc` bool [M] (the
+    behaviour-cloning selection, `sft.only_success`) and `returns` float32 [M] (`chunk_returns`)."""
+    store_path, only_success, value = cfg.sft.store, cfg.sft.only_success, cfg.sft.value_coef > 0
+
     def load():
         from storage.trajectories import TrajectoryStore
         st = TrajectoryStore.open(store_path)
-        rows = sft_index(store_path, only_success)
+        rows = sft_index(store_path, only_success and not value)
         out = {}
         for k in ("obs", "rgb", "actions"):
             if k in st.fields:
-                arr = st.read(k)
-                out[k] = arr[rows[:, 0], rows[:, 1], rows[:, 2]]
+                out[k] = st.read(k)[rows[:, 0], rows[:, 1], rows[:, 2]]
+        if value:
+            bc = sft_index(store_path, only_success)
+            out["bc"] = (rows[:, None, :] == bc[None]).all(-1).any(-1)  # [M]
+            epochs = np.asarray(st.complete_epochs(), np.int64)
+            rewards, mask, trunc = st.read("rewards", epochs), st.read("step_mask", epochs), st.read("truncated", epochs)
+            rets = np.stack([chunk_returns(rewards[i], mask[i], trunc[i], cfg.algorithm.gamma,
+                                           cfg.algorithm.reward_scale) for i in range(len(epochs))])  # [E, T, B]
+            pos = np.searchsorted(epochs, rows[:, 0])
+            out["returns"] = rets[pos, rows[:, 1], rows[:, 2]]
         return out
-    data, _ = resident.get_or_create(f"sft_data/{store_path}/{only_success}", load)
+    data, _ = resident.get_or_create(f"sft_data/{store_path}/{only_success}/{value}", load)
     return data
 
 
 def sft_load(cfg: Config, seed: int, num_batches: int) -> list[dict[str, np.ndarray]]:
     """`num_batches` random minibatches of `sft.batch_size` samples (a data node; seeded, so reproducible)."""
-    data = _dataset(cfg.sft.store, cfg.sft.only_success)
+    data = _dataset(cfg)
     rng = np.random.default_rng(seed)
     M = len(data["actions"])
     return [{k: v[idx] for k, v in data.items()}
@@ -160,15 +202,31 @@ def sft_update(cfg: Config, run_id: str, weights: dict, *batch_lists: list[dict]
     policy, opt = actor.policy, actor.optimizer
     policy.train()
     instr = instruction(cfg)
-    losses, norms = [], []
+    losses, norms, vlosses = [], [], []
     for b in batches:
         obs = policy_obs(policy, b["obs"], b["rgb"] if "rgb" in b and cfg.env.obs_mode == "rgb" else None, instr)
-        loss = policy.sft_loss(obs, torch.from_numpy(b["actions"]))
+        if "returns" in b:  # value warm start: BC on the selected samples, value regression on all
+            bc = torch.from_numpy(b["bc"])
+            loss = policy.sft_loss({k: v[bc] for k, v in obs.items()}, torch.from_numpy(b["actions"])[bc]) \
+                if bc.any() else torch.zeros(())
+            vloss = ((policy.values(obs).reshape(-1) - torch.from_numpy(b["returns"])) ** 2).mean()
+            vlosses.append(float(vloss.detach()))
+            losses.append(float(loss.detach()))
+            loss = loss + cfg.sft.value_coef * vloss
+        else:
+            loss = policy.sft_loss(obs, torch.from_numpy(b["actions"]))
+            losses.append(float(loss.detach()))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        norms.append(float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.algorithm.max_grad_norm)))
+        if "returns" in b:  # the value head is clipped on its own: its loss must not shrink the BC step
+            critic = [p for n, p in policy.named_parameters() if n.startswith("value_head.")]
+            torch.nn.utils.clip_grad_norm_(critic, cfg.algorithm.max_grad_norm)
+            ids = {id(p) for p in critic}
+            params = [p for p in policy.parameters() if id(p) not in ids]
+        else:
+            params = list(policy.parameters())
+        norms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.algorithm.max_grad_norm)))
         opt.step()
-        losses.append(float(loss.detach()))
     policy.eval()
     actor.version = weights["version"] + 1
     out = actor.weights()
@@ -176,4 +234,6 @@ def sft_update(cfg: Config, run_id: str, weights: dict, *batch_lists: list[dict]
                       "train/minibatch_updates": float(len(batches)), "train/weight_version": float(actor.version),
                       "train/actor_rebuilt": float(created), "train/lr": opt.param_groups[0]["lr"],
                       "time/update": time.perf_counter() - t0}
+    if vlosses:
+        out["metrics"]["train/critic_loss"] = float(np.mean(vlosses))
     return out

@@ -70,6 +70,8 @@ def test_sft_logs_a_loss_and_writes_a_pretrained_checkpoint(recipe):
     run, loss = _metric(root, "pushcube_flow_sft", "train/sft_loss")
     assert run.info.status == "FINISHED" and [s for s, _ in loss] == [1, 2]
     assert all(math.isfinite(v) and v > 0 for _, v in loss)
+    _, vloss = _metric(root, "pushcube_flow_sft", "train/critic_loss")  # the conf's value warm start
+    assert [s for s, _ in vloss] == [1, 2] and all(math.isfinite(v) and v > 0 for _, v in vloss)
     _, ev = _metric(root, "pushcube_flow_sft", "eval/success_once")
     assert [s for s, _ in ev] == [2]
     assert (hf / "config.json").is_file() and (hf / "model.safetensors").is_file()

@@ -77,3 +77,51 @@ def test_sft_index_names_the_store_when_nothing_is_selectable(tmp_path):
     with pytest.raises(ValueError, match="empty.zarr: no chunk step to learn from in a successful episode"):
         sft_index(str(path), only_success=True)
     clear_cache()
+
+
+def test_chunk_returns_hand_case():
+    """gamma 0.5. env 0: chunk rewards 1, 2, then idle; cut by the time limit at t=1 -> tail 2 / (1 - 0.5) = 4.
+    env 1: chunk rewards 1, 0, 2, terminated at t=2 -> no tail."""
+    from tasks.demos import chunk_returns
+    rewards = np.array([[[1, 0], [1, 0]], [[2, 0], [0, 0]], [[0, 0], [1, 1]]], np.float32)  # [T=3, B=2, C=2]
+    mask = np.ones((3, 2, 2), bool)
+    mask[1, 0, 1] = False
+    mask[2, 0] = False
+    truncated = np.zeros((3, 2), bool)
+    truncated[1, 0] = True
+    g = chunk_returns(rewards, mask, truncated, gamma=0.5)
+    # env 0: G1 = 2 + 0.5 * 4 = 4, G0 = 1 + 0.5 * 4 = 3; env 1: G2 = 2, G1 = 0 + 1 = 1, G0 = 1 + 0.5 = 1.5
+    np.testing.assert_allclose(g, [[3.0, 1.5], [4.0, 1.0], [0.0, 2.0]])
+    np.testing.assert_allclose(chunk_returns(rewards, mask, truncated, gamma=0.5, reward_scale=0.2), 0.2 * g,
+                               rtol=1e-6)
+
+
+def test_sft_value_warm_start_loads_every_episode_with_returns_and_the_bc_flag(tmp_path):
+    """With sft.value_coef > 0 the samples are all executed chunk steps; `bc` marks the successful episodes'
+    ones and `returns` are the chunk returns of their step."""
+    path = tmp_path / "v.zarr"
+    fields = {"obs": FieldSpec((1,), "float32"), "actions": FieldSpec((1, 1), "float32"),
+              "rewards": FieldSpec((1,), "float32"), "step_mask": FieldSpec((1,), "bool"),
+              "truncated": FieldSpec((), "bool"), "success": FieldSpec((), "bool"),
+              "episode_id": FieldSpec((), "int64")}
+    st = TrajectoryStore.create(path, fields=fields, T=2, num_envs=2, shard_size=2)
+    st.reserve(0)
+    obs = np.array([[[0.0], [1.0]], [[2.0], [3.0]]], np.float32)  # value = 2 t + b
+    write_shard(str(path), epoch=0, shard=0, data={
+        "obs": obs, "actions": obs[..., None], "rewards": np.array([[[1.0], [0.0]], [[1.0], [2.0]]], np.float32),
+        "step_mask": np.ones((2, 2, 1), bool), "truncated": np.array([[False, False], [True, True]]),
+        "success": np.array([[False, False], [True, False]]), "episode_id": np.array([[0, 1], [0, 1]])})
+    st.mark_complete(0)
+    cfg = Config()
+    cfg.sft.store, cfg.sft.batch_size, cfg.sft.value_coef = str(path), 64, 1.0
+    cfg.algorithm.gamma, cfg.algorithm.reward_scale = 0.5, 1.0
+    resident.release("sft_data/")
+    try:
+        (b,) = sft_load(cfg, seed=0, num_batches=1)
+    finally:
+        resident.release("sft_data/")
+        clear_cache()
+    expected = {0.0: (True, 1 + 0.5 * 2.0), 1.0: (False, 0 + 0.5 * 4.0), 2.0: (True, 2.0), 3.0: (False, 4.0)}
+    for o, bc, ret in zip(b["obs"][:, 0], b["bc"], b["returns"]):
+        assert (bool(bc), float(ret)) == pytest.approx(expected[float(o)])
+    assert set(b["obs"][:, 0].tolist()) == {0.0, 1.0, 2.0, 3.0}
