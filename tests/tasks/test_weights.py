@@ -51,7 +51,7 @@ def _replica_load(cfg, h):
 @pytest.fixture(scope="module")
 def client():
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=None) as cluster, Client(cluster) as c:
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as c:
         yield c
 
 
