@@ -77,7 +77,7 @@ class PolicyConfig:
     noise_std_min: float = 0.08  # flow_vla, flow_noise: bounds of the learned noise std
     noise_std_max: float = 0.16
     action_bins: int = 256  # token_vla: bins per action dimension
-    # ----- device and precision of rollout replicas (tasks.device) -----
+    # ----- device and precision of rollout replicas and the one-rank actor / SFT update (tasks.device) -----
     device: str = "cpu"  # cpu | cuda (the worker's CUDA device; needs CUDA)
     dtype: str = "float32"  # float32 | bfloat16 (autocast on CUDA; needs policy.device=cuda)
 

@@ -19,6 +19,7 @@ import torch
 
 from tasks import resident
 from tasks.config import Config
+from tasks.device import autocast, to_device
 from tasks.envs import make_shard
 from tasks.policies import make_policy
 from tasks.rollout import instruction, num_values, policy_obs
@@ -200,21 +201,26 @@ def sft_update(cfg: Config, run_id: str, weights: dict, *batch_lists: list[dict]
 
     actor, created = resident.get_or_create(f"{run_id}/actor", rebuild)
     policy, opt = actor.policy, actor.optimizer
+    dev = next(policy.parameters()).device
     policy.train()
     instr = instruction(cfg)
     losses, norms, vlosses = [], [], []
     for b in batches:
         obs = policy_obs(policy, b["obs"], b["rgb"] if "rgb" in b and cfg.env.obs_mode == "rgb" else None, instr)
+        obs, actions = to_device(obs, dev), torch.from_numpy(b["actions"]).to(dev)
         if "returns" in b:  # value warm start: BC on the selected samples, value regression on all
-            bc = torch.from_numpy(b["bc"])
-            loss = policy.sft_loss({k: v[bc] for k, v in obs.items()}, torch.from_numpy(b["actions"])[bc]) \
-                if bc.any() else torch.zeros(())
-            vloss = ((policy.values(obs).reshape(-1) - torch.from_numpy(b["returns"])) ** 2).mean()
+            bc = torch.from_numpy(b["bc"]).to(dev)
+            with autocast(cfg.policy.dtype, dev):
+                loss = policy.sft_loss({k: v[bc] for k, v in obs.items()}, actions[bc]) \
+                    if bc.any() else torch.zeros((), device=dev)
+                values = policy.values(obs).reshape(-1).float()
+            vloss = ((values - torch.from_numpy(b["returns"]).to(dev)) ** 2).mean()
             vlosses.append(float(vloss.detach()))
             losses.append(float(loss.detach()))
             loss = loss + cfg.sft.value_coef * vloss
         else:
-            loss = policy.sft_loss(obs, torch.from_numpy(b["actions"]))
+            with autocast(cfg.policy.dtype, dev):
+                loss = policy.sft_loss(obs, actions)
             losses.append(float(loss.detach()))
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -16,6 +16,7 @@ from tasks.algorithms import (aggregate_rewards, critic_loss, decoupled_ppo_acto
                               expand_advantages, from_action_level, get_advantage, loss_mask_for, masked_mean,
                               normalize_advantages, ppo_actor_loss, reduce_logprobs, to_action_level)
 from tasks.config import Config
+from tasks.device import autocast, policy_device, to_device
 from tasks.policies import make_policy
 from tasks.rollout import image_size, instruction, num_values, policy_obs
 
@@ -95,15 +96,23 @@ class Actor:
     version: int = 0
 
     def weights(self) -> dict:
-        """Versioned weights for rollout replicas: {"version": int, "state_dict": CPU tensors}."""
+        """Versioned weights for rollout replicas: {"version": int, "state_dict": CPU tensors} (copied off the
+        actor's device, so replicas and checkpoints never hold references into it)."""
         return {"version": self.version,
-                "state_dict": {k: v.detach().clone() for k, v in self.policy.state_dict().items()}}
+                "state_dict": {k: v.detach().to("cpu", copy=True) for k, v in self.policy.state_dict().items()}}
 
 
 def _build_actor(cfg: Config, obs_dim: int, action_dim: int, load: bool = True) -> Actor:
+    """The actor on `policy.device` (tasks.device.policy_device), float32 master weights (bf16 is autocast)."""
     policy = make_policy(cfg.policy, obs_dim=obs_dim, action_dim=action_dim, num_values=num_values(cfg),
                          seed=cfg.seed, image_size=image_size(cfg), load=load)
+    policy.to(policy_device(cfg))
     return Actor(policy, make_optimizer(cfg, policy))
+
+
+def to_actor_device(data: dict[str, torch.Tensor], policy: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A flattened batch (`_flatten`) on the device of the policy's parameters (a no-op on the CPU)."""
+    return to_device(data, next(policy.parameters()).device)
 
 
 def make_optimizer(cfg: Config, policy: torch.nn.Module) -> torch.optim.Optimizer:
@@ -169,8 +178,10 @@ def _flatten(samples: list[dict]) -> dict[str, torch.Tensor]:
 
 
 def batch_obs(policy: torch.nn.Module, data: dict[str, torch.Tensor], idx: torch.Tensor, instr: str) -> dict:
-    """The policy's observation dict for samples `idx` of a flattened batch (state, rgb, prompt)."""
-    return policy_obs(policy, data["obs"][idx], data["rgb"][idx] if "rgb" in data else None, instr)
+    """The policy's observation dict for samples `idx` of a flattened batch (state, rgb, prompt), on the batch's
+    device (the cached prompt tokens live on the CPU)."""
+    obs = policy_obs(policy, data["obs"][idx], data["rgb"][idx] if "rgb" in data else None, instr)
+    return to_device(obs, data["obs"].device)
 
 
 def batch_extras(data: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -292,6 +303,7 @@ def actor_update(cfg: Config, run_id: str, weights: dict, *samples: dict) -> dic
     actor, created = resident.get_or_create(f"{run_id}/actor", rebuild)
     if created:
         rebuilt = 1.0
+    data = to_actor_device(data, actor.policy)
     prep = prepare_update(cfg, data)
     # critic warm-up (PPO): the first `critic_warmup_steps` updates train the value head only
     prep["critic_only"] = prep["critic"] and weights["version"] < cfg.algorithm.critic_warmup_steps
@@ -310,7 +322,8 @@ def actor_update(cfg: Config, run_id: str, weights: dict, *samples: dict) -> dic
         perm = torch.randperm(N)
         for i in range(a.num_minibatches):
             idx = perm[i * mb:(i + 1) * mb]
-            terms = minibatch_loss(cfg, policy, data, prep, idx, instr)
+            with autocast(cfg.policy.dtype, data["obs"].device):
+                terms = minibatch_loss(cfg, policy, data, prep, idx, instr)
             loss = terms["loss"]
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -81,3 +81,28 @@ def test_replica_acts_on_cuda_in_bf16_and_offloads():
     rollout.get_replica(cfg, "gpu-test", w, 5, 3)  # onload, no new load
     assert next(rep.module.parameters()).device.type == "cuda" and rep.last_sync["bytes"] == 0
     resident.release("gpu-test")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-4), ("bfloat16", 5e-2)])
+def test_actor_update_on_cuda_matches_the_cpu_update(dtype, tol):
+    """One PPO update (tasks.update.actor_update) of the same batch with the same permutation on the CPU and with
+    policy.device=cuda: float32 equal up to kernel summation order (1e-4), bf16 autocast within 5e-2; the weights
+    handed out are CPU tensors either way."""
+    from tasks import resident, update
+    from tests.tasks.test_distributed import _cfg, _initial_weights, _shard
+    outs = {}
+    for device in ("cpu", "cuda"):
+        cfg = _cfg()
+        cfg.policy.device, cfg.policy.dtype = device, (dtype if device == "cuda" else "float32")
+        w0 = _initial_weights(cfg)
+        with torch.random.fork_rng():
+            torch.manual_seed(7)
+            outs[device] = update.actor_update(cfg, f"gpu-upd-{device}", w0, _shard(0), _shard(1))
+        resident.release(f"gpu-upd-{device}")
+    for k, v in outs["cuda"]["state_dict"].items():
+        assert v.device.type == "cpu"
+        torch.testing.assert_close(v, outs["cpu"]["state_dict"][k], atol=tol, rtol=tol)
+    assert not torch.equal(outs["cpu"]["state_dict"]["actor_mean.0.weight"],
+                           _initial_weights(_cfg())["state_dict"]["actor_mean.0.weight"])
