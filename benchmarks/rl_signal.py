@@ -1,0 +1,169 @@
+"""How much signal one RL update of a VLA carries, and how far along it the policy can move: the measurement behind
+the VLA recipe's RL settings (README, "VLA policies").
+
+    .venv/bin/python benchmarks/rl_signal.py --model-path SFT_RUN/checkpoints/global_step_30/hf \
+        [--conf pushcube_flow_grpo] [--envs 128] [--batches 2] [--eval-episodes 48] \
+        [--steps sign:1e-4 sign:2e-4 sign:5e-4 sgd:0.03 sgd:0.1 rand:0.3] [--set KEY=VALUE ...]
+
+In one process, no Dask (the same task functions the graph runs):
+1. Rollouts: `--batches` rollouts of `--envs` envs (one env shard, GRPO groups of `algorithm.group_size` sharing
+   reset seeds, one episode per env, stochastic sampling), each from its own seeds; GRPO advantages
+   (tasks.algorithms.grpo_advantages on the chunk rewards).
+2. Gradients: for each batch, the gradient g_i of the PPO surrogate at ratio 1 with token-level log-probs,
+   -mean over (chunk steps, C, D) of A * log pi (what the update's first minibatch step follows). Printed: the
+   cosine between the batches' gradients (two independent estimates of the same expectation: cos ~ 1 means
+   signal, ~ 0 noise; for estimates s + n_i with |n_i|^2 = r |s|^2 the expected cosine is 1 / (1 + r)), their
+   norms, and the parameter tensors carrying most of the summed gradient's squared norm.
+3. Line search along the summed gradient g = sum_i g_i from the loaded weights theta_0, one deterministic (ODE)
+   eval on the fixed eval seeds (`env.eval.seed + i`, as the pipeline's eval) per entry of `--steps`:
+       sign:s   theta_0 - s * sign(g)        (what Adam's first steps do: every parameter moves by s)
+       sgd:s    theta_0 - s * g / |g|        (an L2 step of length s along the gradient)
+       rand:s   theta_0 + s * u / |u|, u ~ N(0, I) over the same parameters (a control of the same length)
+   A negative s moves against the descent direction.
+
+Prints the eval success_once of theta_0 and of every step. Sizes: `--envs` x 10 chunk steps renders (~40-130 ms
+each on lavapipe) per batch; 2 x 128 envs + 6 evals of 48 episodes take ~8 min on the 2-core machine.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pipelines.config import load_config  # noqa: E402
+from tasks.algorithms import grpo_advantages  # noqa: E402
+from tasks.envs import make_shard  # noqa: E402
+from tasks.policies import make_policy  # noqa: E402
+from tasks.rollout import instruction, policy_obs  # noqa: E402
+
+FIELDS = ("obs", "rgb", "actions", "chain", "rewards", "terminated", "truncated", "step_mask", "success")
+
+
+def rollout(policy, shard, instr: str, chunk_steps: int, deterministic: bool = False) -> dict[str, np.ndarray]:
+    """One episode per env from a reset: the fields [T, B, ...] of FIELDS (chain: the flow VLA's denoising chain)."""
+    shard.needs_reset = True
+    rec: dict[str, list] = {k: [] for k in FIELDS}
+    for _ in range(chunk_steps):
+        o, rgb = shard.current_obs(), shard.current_rgb()
+        with torch.no_grad():
+            out = policy.act(policy_obs(policy, o, rgb, instr), deterministic=deterministic)
+        res = shard.chunk_step(out["actions"].numpy())
+        for k, v in (("obs", o), ("rgb", rgb), ("actions", out["actions"].numpy()),
+                     ("chain", out["extras"]["chain"].numpy()), ("rewards", res.rewards),
+                     ("terminated", res.terminated), ("truncated", res.truncated), ("step_mask", res.step_mask),
+                     ("success", res.success)):
+            rec[k].append(v)
+    return {k: np.stack(v) for k, v in rec.items()}
+
+
+def surrogate_grad(policy, params: list[torch.nn.Parameter], batch: dict, adv: np.ndarray, instr: str,
+                   chunk: int = 320) -> torch.Tensor:
+    """Flat gradient (over `params`) of -mean(A * log pi) at ratio 1, token-level log-probs [N, C, D]."""
+    T, B = adv.shape
+    N = T * B
+    flat = {k: torch.from_numpy(batch[k].reshape(N, *batch[k].shape[2:])) for k in ("obs", "rgb", "actions", "chain")}
+    a = torch.from_numpy(adv.reshape(N))
+    policy.zero_grad(set_to_none=True)
+    for s in range(0, N, chunk):
+        i = slice(s, s + chunk)
+        n = len(a[i])
+        out = policy.evaluate(policy_obs(policy, flat["obs"][i], flat["rgb"][i], instr), flat["actions"][i],
+                              {"chain": flat["chain"][i], "denoise_idx": torch.full((n,), -1)})
+        lp = out["logprobs"]  # [n, C, D]
+        (-(a[i][:, None, None] * lp).sum() / (N * lp[0].numel())).backward()
+    return torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).reshape(-1) for p in params])
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model-path", required=True, help="a flow_vla save_pretrained directory (SFT checkpoint's hf/)")
+    ap.add_argument("--conf", default="pushcube_flow_grpo")
+    ap.add_argument("--envs", type=int, default=128)
+    ap.add_argument("--batches", type=int, default=2)
+    ap.add_argument("--eval-episodes", type=int, default=48)
+    ap.add_argument("--steps", nargs="*", default=["sign:1e-4", "sign:2e-4", "sign:5e-4", "sgd:0.03", "sgd:0.1",
+                                                    "rand:0.3"])
+    ap.add_argument("--set", nargs="*", default=[], help="extra config overrides KEY=VALUE")
+    args = ap.parse_args(argv)
+    cfg, _ = load_config([f"conf={args.conf}", f"policy.model_path={args.model_path}", *args.set], components=False)
+    if cfg.policy.name != "flow_vla":
+        raise SystemExit(f"policy.name={cfg.policy.name}: this benchmark reads a flow_vla's denoising chain")
+    torch.set_num_threads(1)
+    G, T, instr = cfg.algorithm.group_size, cfg.rollout.chunk_steps, instruction(cfg)
+    probe = make_shard(cfg.env, shard=0, num_shards=1, num_envs=1, auto_reset=False, ignore_terminations=True,
+                       base_seed=0)
+    policy = make_policy(cfg.policy, obs_dim=probe.obs_dim, action_dim=probe.action_dim,
+                         image_size=cfg.env.image_size).eval()
+    probe.close()
+
+    grads, t0 = [], time.perf_counter()
+    params = None
+    for i in range(args.batches):
+        torch.manual_seed(1000 + i)
+        shard = make_shard(cfg.env, shard=0, num_shards=1, num_envs=args.envs, auto_reset=False,
+                           ignore_terminations=True, base_seed=cfg.env.seed + 100_000 * (i + 1), group_size=G)
+        batch = rollout(policy, shard, instr, T)
+        shard.close()
+        res = grpo_advantages(rewards=torch.from_numpy(batch["rewards"]).sum(-1),
+                              terminated=torch.from_numpy(batch["terminated"]),
+                              truncated=torch.from_numpy(batch["truncated"]),
+                              step_mask=torch.from_numpy(batch["step_mask"]), group_size=G)
+        if params is None:  # the parameters the log-probs depend on (not the value head, not unused LM outputs)
+            surrogate_grad(policy, list(policy.parameters()), {k: v[:1, :2] for k, v in batch.items()},
+                           np.ones((1, 2), np.float32), instr)
+            params = [p for p in policy.parameters() if p.grad is not None]
+            names = [n for n, p in policy.named_parameters() if p.grad is not None]
+        grads.append(surrogate_grad(policy, params, batch, res["advantages"].numpy(), instr))
+        print(f"batch {i}: {args.envs} envs, stochastic success_once {batch['success'].any(0).mean():.3f}, "
+              f"{time.perf_counter() - t0:.0f} s", flush=True)
+    for i in range(len(grads)):
+        for j in range(i + 1, len(grads)):
+            cos = float(grads[i] @ grads[j] / (grads[i].norm() * grads[j].norm()))
+            print(f"cos(g{i}, g{j}) = {cos:.3f}   |g{i}| = {float(grads[i].norm()):.4f}  |g{j}| = "
+                  f"{float(grads[j].norm()):.4f}")
+    g = torch.stack(grads).sum(0)
+    sizes = [p.numel() for p in params]
+    parts = torch.split(g, sizes)
+    share = sorted(((float(x.norm() ** 2 / g.norm() ** 2), n, x.numel()) for x, n in zip(parts, names)), reverse=True)
+    for s, n, k in share[:5]:
+        print(f"  {100 * s:5.1f}% of |g|^2  {n} ({k} parameters)")
+
+    ev = make_shard(cfg.env, shard=0, num_shards=1, num_envs=args.eval_episodes, auto_reset=False,
+                    ignore_terminations=True, base_seed=0, seed_fn=lambda e, k: cfg.env.eval.seed + e)
+    theta0 = [p.detach().clone() for p in params]
+
+    def set_params(vec: torch.Tensor) -> None:
+        for p, p0, d in zip(params, theta0, torch.split(vec, sizes)):
+            p.data.copy_(p0 + d.view_as(p))
+
+    def evaluate() -> float:
+        torch.manual_seed(0)
+        return float(rollout(policy, ev, instr, T, deterministic=True)["success"].any(0).mean())
+
+    print(f"theta_0: eval success_once {evaluate():.3f} ({args.eval_episodes} episodes)", flush=True)
+    for spec in args.steps:
+        kind, s = spec.split(":")
+        s = float(s)
+        if kind == "sign":
+            step = -s * torch.sign(g)
+        elif kind == "sgd":
+            step = -s * g / g.norm()
+        elif kind == "rand":
+            u = torch.randn(g.shape, generator=torch.Generator().manual_seed(123))
+            step = s * u / u.norm()
+        else:
+            raise SystemExit(f"--steps {spec}: use sign:S, sgd:S or rand:S")
+        set_params(step)
+        print(f"{spec:>12}: eval success_once {evaluate():.3f}", flush=True)
+    set_params(torch.zeros_like(g))
+
+
+if __name__ == "__main__":
+    main()
