@@ -71,6 +71,9 @@ class PolicyConfig:
     value_head: str = "mean_token"  # mean_token | first_token | last_token: pooling of prefix features
     value_detach: bool = False  # the critic's gradient stops at the prefix features (the VLA trunk is not
     # shaped by the value loss); False = RLinf's default
+    critic_state: bool = False  # the value head also reads the raw state vector: [pooled prefix ; state]
+    # (an asymmetric critic, Pinto et al. 2018; the simulator's state is there in training even if the actor is
+    # vision-only)
     num_denoise_steps: int = 4  # flow_vla: K integration steps of the flow ODE/SDE
     noise_method: str = "flow_sde"  # flow_vla: flow_sde | flow_noise (piRL)
     noise_level: float = 0.5  # flow_vla, flow_sde: a in sigma_t = a * sqrt(t / (1 - t))
@@ -189,6 +192,8 @@ class SFTConfig:
     # > 0: also fit the value head to the discounted chunk-level returns of EVERY recorded episode (successful or
     # not; algorithm.gamma / reward_scale): a critic warm start for PPO from the SFT checkpoint
     value_coef: float = 0.0
+    bc_coef: float = 1.0  # weight of the behaviour-cloning loss; 0 with value_coef > 0: a value-only pass that
+    # leaves the loaded policy's weights as they are (e.g. to warm-start a new critic on an SFT checkpoint)
 
 
 @dataclass
@@ -319,6 +324,9 @@ class Config:
                                                                "`python -m pipelines.record` first")
             if self.sft.value_coef < 0:
                 raise ConfigError("sft.value_coef", self.sft.value_coef, "use >= 0 (0: no value warm start)")
+            if self.sft.bc_coef < 0 or (self.sft.bc_coef == 0 and not self.sft.value_coef > 0):
+                raise ConfigError("sft.bc_coef", self.sft.bc_coef, "use > 0, or 0 together with sft.value_coef > 0 "
+                                                                   "(a value-only pass)")
             if self.sft.value_coef > 0 and a.reward_type != "chunk_level":
                 raise ConfigError("sft.value_coef", self.sft.value_coef,
                                   "the value warm start fits chunk-level returns: use algorithm.reward_type=chunk_level")

@@ -212,16 +212,17 @@ def sft_update(cfg: Config, run_id: str, weights: dict, *batch_lists: list[dict]
             bc = torch.from_numpy(b["bc"]).to(dev)
             with autocast(cfg.policy.dtype, dev):
                 loss = policy.sft_loss({k: v[bc] for k, v in obs.items()}, actions[bc]) \
-                    if bc.any() else torch.zeros((), device=dev)
+                    if bc.any() and cfg.sft.bc_coef > 0 else torch.zeros((), device=dev)
                 values = policy.values(obs).reshape(-1).float()
             vloss = ((values - torch.from_numpy(b["returns"]).to(dev)) ** 2).mean()
             vlosses.append(float(vloss.detach()))
             losses.append(float(loss.detach()))
-            loss = loss + cfg.sft.value_coef * vloss
+            loss = cfg.sft.bc_coef * loss + cfg.sft.value_coef * vloss
         else:
             with autocast(cfg.policy.dtype, dev):
                 loss = policy.sft_loss(obs, actions)
             losses.append(float(loss.detach()))
+            loss = cfg.sft.bc_coef * loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if "returns" in b:  # the value head is clipped on its own: its loss must not shrink the BC step

@@ -188,7 +188,8 @@ class FlowVLAPolicy(VLACheckpointMixin, nn.Module):
         self.action_time_mlp_in = nn.Linear(2 * we, we)
         self.action_time_mlp_out = nn.Linear(we, we)
         self.action_out_proj = nn.Linear(we, self.A)
-        self.value_head = ValueHead(sizes["lm_width"], sizes["value_hidden"], num_values, cfg.value_head)
+        self.value_head = ValueHead(sizes["lm_width"], sizes["value_hidden"], num_values, cfg.value_head,
+                                    obs_dim if cfg.critic_state else 0)
         self.noise_head = (NoiseStdHead(we, self.A, cfg.noise_std_min, cfg.noise_std_max)
                            if cfg.noise_method == "flow_noise" else None)
 
@@ -239,7 +240,7 @@ class FlowVLAPolicy(VLACheckpointMixin, nn.Module):
     def values(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         """obs -> values [B] (num_values 1) or [B, C] float32."""
         pre = self.prefix(obs)
-        return self.value_head(self._critic_features(pre.hidden), pre.mask)
+        return self._values(pre.hidden, pre.mask, obs)
 
     # ------------------------------------------------------------------------------------------------ protocol
     @torch.no_grad()
@@ -289,7 +290,7 @@ class FlowVLAPolicy(VLACheckpointMixin, nn.Module):
         if self.noise_head is not None and not deterministic:
             logp = logp / self.K  # flow_noise: mean over the K stochastic transitions
         return {"actions": x[..., :self.D], "logprobs": logp[..., :self.D],
-                "values": self.value_head(self._critic_features(pre.hidden), pre.mask),
+                "values": self._values(pre.hidden, pre.mask, obs),
                 "extras": {"chain": torch.stack(chain, dim=1), "denoise_idx": denoise_idx}}
 
     def _grid_t(self, k: torch.Tensor) -> torch.Tensor:
@@ -334,7 +335,7 @@ class FlowVLAPolicy(VLACheckpointMixin, nn.Module):
             ent = ent + gaussian_entropy(std)
         logp, ent = logp / len(steps), ent / len(steps)  # flow_noise: mean over the K transitions
         return {"logprobs": logp[..., :self.D], "entropy": ent[..., :self.D],
-                "values": self.value_head(self._critic_features(pre.hidden), pre.mask)}
+                "values": self._values(pre.hidden, pre.mask, obs)}
 
     def sft_loss(self, obs: dict[str, torch.Tensor], actions: torch.Tensor) -> torch.Tensor:
         """Flow-matching behaviour-cloning loss (pi0): mean over [N, C, A] of (v(x_t, t) - (noise - a))^2.

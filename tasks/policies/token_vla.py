@@ -147,7 +147,8 @@ class TokenVLAPolicy(VLACheckpointMixin, nn.Module):
         width = sizes["lm_width"]
         self.action_queries = nn.Parameter(torch.randn(self.C * self.D, width) * 0.02)  # [C*D, W]
         self.action_head = nn.Linear(width, self.bins)
-        self.value_head = ValueHead(width, sizes["value_hidden"], num_values, cfg.value_head)
+        self.value_head = ValueHead(width, sizes["value_hidden"], num_values, cfg.value_head,
+                                    obs_dim if cfg.critic_state else 0)
         self.register_buffer("action_q01", torch.full((action_dim,), -1.0))
         self.register_buffer("action_q99", torch.full((action_dim,), 1.0))
 
@@ -254,7 +255,7 @@ class TokenVLAPolicy(VLACheckpointMixin, nn.Module):
                              position_ids=torch.cat([pre_pos, act_pos], dim=1), use_cache=False)
         hidden = out.last_hidden_state  # [B, P + K, W]
         logits = self.action_head(hidden[:, P:]).view(B, self.C, self.D, self.bins)  # [B, C*D, bins] -> [B,C,D,bins]
-        return logits.float(), self.value_head(self._critic_features(hidden[:, :P]), mask)
+        return logits.float(), self._values(hidden[:, :P], mask, obs)
 
     def _log_probs(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.temperature > 0:
@@ -264,7 +265,7 @@ class TokenVLAPolicy(VLACheckpointMixin, nn.Module):
     def values(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         """obs -> values [B] (num_values 1) or [B, C] float32 (prefix-only pass)."""
         pre = self.prefix(obs)
-        return self.value_head(self._critic_features(pre.hidden), pre.mask)
+        return self._values(pre.hidden, pre.mask, obs)
 
     # ------------------------------------------------------------------------------------------------ protocol
     @torch.no_grad()

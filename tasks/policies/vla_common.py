@@ -260,26 +260,34 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor
 
 
 class ValueHead(nn.Module):
-    """Critic on the prefix: pool(hidden, mask) [B, W] -> Linear -> GELU -> Linear -> [B] (num_values 1) or [B, C].
+    """Critic on the prefix: [pool(hidden, mask) [B, W] ; state [B, S] (state_dim S > 0 only)] -> Linear -> GELU
+    -> Linear -> [B] (num_values 1) or [B, C].
 
-    The features are not detached: the value loss also trains the prefix (RLinf's default,
-    detach_critic_input=False).
+    The prefix features are detached or not by the policy (`_critic_features`, `policy.value_detach`); with
+    `state_dim` the raw state vector joins them (`policy.critic_state`: an asymmetric critic, Pinto et al. 2018,
+    "Asymmetric Actor Critic for Image-Based Robot Learning").
 
     Raises:
-        ValueError: unknown pooling.
+        ValueError: unknown pooling; a state of the wrong width (or none) when state_dim > 0.
     """
 
-    def __init__(self, width: int, hidden: int, num_values: int, pooling: str):
+    def __init__(self, width: int, hidden: int, num_values: int, pooling: str, state_dim: int = 0):
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"policy.value_head={pooling!r}: use one of {list(POOLINGS)}")
-        self.pooling, self.num_values = pooling, num_values
-        self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, num_values))
+        self.pooling, self.num_values, self.state_dim = pooling, num_values, state_dim
+        self.mlp = nn.Sequential(nn.Linear(width + state_dim, hidden), nn.GELU(), nn.Linear(hidden, num_values))
         nn.init.zeros_(self.mlp[-1].bias)
         nn.init.normal_(self.mlp[-1].weight, std=1.0 / math.sqrt(hidden))
 
-    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        v = self.mlp(pool(hidden, mask, self.pooling))  # [B, V]
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor, state: torch.Tensor | None = None) -> torch.Tensor:
+        x = pool(hidden, mask, self.pooling)  # [B, W]
+        if self.state_dim:
+            if state is None or state.shape[-1] != self.state_dim:
+                raise ValueError(f"the value head reads a state of {self.state_dim} dims, got "
+                                 f"{None if state is None else tuple(state.shape)}")
+            x = torch.cat([x, state.to(x.dtype)], dim=-1)  # [B, W + S]
+        v = self.mlp(x)  # [B, V]
         return v.squeeze(-1) if self.num_values == 1 else v
 
 
@@ -303,6 +311,12 @@ class VLACheckpointMixin:
         """Prefix features for the value head: detached with `policy.value_detach` (the critic's gradient then
         stops at the trunk)."""
         return hidden.detach() if self.cfg.value_detach else hidden
+
+    def _values(self, hidden: torch.Tensor, mask: torch.Tensor, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The value head on prefix features hidden [B, P, W] / mask [B, P] (and obs["state"] [B, O] with
+        `policy.critic_state`): [B] or [B, C]."""
+        state = obs["state"] if self.cfg.critic_state else None
+        return self.value_head(self._critic_features(hidden), mask, state)
 
     def _checkpoint_config(self) -> dict:
         return {"family": self.family, "policy": dataclasses.asdict(self.cfg), "obs_dim": self.obs_dim,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from storage.trajectories import FieldSpec, TrajectoryStore, clear_cache, write_shard
 from tasks import resident
@@ -125,3 +126,46 @@ def test_sft_value_warm_start_loads_every_episode_with_returns_and_the_bc_flag(t
     for o, bc, ret in zip(b["obs"][:, 0], b["bc"], b["returns"]):
         assert (bool(bc), float(ret)) == pytest.approx(expected[float(o)])
     assert set(b["obs"][:, 0].tolist()) == {0.0, 1.0, 2.0, 3.0}
+
+
+def test_value_only_pass_moves_the_value_head_only(tmp_path):
+    """sft.bc_coef=0 with sft.value_coef > 0 on a state-only flow VLA (value_detach, asymmetric critic): after the
+    gradient steps every non-value tensor equals the loaded weights and the value head has moved."""
+    from tasks.demos import sft_update
+    from tasks.policies import make_policy
+    path = tmp_path / "v.zarr"
+    fields = {"obs": FieldSpec((3,), "float32"), "actions": FieldSpec((2, 2), "float32"),
+              "rewards": FieldSpec((2,), "float32"), "step_mask": FieldSpec((2,), "bool"),
+              "truncated": FieldSpec((), "bool"), "success": FieldSpec((), "bool"),
+              "episode_id": FieldSpec((), "int64")}
+    st = TrajectoryStore.create(path, fields=fields, T=2, num_envs=2, shard_size=2)
+    st.reserve(0)
+    r = np.random.default_rng(0)
+    write_shard(str(path), epoch=0, shard=0, data={
+        "obs": r.standard_normal((2, 2, 3)).astype(np.float32),
+        "actions": r.uniform(-1, 1, (2, 2, 2, 2)).astype(np.float32),
+        "rewards": r.uniform(0, 1, (2, 2, 2)).astype(np.float32), "step_mask": np.ones((2, 2, 2), bool),
+        "truncated": np.array([[False, False], [True, True]]), "success": np.array([[False, False], [True, False]]),
+        "episode_id": np.array([[0, 1], [0, 1]])})
+    st.mark_complete(0)
+    cfg = Config()
+    cfg.env.obs_mode = "state"
+    p = cfg.policy
+    p.name, p.preset, p.num_action_chunks, p.max_prompt_len = "flow_vla", "tiny", 2, 8
+    p.value_detach, p.critic_state, p.value_head = True, True, "last_token"
+    cfg.sft.store, cfg.sft.batch_size, cfg.sft.value_coef, cfg.sft.bc_coef = str(path), 8, 1.0, 0.0
+    policy = make_policy(p, obs_dim=3, action_dim=2, seed=0)
+    w0 = {"version": 0, "state_dict": {k: v.clone() for k, v in policy.state_dict().items()}}
+    resident.release("sft_data/")
+    try:
+        out = sft_update(cfg, "value-only", w0, sft_load(cfg, seed=0, num_batches=3))
+    finally:
+        resident.release("sft_data/")
+        resident.release("value-only")
+        clear_cache()
+    for k, v in out["state_dict"].items():
+        if k.startswith("value_head."):
+            continue
+        assert torch.equal(v, w0["state_dict"][k]), k
+    assert not torch.equal(out["state_dict"]["value_head.mlp.0.weight"], w0["state_dict"]["value_head.mlp.0.weight"])
+    assert out["metrics"]["train/critic_loss"] > 0

@@ -235,3 +235,17 @@ def test_pi0_preset_parameter_count_on_meta_device():
     assert 2.4e9 < count(policy.prefix.lm) < 2.6e9  # Gemma 2B with the 257k PaliGemma vocabulary
     assert 0.28e9 < count(policy.expert) < 0.34e9  # Gemma 300M expert
     assert policy.prefix.num_patches == 256
+
+
+def test_asymmetric_critic_reads_the_state_the_actor_does_not():
+    """policy.critic_state with a vision-only actor (use_state False): the value changes with the state while the
+    actions (same noise) do not; the value head's first layer takes [W + O] inputs."""
+    policy = _policy(use_state=False, critic_state=True, value_detach=True)
+    assert policy.value_head.mlp[0].in_features == policy.sizes["lm_width"] + O
+    obs = _obs(policy)
+    moved = {**obs, "state": obs["state"] + 1.0}
+    noise = torch.randn(3, C, policy.A, generator=torch.Generator().manual_seed(0))
+    a, b = policy.act(obs, deterministic=True, noise=noise), policy.act(moved, deterministic=True, noise=noise)
+    torch.testing.assert_close(a["actions"], b["actions"])
+    assert (a["values"] - b["values"]).abs().min() > 1e-4
+    torch.testing.assert_close(policy.values(moved), b["values"])
