@@ -1,6 +1,7 @@
 """Distributed-execution benchmark: colocated vs disaggregated inference, pipeline stages, asynchronous steps.
 
     .venv/bin/python benchmarks/distributed.py [--steps 5] [--warmup 1] [--num-envs 16] [--chunk-steps 50]
+                                               [--num-shards 2] [--env-workers 2] [--hidden 1024]
                                                [--only NAME ...] [--set KEY=VALUE ...]
 
 One embedded Dask cluster (the default: 2 env workers `CPU=1`, 1 logical GPU worker `GPU=1`, one thread each) runs,
@@ -78,8 +79,10 @@ RATIOS = [("disaggregated / colocated", "disagg p=1", "colocated"),
 
 
 def base_overrides(args, run_root: str) -> list[str]:
-    return [f"env.num_envs={args.num_envs}", "env.num_shards=2", f"rollout.chunk_steps={args.chunk_steps}",
-            f"rollout.chunk_steps_per_node={args.chunk_steps}", "policy.hidden_sizes=[1024,1024,1024]",
+    hidden = ",".join([str(args.hidden)] * 3)
+    return [f"env.num_envs={args.num_envs}", f"env.num_shards={args.num_shards}",
+            f"cluster.num_env_workers={args.env_workers}", f"rollout.chunk_steps={args.chunk_steps}",
+            f"rollout.chunk_steps_per_node={args.chunk_steps}", f"policy.hidden_sizes=[{hidden}]",
             f"runner.max_steps={args.warmup + args.steps}", "runner.val_check_interval=100000",
             "runner.save_interval=100000", "runner.progress=false", "storage.save_trajectories=false",
             f"run_root={run_root}", "cluster.dashboard_address=127.0.0.1:0", "experiment=bench_distributed",
@@ -119,6 +122,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--num-envs", type=int, default=16)
     ap.add_argument("--chunk-steps", type=int, default=50)
+    ap.add_argument("--num-shards", type=int, default=2)
+    ap.add_argument("--env-workers", type=int, default=2, help="env workers (CPU=1 each) of the embedded cluster")
+    ap.add_argument("--hidden", type=int, default=1024, help="width of the MLP policy's 3 hidden layers")
     ap.add_argument("--only", nargs="*", default=None, help=f"settings to run, of {list(SETTINGS)}")
     ap.add_argument("--set", nargs="*", default=[], help="extra KEY=VALUE overrides for every setting")
     args = ap.parse_args()
@@ -134,7 +140,8 @@ def main() -> None:
         base = base_overrides(args, root)
         cfg, _ = load_config(base)
         print(f"benchmarks/distributed.py: {cfg.env.env_id} {cfg.env.obs_mode}, {cfg.env.num_envs} envs in "
-              f"{cfg.env.num_shards} shards, T={cfg.rollout.chunk_steps}, mlp {cfg.policy.hidden_sizes}, "
+              f"{cfg.env.num_shards} shards on {cfg.cluster.num_env_workers} env workers, T={cfg.rollout.chunk_steps}, "
+              f"mlp {cfg.policy.hidden_sizes}, "
               f"{args.warmup} warm-up + {args.steps} measured steps per setting; {os.cpu_count()} CPUs, "
               f"load average {os.getloadavg()[0]:.1f} at start", flush=True)
         handle = start_cluster(cfg)

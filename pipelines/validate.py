@@ -16,7 +16,9 @@ import sys
 def describe(cfg, placement=None) -> str:
     """Human summary of the derived layout of one training step (`placement`: a cluster.ComponentPlacement)."""
     e, r, p, a = cfg.env, cfg.rollout, cfg.policy, cfg.algorithm
-    nodes = e.num_shards * (cfg.num_segments + 3) + 2
+    # per shard: env_step segments + trajectory + advantages + store; once: actor_update, weights_handle,
+    # update_handle, step_metrics (colocated inference, one actor rank)
+    nodes = e.num_shards * (cfg.num_segments + 3) + 4
     return "\n".join([
         f"experiment {cfg.experiment}: {e.simulator}:{e.env_id} obs={e.obs_mode} control={e.control_mode}",
         f"  envs {e.num_envs} in {e.num_shards} env shards of {e.shard_size}; eval {e.eval.num_envs} envs, "
@@ -41,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     from pipelines.config import load_config, to_yaml
     from tasks.config import ConfigError
     from tasks.envs.vulkan import VulkanMissingError
+    if {"-h", "--help"} & set(argv):
+        print(__doc__)
+        return 0
     flags = {a for a in argv if a.startswith("--")}
     unknown = flags - {"--show", "--connect"}
     if unknown:

@@ -192,8 +192,8 @@ class SFTConfig:
     # > 0: also fit the value head to the discounted chunk-level returns of EVERY recorded episode (successful or
     # not; algorithm.gamma / reward_scale): a critic warm start for PPO from the SFT checkpoint
     value_coef: float = 0.0
-    bc_coef: float = 1.0  # weight of the behaviour-cloning loss; 0 with value_coef > 0: a value-only pass that
-    # leaves the loaded policy's weights as they are (e.g. to warm-start a new critic on an SFT checkpoint)
+    bc_coef: float = 1.0  # weight of the behaviour-cloning loss; 0 with value_coef > 0 and policy.value_detach: a
+    # value-only pass that leaves the loaded policy's weights as they are (e.g. a new critic on an SFT checkpoint)
 
 
 @dataclass
@@ -327,6 +327,9 @@ class Config:
             if self.sft.bc_coef < 0 or (self.sft.bc_coef == 0 and not self.sft.value_coef > 0):
                 raise ConfigError("sft.bc_coef", self.sft.bc_coef, "use > 0, or 0 together with sft.value_coef > 0 "
                                                                    "(a value-only pass)")
+            if self.sft.bc_coef == 0 and not self.policy.value_detach:
+                raise ConfigError("sft.bc_coef", self.sft.bc_coef, "a value-only pass must leave the trunk as loaded: "
+                                                                   "set policy.value_detach=true")
             if self.sft.value_coef > 0 and a.reward_type != "chunk_level":
                 raise ConfigError("sft.value_coef", self.sft.value_coef,
                                   "the value warm start fits chunk-level returns: use algorithm.reward_type=chunk_level")

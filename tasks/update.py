@@ -148,8 +148,20 @@ def actor_state(run_id: str) -> dict:
     actor: Actor = resident.get(f"{run_id}/actor")
     if actor is None:
         raise RuntimeError(f"no resident actor for run {run_id} on this worker")
-    return {"policy": actor.policy.state_dict(), "optimizer": actor.optimizer.state_dict(),
+    return {"policy": {k: v.detach().to("cpu", copy=True) for k, v in actor.policy.state_dict().items()},
+            "optimizer": _cpu(actor.optimizer.state_dict()),
             "rng_torch": torch.get_rng_state(), "weight_version": actor.version}
+
+
+def _cpu(obj):
+    """A nested state (dicts / lists of tensors) with every tensor copied to the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu(v) for v in obj)
+    return obj
 
 
 def actor_export(run_id: str, checkpoint_path: str) -> str | None:
@@ -262,7 +274,8 @@ def proximal_logprobs(cfg: Config, policy: torch.nn.Module, data: dict[str, torc
     N = data["actions"].shape[0]
     chunk = max(1, N // cfg.algorithm.num_minibatches)
     parts = []
-    with torch.no_grad():
+    dev = data["obs"].device
+    with torch.no_grad(), autocast(cfg.policy.dtype, dev):
         for start in range(0, N, chunk):
             idx = torch.arange(start, min(N, start + chunk))
             out = policy.evaluate(batch_obs(policy, data, idx, instr), data["actions"][idx], batch_extras(data, idx))

@@ -62,7 +62,7 @@ def test_overrides_are_typed():
      "must divide the batch of rollout.chunk_steps*env.num_envs=3200 samples"),
     # VLA recipe keys
     (["conf=pushcube_flow_grpo", "algorithm.group_size=3"], "algorithm.group_size",
-     "must divide env.num_envs=16 and the env shard size 8"),
+     "must divide env.num_envs=128 and the env shard size 64"),
     (["conf=pushcube_flow_grpo", "algorithm.group_size=1"], "algorithm.group_size", "use >= 2"),
     (["conf=pushcube_flow_grpo", "algorithm.adv_type=gae"], "algorithm.adv_type", "uses adv_type=grpo"),
     (["conf=pushcube_flow_sft", "sft.store=/nonexistent.zarr"], "sft.store", "no zarr store there"),

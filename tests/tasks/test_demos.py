@@ -169,3 +169,16 @@ def test_value_only_pass_moves_the_value_head_only(tmp_path):
         assert torch.equal(v, w0["state_dict"][k]), k
     assert not torch.equal(out["state_dict"]["value_head.mlp.0.weight"], w0["state_dict"]["value_head.mlp.0.weight"])
     assert out["metrics"]["train/critic_loss"] > 0
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["sft.bc_coef=0", "policy.value_detach=false"], "set policy.value_detach=true"),
+    (["sft.bc_coef=0", "sft.value_coef=0"], "0 together with sft.value_coef > 0"),
+    (["sft.value_coef=-1"], "use >= 0"),
+    (["algorithm.reward_type=action_level", "algorithm.logprob_type=action_level"], "reward_type=chunk_level")])
+def test_value_warm_start_settings_are_checked_offline(store, overrides, words):
+    from pipelines.config import load_config
+    from tasks.config import ConfigError
+    with pytest.raises(ConfigError) as info:
+        load_config(["conf=pushcube_flow_sft", f"sft.store={store}", *overrides], components=False)
+    assert words in str(info.value) and "sft." in str(info.value)
