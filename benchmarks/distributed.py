@@ -41,11 +41,29 @@ p=2/p=1 0.94), and with 3 worker processes on 2 busy cores there is little idle 
     disagg p=2 k=1   step wall 22.73 s |  35.2 env steps/s | rollout 5.52 s, update 14.07 s
     ratios: disaggregated/colocated 0.90, p=2/p=1 0.92, k=1/k=0 colocated 1.43, disaggregated p=1 0.98, p=2 0.83
 
+The same script on the idle machine, 2026-11-29 23:21-23:33, with the phases on separate cores (1 env worker +
+the GPU worker, `--num-shards 1 --env-workers 1`), so that overlap has a core to use:
+
+    --num-envs 32 --chunk-steps 20 --hidden 2048 --steps 3 (PPO 8 x 8; the update's time varied 2.6-12.5 s between
+    settings for the same work, so these step walls are dominated by update noise):
+    colocated        step wall 11.74 s |  54.5 env steps/s | rollout 1.55 s, update  9.99 s
+    colocated k=1    step wall  2.61 s | 245.5 env steps/s | rollout 1.42 s, update  2.57 s
+    disagg p=1       step wall  7.72 s |  82.9 env steps/s | rollout 1.35 s, update  6.08 s
+    disagg p=2       step wall 13.88 s |  46.1 env steps/s | rollout 1.89 s, update 12.49 s
+    --num-envs 128 --chunk-steps 10 --hidden 3072 --steps 3 --set algorithm.update_epochs=1
+    algorithm.num_minibatches=1 (inference on 128 envs ~ stepping them; a light update):
+    disagg p=1       step wall  6.96 s | 183.9 env steps/s | rollout 3.10 s, update 3.64 s
+    disagg p=2       step wall  5.95 s | 215.2 env steps/s | rollout 3.67 s, update 3.65 s
+    ratio p=2 / p=1: 1.17 per step; the rollout phase alone (step wall - update) 3.3 s -> 2.3 s = 1.43x
+
 Reading: with k=1 and colocated inference the rollout hides behind the update (step wall = update time), the one
 clear gain here. With disaggregated inference k=1 gains nothing: the rollout's policy_infer nodes need the same
 single-threaded `GPU=1` worker as actor_update, so they queue behind it. p=2 doubles the nodes per step (here
-2 x 50 x 3 = 300) against ~15 ms of scheduling each and finds no idle core to overlap on; it needs inference that
-is heavy and on its own device (a real GPU) to pay off.
+2 x 50 x 3 = 300) against ~15 ms of scheduling each and finds no idle core to overlap on when 3 worker processes
+share 2 cores; with one env worker and the inference worker on a core each and chunk-step nodes of ~0.15 s, the
+stages overlap: 1.43x on the rollout phase, 1.17x per step (the update, a third of the step, is not pipelined).
+The 1.3x per-step target needs inference on its own device (a real GPU) and an update that is a smaller share of
+the step.
 """
 from __future__ import annotations
 
