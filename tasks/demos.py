@@ -189,7 +189,7 @@ def sft_load(cfg: Config, seed: int, num_batches: int) -> list[dict[str, np.ndar
 def sft_update(cfg: Config, run_id: str, weights: dict, *batch_lists: list[dict]) -> dict:
     """Behaviour-cloning gradient steps on the resident actor (`policy.sft_loss`), one per minibatch; returns
     new versioned weights and metrics (train/sft_loss, train/grad_norm)."""
-    from tasks.update import Actor, _build_actor
+    from tasks.update import Actor, _build_actor, split_critic
     t0 = time.perf_counter()
     batches = [b for bl in batch_lists for b in bl]
 
@@ -226,10 +226,8 @@ def sft_update(cfg: Config, run_id: str, weights: dict, *batch_lists: list[dict]
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if "returns" in b:  # the value head is clipped on its own: its loss must not shrink the BC step
-            critic = [p for n, p in policy.named_parameters() if n.startswith("value_head.")]
+            params, critic = split_critic(policy)
             torch.nn.utils.clip_grad_norm_(critic, cfg.algorithm.max_grad_norm)
-            ids = {id(p) for p in critic}
-            params = [p for p in policy.parameters() if id(p) not in ids]
         else:
             params = list(policy.parameters())
         norms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.algorithm.max_grad_norm)))

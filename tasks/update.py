@@ -122,12 +122,17 @@ def make_optimizer(cfg: Config, policy: torch.nn.Module) -> torch.optim.Optimize
     a = cfg.algorithm
     if a.critic_lr is None:
         return torch.optim.Adam(policy.parameters(), lr=a.lr, eps=1e-5)
-    critic = [p for n, p in policy.named_parameters() if n.startswith("value_head.")]
+    actor, critic = split_critic(policy)
     if not critic:
         raise ValueError(f"algorithm.critic_lr={a.critic_lr}: the {type(policy).__name__} has no value_head")
-    ids = {id(p) for p in critic}
-    return torch.optim.Adam([{"params": [p for p in policy.parameters() if id(p) not in ids], "lr": a.lr},
-                             {"params": critic, "lr": a.critic_lr}], eps=1e-5)
+    return torch.optim.Adam([{"params": actor, "lr": a.lr}, {"params": critic, "lr": a.critic_lr}], eps=1e-5)
+
+
+def split_critic(policy: torch.nn.Module) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
+    """(the policy's parameters outside the value head, the value head's: names starting with `value_head.`)."""
+    named = list(policy.named_parameters())
+    return ([p for n, p in named if not n.startswith("value_head.")],
+            [p for n, p in named if n.startswith("value_head.")])
 
 
 def actor_init(cfg: Config, run_id: str, dims: tuple[int, int], checkpoint: dict | None = None) -> dict:

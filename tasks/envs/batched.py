@@ -82,18 +82,8 @@ class BatchedEnvShard(EnvShard):
 
     def chunk_step(self, actions: np.ndarray, render: bool = True) -> ChunkResult:
         """EnvShard.chunk_step with C batched simulator steps (see the module docstring)."""
-        B, D = self.num_envs, self.action_dim
-        if actions.ndim != 3 or actions.shape[0] != B or actions.shape[2] != D:
-            raise ValueError(f"actions must be [B={B}, C, D={D}], got {list(actions.shape)}")
-        if self.needs_reset:
-            self.reset_all()
-        C = actions.shape[1]
-        clipped = np.clip(actions, -1.0, 1.0).astype(np.float32)
-        rewards = np.zeros((B, C), np.float32)
-        step_mask = np.zeros((B, C), bool)
-        terminated, truncated, success = np.zeros(B, bool), np.zeros(B, bool), np.zeros(B, bool)
-        final_obs = np.zeros((B, self.obs_dim), np.float32)
-        final_rgb = None if self.rgb is None else np.zeros_like(self.rgb)
+        clipped, rewards, step_mask, terminated, truncated, success, final_obs, final_rgb = self._begin_chunk(actions)
+        B, C = clipped.shape[:2]
         render = render and self.rgb is not None
         episode_seed, episode_id = self.current_episodes()
         live = self.active.copy()  # envs still executing actions in this chunk

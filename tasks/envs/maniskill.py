@@ -103,24 +103,33 @@ def default_max_episode_steps(env_id: str) -> int:
     return int(_registry()[env_id].max_episode_steps)
 
 
+def _make_kwargs(cfg: EnvConfig, sim_backend: str, num_envs: int) -> tuple[dict, tuple[int, int, int] | None]:
+    """`gym.make` keyword arguments for a ManiSkill instance of `num_envs` envs (state obs; the camera sized to
+    env.image_size for obs_mode=rgb) and the image shape (H, W, 3) or None. Checks Vulkan, registers the env tasks
+    and quiets ManiSkill's logger ("sapien_cuda not found, falling back" on CPU).
+
+    Raises VulkanMissingError (ensure_vulkan)."""
+    ensure_vulkan()
+    import logging
+    import mani_skill.envs  # noqa: F401
+    for name in ("mani_skill", "mani_skill "):  # ManiSkill 3.0.1 names its logger with a trailing space
+        logging.getLogger(name).setLevel(logging.ERROR)
+    kwargs = dict(obs_mode="state", control_mode=cfg.control_mode, reward_mode=cfg.reward_mode,
+                  sim_backend=sim_backend, render_mode=None, num_envs=num_envs)
+    if cfg.max_episode_steps:
+        kwargs["max_episode_steps"] = cfg.max_episode_steps
+    if cfg.obs_mode != "rgb":
+        return kwargs, None
+    kwargs["sensor_configs"] = dict(width=cfg.image_size, height=cfg.image_size)
+    return kwargs, (cfg.image_size, cfg.image_size, 3)
+
+
 class ManiSkillEnv:
     """One ManiSkill env instance implementing `tasks.envs.shard.SingleEnv` (numpy in, numpy out)."""
 
     def __init__(self, cfg: EnvConfig):
-        ensure_vulkan()
-        import logging
         import gymnasium as gym
-        import mani_skill.envs  # noqa: F401
-        for name in ("mani_skill", "mani_skill "):  # ManiSkill 3.0.1 names its logger with a trailing space
-            logging.getLogger(name).setLevel(logging.ERROR)  # "sapien_cuda not found, falling back" on CPU
-        kwargs = dict(obs_mode="state", control_mode=cfg.control_mode, reward_mode=cfg.reward_mode,
-                      sim_backend="physx_cpu", render_mode=None, num_envs=1)  # physx_cuda: ManiSkillBatchedEnv
-        if cfg.max_episode_steps:
-            kwargs["max_episode_steps"] = cfg.max_episode_steps
-        self.image_shape = None
-        if cfg.obs_mode == "rgb":
-            kwargs["sensor_configs"] = dict(width=cfg.image_size, height=cfg.image_size)
-            self.image_shape = (cfg.image_size, cfg.image_size, 3)
+        kwargs, self.image_shape = _make_kwargs(cfg, "physx_cpu", 1)  # physx_cuda: ManiSkillBatchedEnv
         self.instruction = instruction_for(cfg.env_id)
         try:
             self.env = gym.make(cfg.env_id, **kwargs)
@@ -162,20 +171,8 @@ class ManiSkillBatchedEnv:
     leading [B]."""
 
     def __init__(self, cfg: EnvConfig, num_envs: int):
-        ensure_vulkan()
-        import logging
         import gymnasium as gym
-        import mani_skill.envs  # noqa: F401
-        for name in ("mani_skill", "mani_skill "):
-            logging.getLogger(name).setLevel(logging.ERROR)
-        kwargs = dict(obs_mode="state", control_mode=cfg.control_mode, reward_mode=cfg.reward_mode,
-                      sim_backend=cfg.sim_backend, render_mode=None, num_envs=num_envs)
-        if cfg.max_episode_steps:
-            kwargs["max_episode_steps"] = cfg.max_episode_steps
-        self.image_shape = None
-        if cfg.obs_mode == "rgb":
-            kwargs["sensor_configs"] = dict(width=cfg.image_size, height=cfg.image_size)
-            self.image_shape = (cfg.image_size, cfg.image_size, 3)
+        kwargs, self.image_shape = _make_kwargs(cfg, cfg.sim_backend, num_envs)
         self.instruction = instruction_for(cfg.env_id)
         self.env = gym.make(cfg.env_id, **kwargs)
         base = self.env.unwrapped

@@ -165,6 +165,20 @@ class EnvShard:
         return {"episode_count": self.episode_count.tolist()}
 
     # ----- stepping -----
+    def _begin_chunk(self, actions: np.ndarray):
+        """Check actions [B, C, D] (ValueError), reset if due, and return the chunk's buffers: clipped actions
+        float32 [B, C, D] in [-1, 1], rewards [B, C], step_mask [B, C], terminated / truncated / success [B],
+        final_obs [B, O] and final_rgb [B, H, W, 3] (None without images), zeroed."""
+        B, D = self.num_envs, self.action_dim
+        if actions.ndim != 3 or actions.shape[0] != B or actions.shape[2] != D:
+            raise ValueError(f"actions must be [B={B}, C, D={D}], got {list(actions.shape)}")
+        if self.needs_reset:
+            self.reset_all()
+        C = actions.shape[1]
+        return (np.clip(actions, -1.0, 1.0).astype(np.float32), np.zeros((B, C), np.float32),
+                np.zeros((B, C), bool), np.zeros(B, bool), np.zeros(B, bool), np.zeros(B, bool),
+                np.zeros((B, self.obs_dim), np.float32), None if self.rgb is None else np.zeros_like(self.rgb))
+
     def chunk_step(self, actions: np.ndarray, render: bool = True) -> ChunkResult:
         """Execute an action chunk per env.
 
@@ -176,18 +190,8 @@ class EnvShard:
         Raises:
             ValueError: actions of the wrong shape.
         """
-        B, D = self.num_envs, self.action_dim
-        if actions.ndim != 3 or actions.shape[0] != B or actions.shape[2] != D:
-            raise ValueError(f"actions must be [B={B}, C, D={D}], got {list(actions.shape)}")
-        if self.needs_reset:
-            self.reset_all()
-        C = actions.shape[1]
-        clipped = np.clip(actions, -1.0, 1.0).astype(np.float32)
-        rewards = np.zeros((B, C), np.float32)
-        step_mask = np.zeros((B, C), bool)
-        terminated, truncated, success = np.zeros(B, bool), np.zeros(B, bool), np.zeros(B, bool)
-        final_obs = np.zeros((B, self.obs_dim), np.float32)
-        final_rgb = None if self.rgb is None else np.zeros_like(self.rgb)
+        clipped, rewards, step_mask, terminated, truncated, success, final_obs, final_rgb = self._begin_chunk(actions)
+        B, C = clipped.shape[:2]
         render = render and self.rgb is not None
         # idle envs (auto_reset=False, episode over) belong to no episode: -1
         episode_seed, episode_id = self.current_episodes()
