@@ -83,7 +83,7 @@ class Tracker:
         self._client = MlflowClient(tracking_uri=uri)
         self.uri = uri
         self.experiment = experiment
-        self.skipped_nonfinite = 0
+        self.nonfinite_logged = 0  # NaN / inf metric values logged (log_metrics logs them as they are)
         experiment_id = self._experiment_id(experiment, artifact_location or _sqlite_artifact_location(uri))
         if run_id is None:
             run = self._client.create_run(experiment_id, run_name=run_name)
@@ -146,15 +146,17 @@ class Tracker:
 
     # ---- metrics ---------------------------------------------------------------------------------------
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> int:
-        """Log all ``metrics`` at ``step`` with one ``log_batch`` per 1000 values; non-finite values are skipped
-        and counted in ``skipped_nonfinite``. Returns the number logged."""
+        """Log all ``metrics`` at ``step`` with one ``log_batch`` per 1000 values. Returns the number logged.
+
+        Non-finite values are logged too, never dropped (a NaN loss is a fact the charts must show): MLflow keeps
+        NaN as NaN; its SQL store saves +-inf as +-1.7976931348623157e308 (``sys.float_info.max``). Each one is
+        counted in ``nonfinite_logged``."""
         ts = int(time.time() * 1000)
         batch: list[Metric] = []
         for key, value in metrics.items():
             value = float(value)
             if not math.isfinite(value):
-                self.skipped_nonfinite += 1
-                continue
+                self.nonfinite_logged += 1
             batch.append(Metric(str(key), value, ts, int(step)))
         for i in range(0, len(batch), METRICS_PER_BATCH):
             self._client.log_batch(self._run_id, metrics=batch[i:i + METRICS_PER_BATCH])

@@ -1,4 +1,5 @@
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,13 +45,17 @@ def test_params_metrics_artifacts(uri, tmp_path):
     for step in range(3):
         n = tr.log_metrics({"train/loss": 1.0 / (step + 1), "rollout/return": float(step), "train/bad": math.nan},
                            step=step)
-        assert n == 2
-    tr.log_metrics({"train/inf": math.inf}, step=3)
-    assert tr.skipped_nonfinite == 4
+        assert n == 3  # NaN is logged, never dropped
+    tr.log_metrics({"train/inf": math.inf, "train/ninf": -math.inf}, step=3)
+    assert tr.nonfinite_logged == 5
     assert tr.get_metric_history("train/loss") == [(0, 1.0), (1, 0.5), (2, 1.0 / 3)]
     assert [(m.step, m.value) for m in client.get_metric_history(tr.run_id, "rollout/return")] == [
         (0, 0.0), (1, 1.0), (2, 2.0)]
-    assert tr.get_metric_history("train/bad") == []
+    # read back through MLflow: NaN comes back as NaN at every step; the SQL store clamps +-inf to +-float max
+    bad = client.get_metric_history(tr.run_id, "train/bad")
+    assert sorted(m.step for m in bad) == [0, 1, 2] and all(math.isnan(m.value) for m in bad)
+    assert [m.value for m in client.get_metric_history(tr.run_id, "train/inf")] == [sys.float_info.max]
+    assert [m.value for m in client.get_metric_history(tr.run_id, "train/ninf")] == [-sys.float_info.max]
 
     # artifacts land beside the db, not in the cwd
     f = tmp_path / "perf.txt"
