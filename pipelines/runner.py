@@ -100,12 +100,15 @@ class Runner(Recovery):
         params, changed = self._params(uri)  # on resume: refuses a changed training key before writing anything
         self.run_dir = new_run_dir(self.root, cfg.experiment, self.state.run_id)
         write_resolved_config(self.run_dir, to_yaml(cfg))
+        # a resume continues in a new MLflow run holding the checkpoint's timeline (Tracker.continue_from)
         self.tracker = Tracker(uri=uri, experiment=cfg.tracking.experiment or cfg.experiment,
-                               run_name=self.state.run_id, run_id=self.state.mlflow_run_id)
+                               run_name=self.state.run_id)
         self.tracking_uri = uri
         try:  # an interrupt or error while setting up must not leave the MLflow run RUNNING
+            if self.state.mlflow_run_id is not None:
+                self.tracker.continue_from(self.state.mlflow_run_id, self.state.step, reason="resume")
             self.state.mlflow_run_id = self.tracker.run_id
-            self.tracker.log_params(params)
+            self.tracker.log_params({**params, **changed})
             if changed:
                 self.tracker.log_text("".join(f"{k}: {v}\n" for k, v in changed.items()),
                                       f"resumes/step_{self.state.step}.yaml")
@@ -127,6 +130,7 @@ class Runner(Recovery):
                                         "group_size)", "group_size": group_size(cfg),
                            "num_action_chunks": cfg.policy.num_action_chunks,
                            "max_episode_steps": cfg.env.max_episode_steps})
+                self.store.invalidate_from(self.state.step)  # a resume: later epochs are a superseded timeline
             self.peak_rss = 0
             self.last_eval: dict = {}
             self._ahead: list[tuple[int, object, list]] = []  # async: submitted steps (step, graph, futures), in order
@@ -157,7 +161,7 @@ class Runner(Recovery):
         ckpt_path = latest_checkpoint(run_dir)
         if ckpt_path is None:
             raise ConfigError("runner.resume", resume, f"{run_dir} has no complete checkpoint to resume from")
-        meta = load_checkpoint(ckpt_path)["run"]
+        meta = load_checkpoint(ckpt_path, keys=("run",))["run"]
         st = meta["runner"]
         state = RunState(**st)
         if len(state.cursors) != self.cfg.env.num_shards:
@@ -211,6 +215,35 @@ class Runner(Recovery):
         from tasks.distributed import group_specs
         return group_specs(self.ranks, self.group["master_addr"], self.group["master_port"],
                            self.state.actor_generation)
+
+    # ----- one timeline (resume, rollback) -----
+    _NOT_ROLLED_BACK = ("run_id", "mlflow_run_id", "elapsed_s", "actor_generation")
+
+    def _rollback(self, ckpt) -> None:
+        """Roll the run back to checkpoint `ckpt` (a path; None: to a fresh start at step 0), e.g. after the
+        actor's worker was lost (its weights and optimizer with it).
+
+        Restores every RunState field that describes training progress from the checkpoint's runner meta (step,
+        env_steps, env cursors, best eval, and any field added later; not run_id, the MLflow run, the wall time
+        spent, the actor group generation), marks the store's epochs >= the restored step incomplete
+        (`TrajectoryStore.invalidate_from`) and continues MLflow in a new run holding the points with step <= the
+        restored step (`Tracker.fork`; the old run is soft-deleted), so every reader sees one timeline. The actor
+        itself is not touched: the caller re-runs the init graph from the same checkpoint (`_init_actor`).
+        """
+        from dataclasses import fields
+        st = self.state
+        if ckpt is not None:
+            saved = RunState(**load_checkpoint(ckpt, keys=("run",))["run"]["runner"])
+        else:
+            saved = RunState(run_id=st.run_id, cursors=[None] * self.cfg.env.num_shards)
+        for f in fields(RunState):
+            if f.name not in self._NOT_ROLLED_BACK:
+                setattr(st, f.name, getattr(saved, f.name))
+        if self.store is not None:
+            self.store.invalidate_from(st.step)
+        st.mlflow_run_id = self.tracker.fork(st.step, reason=f"rollback to {'step %d' % st.step if ckpt else 'start'}")
+        self.echo(f"dagrl: rolled back to {ckpt or 'a fresh actor (no checkpoint yet)'} (step {st.step}); MLflow "
+                  f"continues in run {st.mlflow_run_id}")
 
     # ----- the loop -----
     def _done(self, t_start: float) -> bool:
@@ -450,9 +483,11 @@ class Runner(Recovery):
                 r = cfg.runner
                 if st.step % r.val_check_interval == 0:
                     m.update(self.evaluate())
+                # logged before the checkpoint: the MLflow run a checkpoint records holds every point through its
+                # step, which is what a resume copies (Tracker.continue_from)
+                self.tracker.log_metrics(m, step=st.step)
                 if st.step % r.save_interval == 0:
                     last_ckpt = self.checkpoint(st.elapsed_s + time.perf_counter() - t_start)
-                self.tracker.log_metrics(m, step=st.step)
                 if bar is not None:
                     bar.update(1)
                     post = {"env_sps": f"{m['rollout/env_steps_per_s']:.0f}",

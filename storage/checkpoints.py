@@ -171,12 +171,25 @@ def _is_complete(path: Path) -> bool:
         return False
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
-    """Load a checkpoint written by :func:`save_checkpoint`, verifying sizes and sha256 of every file first."""
+def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu",
+                    keys: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Load a checkpoint written by :func:`save_checkpoint`, verifying sizes and sha256 of the files read first.
+
+    Args:
+        keys: load only these top-level keys (e.g. ``("run",)`` for the runner meta without the weights);
+            None: all. A key the checkpoint lacks raises KeyError naming the keys it has.
+    """
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"no checkpoint directory at {path}")
     index = _read_index(path)
+    if keys is not None:
+        missing = [k for k in keys if k not in index["keys"]]
+        if missing:
+            raise KeyError(f"checkpoint {path} has no key(s) {missing}; it has {sorted(index['keys'])}")
+        index = {**index, "keys": {k: index["keys"][k] for k in keys}}
+        wanted = {e["file"] for e in index["keys"].values()}
+        index["files"] = {n: i for n, i in index["files"].items() if n in wanted}
     for name, info in index["files"].items():
         f = path / name
         if not f.is_file():

@@ -7,6 +7,15 @@ never land in the current working directory. Other uris (``http://host:port`` se
 
 Metrics are logged with one ``log_batch`` call per 1000 values (a plain ``log_metric`` costs 20-40 ms per call).
 Prefixes used by dagrl: ``train/ rollout/ env/ eval/ time/ system/``.
+
+One timeline per run (resume, rollback): MLflow's public client cannot delete single metric points, and a step
+that is redone (a resume from a checkpoint at step k, a rollback after a lost actor) would otherwise log a second
+value at every step > k. :meth:`Tracker.fork` therefore starts a NEW MLflow run (same run name, tag
+``dagrl.run_id``), copies every point with step <= k (original timestamps; params too, except on a resume, whose
+params are logged afresh), links the two (``dagrl.previous_run`` on the new run, ``dagrl.superseded_by`` and
+``dagrl.superseded_at_step`` on the old one) and soft-deletes the superseded runs (``MlflowClient.delete_run``:
+hidden from the UI and from ``search_runs`` by default, restorable with ``restore_run``, their points kept). Every
+active run therefore holds exactly one value per step per key.
 """
 
 from __future__ import annotations
@@ -19,12 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from mlflow import MlflowClient
-from mlflow.entities import Metric, Param, RunStatus
+from mlflow.entities import Metric, Param, RunStatus, RunTag, ViewType
 
 MAX_PARAM_VALUE_LENGTH = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
 PARAMS_PER_BATCH = 100
 METRICS_PER_BATCH = 1000
 _STATUSES = ("FINISHED", "FAILED", "KILLED")
+RUN_ID_TAG = "dagrl.run_id"  # the dagrl run id (run dir name) every MLflow run of that dagrl run carries
+PREVIOUS_TAG = "dagrl.previous_run"
+SUPERSEDED_TAG = "dagrl.superseded_by"
 
 
 def default_tracking_uri(path: str | Path) -> str:
@@ -86,7 +98,8 @@ class Tracker:
         self.nonfinite_logged = 0  # NaN / inf metric values logged (log_metrics logs them as they are)
         experiment_id = self._experiment_id(experiment, artifact_location or _sqlite_artifact_location(uri))
         if run_id is None:
-            run = self._client.create_run(experiment_id, run_name=run_name)
+            run = self._client.create_run(experiment_id, run_name=run_name,
+                                          tags={RUN_ID_TAG: run_name} if run_name else None)
         else:
             run = self._client.get_run(run_id)  # raises MlflowException for an unknown id
             if run.info.experiment_id != experiment_id:
@@ -165,6 +178,69 @@ class Tracker:
     def get_metric_history(self, key: str) -> list[tuple[int, float]]:
         history = self._client.get_metric_history(self._run_id, key)
         return [(m.step, m.value) for m in sorted(history, key=lambda m: (m.step, m.timestamp))]
+
+    # ---- one timeline: fork a run at a step ----------------------------------------------------------
+    def fork(self, through_step: int, *, reason: str = "rollback") -> str:
+        """Continue this dagrl run in a NEW MLflow run holding only the points with step <= ``through_step``
+        (a rollback to a checkpoint at that step): params and kept points copied, the current run superseded
+        (see :meth:`continue_from`). This tracker then logs to the new run; returns its id."""
+        old = self._run_id
+        run = self._client.get_run(old)
+        self._run_id = self._client.create_run(
+            self.experiment_id, run_name=run.info.run_name,
+            tags={RUN_ID_TAG: run.data.tags.get(RUN_ID_TAG, run.info.run_name)}).info.run_id
+        self.continue_from(old, through_step, copy_params=True, reason=reason)
+        return self._run_id
+
+    def continue_from(self, source_run_id: str, through_step: int, *, copy_params: bool = False,
+                      reason: str = "resume") -> int:
+        """Make this (new) run the continuation of ``source_run_id`` up to ``through_step``.
+
+        Args:
+            source_run_id: the run to copy points from, e.g. the MLflow run a checkpoint recorded; it may be
+                deleted (superseded) already.
+            through_step: the last training step kept (a checkpoint's step; 0 keeps only a step-0 eval).
+            copy_params: also copy the source's params (a rollback); a resume logs its own.
+            reason: recorded in the tag ``dagrl.fork_reason``.
+
+        Copies every metric point of the source with step <= ``through_step`` (original timestamps), tags this run
+        ``dagrl.previous_run`` = source, and supersedes every other active run of the experiment with the same
+        ``dagrl.run_id`` (the source, runs an earlier resume or rollback left): tagged ``dagrl.superseded_by``,
+        set KILLED if still RUNNING, soft-deleted. Returns the number of points copied.
+        """
+        k, new, src = int(through_step), self._run_id, source_run_id
+        src_run = self._client.get_run(src)
+        dagrl_id = src_run.data.tags.get(RUN_ID_TAG, src_run.info.run_name)
+        tags = [RunTag(RUN_ID_TAG, dagrl_id), RunTag(PREVIOUS_TAG, src), RunTag("dagrl.fork_reason", reason),
+                RunTag("dagrl.forked_at_step", str(k))]
+        self._client.log_batch(new, tags=tags)
+        if copy_params:
+            params = [Param(key, value) for key, value in src_run.data.params.items()]
+            for i in range(0, len(params), PARAMS_PER_BATCH):
+                self._client.log_batch(new, params=params[i:i + PARAMS_PER_BATCH])
+        points = [m for key in src_run.data.metrics for m in self._client.get_metric_history(src, key)
+                  if m.step <= k]
+        points.sort(key=lambda m: (m.step, m.timestamp))
+        for i in range(0, len(points), METRICS_PER_BATCH):
+            self._client.log_batch(new, metrics=[Metric(m.key, m.value, m.timestamp, m.step)
+                                                 for m in points[i:i + METRICS_PER_BATCH]])
+        doomed = {src} | {r.info.run_id for r in self._client.search_runs(
+            [self.experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{dagrl_id}'",
+            run_view_type=ViewType.ACTIVE_ONLY)}
+        doomed.discard(new)
+        for rid in sorted(doomed):
+            self._supersede(rid, new, k)
+        return len(points)
+
+    def _supersede(self, run_id: str, by: str, step: int) -> None:
+        run = self._client.get_run(run_id)
+        if run.info.lifecycle_stage != "active":  # superseded before (MLflow refuses writes to deleted runs)
+            return
+        self._client.log_batch(run_id, tags=[RunTag(SUPERSEDED_TAG, by),
+                                             RunTag("dagrl.superseded_at_step", str(step))])
+        if run.info.status == "RUNNING":
+            self._client.set_terminated(run_id, "KILLED")
+        self._client.delete_run(run_id)
 
     # ---- artifacts and status --------------------------------------------------------------------------
     def log_artifact(self, local_path: str | Path, artifact_path: str | None = None) -> None:

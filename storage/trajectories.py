@@ -4,10 +4,22 @@ Layout of a store at ``path`` (a directory)::
 
     path/                      group; attributes: schema_version, created_at, layout, + caller attrs
       fields/<name>            [E, T, B, *shape]  chunks (1, T, shard_size, *shape)
-      epochs/complete          [E] bool           True once every shard of epoch e was written
+      epochs/complete          [E] bool           set by the driver once every shard of epoch e's latest attempt
+                                                  was written (cleared by a new attempt and by `invalidate_from`)
+      epochs/attempt           [E] int64          the epoch's latest attempt id (0: never reserved for writing)
+      epochs/shard_attempt     [E, S] int64       the attempt each shard last wrote (-1: never); chunks (1, 1)
       epochs/<scalar>          [E]                per-epoch scalars (weight_version, global_step, ...)
 
-``E`` is the rollout epoch (= training step index), ``T`` the chunk steps, ``B`` the envs.
+``E`` is the rollout epoch (= training step index), ``T`` the chunk steps, ``B`` the envs, ``S`` the shards.
+
+Attempts (data shown once, and only when whole): a step that is redone (a retry after a lost worker, a rollback
+to a checkpoint, a resume) calls :meth:`TrajectoryStore.reserve` again, which starts a new attempt of the epoch
+(``attempt[e] += 1``, ``complete[e] = False``). :func:`write_shard` records the attempt it wrote; an epoch is
+complete (:meth:`TrajectoryStore.complete_epochs`, the one reader API: replay, SFT's ``sft.store``, the episode
+index) only when ``complete[e]`` is set AND every shard's ``shard_attempt`` equals ``attempt[e]``, so a half-rewritten
+epoch (shard 0 new, shard 1 old) is never shown. A rollback or resume to step k calls
+:meth:`TrajectoryStore.invalidate_from` (k): epochs >= k are not complete until they are redone.
+Stores written before attempts existed (no ``epochs/attempt``) read as before: ``complete[e]`` alone.
 
 Concurrency (zarr 3 loses data when two writers touch one chunk, and on concurrent resizes):
 
@@ -39,6 +51,9 @@ _RESERVED_ATTRS = ("schema_version", "created_at", "layout")
 _FIELDS_GROUP = "fields"
 _EPOCHS_GROUP = "epochs"
 _COMPLETE = "complete"
+_ATTEMPT = "attempt"
+_SHARD_ATTEMPT = "shard_attempt"
+_BOOKKEEPING = (_COMPLETE, _ATTEMPT, _SHARD_ATTEMPT)  # epoch arrays that are not per-epoch scalars
 _EPOCH_CHUNK = 1024
 _ARRAY_CONFIG = {"write_empty_chunks": True}
 
@@ -189,6 +204,7 @@ class TrajectoryStore:
             missing = {k: v for k, v in attrs.items() if k not in group.attrs}
             if missing:
                 group.attrs.update(missing)
+            _ensure_attempt_arrays(group, num_envs // shard_size)
             return cls(path, group)
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             raise ValueError(f"{path} exists and is not an empty directory nor a trajectory store; pick another path")
@@ -212,6 +228,7 @@ class TrajectoryStore:
             )
         eg = group.create_group(_EPOCHS_GROUP)
         eg.create_array(_COMPLETE, shape=(0,), chunks=(_EPOCH_CHUNK,), dtype="bool", fill_value=False)
+        _ensure_attempt_arrays(group, num_envs // shard_size)
         return cls(path, group)
 
     @classmethod
@@ -255,7 +272,7 @@ class TrajectoryStore:
 
     @property
     def epoch_scalar_names(self) -> list[str]:
-        return sorted(n for n in self._group[_EPOCHS_GROUP].array_keys() if n != _COMPLETE)
+        return sorted(n for n in self._group[_EPOCHS_GROUP].array_keys() if n not in _BOOKKEEPING)
 
     # ---- driver-side writes ----------------------------------------------------------------------------
     def update_attrs(self, **attrs: Any) -> None:
@@ -263,29 +280,86 @@ class TrajectoryStore:
         _check_json_attrs(attrs)
         self._group.attrs.update(attrs)
 
-    def reserve(self, epoch: int) -> None:
-        """Grow ``E`` so that ``E >= epoch + 1`` (never shrinks, writes no data). Driver only."""
+    def reserve(self, epoch: int) -> int:
+        """Start a new attempt at writing ``epoch``: grow ``E`` so that ``E >= epoch + 1`` (never shrinks), bump
+        ``attempt[epoch]`` and clear ``complete[epoch]`` (a redone step's epoch is not shown until every shard of
+        the new attempt is written). Writes no field data. Driver only.
+
+        Returns:
+            the epoch's new attempt id (int >= 1); :func:`write_shard` records it per shard.
+        Raises:
+            ValueError: a negative epoch.
+        """
         epoch = int(epoch)
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         need = epoch + 1
-        if need <= self.num_epochs:
-            return
-        arrays = [self._field_array(n) for n in self._fields]
-        arrays += [self._epoch_array(n) for n in [*self.epoch_scalar_names, _COMPLETE]]  # `complete` last: E
-        for arr in arrays:
-            if arr.shape[0] < need:
-                arr.resize((need, *arr.shape[1:]))
+        if need > self.num_epochs:
+            arrays = [self._field_array(n) for n in self._fields]
+            arrays += [self._epoch_array(n) for n in [*self.epoch_scalar_names, _SHARD_ATTEMPT, _ATTEMPT, _COMPLETE]
+                       if n in self._group[_EPOCHS_GROUP]]  # `complete` last: it defines E
+            for arr in arrays:
+                if arr.shape[0] < need:
+                    arr.resize((need, *arr.shape[1:]))
+        self._epoch_array(_COMPLETE)[epoch] = False  # first: a reader never sees the epoch complete mid-attempt
+        if not self._has_attempts():
+            return 1
+        att = self._epoch_array(_ATTEMPT)
+        new = int(att[epoch]) + 1
+        att[epoch] = new
+        return new
+
+    def attempt(self, epoch: int) -> int:
+        """The latest attempt id of ``epoch`` (0: never reserved; 1 for stores written before attempts existed)."""
+        if not self._has_attempts():
+            return 1
+        return int(self._epoch_array(_ATTEMPT)[int(epoch)])
+
+    def invalidate_from(self, epoch: int) -> list[int]:
+        """A rollback or resume to training step ``epoch``: epochs ``>= epoch`` stop being complete (their data
+        belongs to a superseded timeline and is shown again only once redone). Driver only.
+
+        Returns:
+            the epochs that were complete and are not any more.
+        """
+        epoch = max(0, int(epoch))
+        E = self.num_epochs
+        if epoch >= E:
+            return []
+        done = self._epoch_array(_COMPLETE)
+        was = np.flatnonzero(done[epoch:E]) + epoch
+        if was.size:
+            done[epoch:E] = False
+        return [int(e) for e in was]
+
+    def shards_written(self, epoch: int) -> np.ndarray:
+        """Bool ``[S]``: whether each shard has written the latest attempt of ``epoch``."""
+        epoch = int(epoch)
+        if not self._has_attempts():
+            return np.ones(self.num_shards, bool)
+        return self._epoch_array(_SHARD_ATTEMPT)[epoch] == self._epoch_array(_ATTEMPT)[epoch]
 
     def mark_complete(self, epoch: int, **per_epoch_scalars: Any) -> None:
-        """Record per-epoch scalars (e.g. ``weight_version``, ``global_step``) and set ``complete[epoch]``."""
+        """Record per-epoch scalars (e.g. ``weight_version``, ``global_step``) and set ``complete[epoch]``.
+
+        Raises:
+            ValueError: the epoch is not allocated, or a shard has not written the epoch's latest attempt (the
+                message names the shards and the attempts they hold).
+        """
         epoch = int(epoch)
         E = self.num_epochs
         if not 0 <= epoch < E:
             raise ValueError(f"epoch {epoch} is not allocated in {self._path} (E={E}); call reserve({epoch}) first")
+        written = self.shards_written(epoch)
+        if not written.all():
+            held = self._epoch_array(_SHARD_ATTEMPT)[epoch]
+            missing = np.flatnonzero(~written).tolist()
+            raise ValueError(f"epoch {epoch} of {self._path}: shard(s) {missing} have not written its latest attempt "
+                             f"{self.attempt(epoch)} (they hold attempt(s) {held[missing].tolist()}, -1 = never); "
+                             f"it cannot be marked complete")
         eg = self._group[_EPOCHS_GROUP]
         for name, value in per_epoch_scalars.items():
-            if name == _COMPLETE or "/" in name:
+            if name in _BOOKKEEPING or "/" in name:
                 raise ValueError(f"per-epoch scalar name {name!r} is reserved or invalid")
             value = np.asarray(value)
             if value.ndim != 0:
@@ -309,11 +383,17 @@ class TrajectoryStore:
 
     # ---- reads -----------------------------------------------------------------------------------------
     def complete_epochs(self) -> np.ndarray:
-        return np.flatnonzero(self._epoch_array(_COMPLETE)[:]).astype(np.int64)
+        """Epochs whose latest attempt is whole: ``complete[e]`` set and every shard wrote ``attempt[e]``.
+        int64 ``[n]``, ascending. The one list every reader of a store's data should use."""
+        done = self._epoch_array(_COMPLETE)[:]
+        if self._has_attempts() and done.any():
+            whole = (self._epoch_array(_SHARD_ATTEMPT)[:] == self._epoch_array(_ATTEMPT)[:][:, None]).all(axis=1)
+            done &= whole[:done.shape[0]]
+        return np.flatnonzero(done).astype(np.int64)
 
     def epoch_scalar(self, name: str) -> np.ndarray:
         """Per-epoch scalar array ``[E]`` (int fill -1, float fill NaN where never set)."""
-        if name != _COMPLETE and name not in self.epoch_scalar_names:
+        if name not in _BOOKKEEPING and name not in self.epoch_scalar_names:
             raise KeyError(f"no per-epoch scalar {name!r} in {self._path}; known: {self.epoch_scalar_names}")
         return self._epoch_array(name)[:]
 
@@ -341,6 +421,25 @@ class TrajectoryStore:
     def _epoch_array(self, name: str) -> zarr.Array:
         return self._group[f"{_EPOCHS_GROUP}/{name}"]
 
+    def _has_attempts(self) -> bool:
+        return _ATTEMPT in self._group[_EPOCHS_GROUP]
+
+
+def _ensure_attempt_arrays(group: zarr.Group, num_shards: int) -> None:
+    """Add ``epochs/attempt`` and ``epochs/shard_attempt`` to a store (new, or written before attempts existed:
+    its complete epochs count as attempt 1 written by every shard). Driver only."""
+    eg = group[_EPOCHS_GROUP]
+    E = int(eg[_COMPLETE].shape[0])
+    if _ATTEMPT not in eg:
+        att = eg.create_array(_ATTEMPT, shape=(E,), chunks=(_EPOCH_CHUNK,), dtype="int64", fill_value=0)
+        if E:
+            att[:] = 1
+    if _SHARD_ATTEMPT not in eg:
+        sa = eg.create_array(_SHARD_ATTEMPT, shape=(E, num_shards), chunks=(1, 1), dtype="int64", fill_value=-1,
+                             config=_ARRAY_CONFIG)
+        if E:
+            sa[:] = 1
+
     def __repr__(self) -> str:
         return (f"TrajectoryStore({str(self._path)!r}, E={self.num_epochs}, T={self._T}, B={self._num_envs}, "
                 f"shard_size={self._shard_size}, fields={sorted(self._fields)})")
@@ -355,6 +454,8 @@ class _Opened:
     shard_size: int
     fields: dict[str, FieldSpec]
     arrays: dict[str, zarr.Array]
+    attempt: zarr.Array | None = None  # epochs/attempt (None: a store written before attempts existed)
+    shard_attempt: zarr.Array | None = None
 
 
 _CACHE: dict[str, _Opened] = {}
@@ -366,8 +467,11 @@ def _open_for_write(path: str) -> _Opened:
     layout = group.attrs["layout"]
     fields = {name: FieldSpec.from_json(d) for name, d in layout["fields"].items()}
     arrays = {name: group[f"{_FIELDS_GROUP}/{name}"].with_config(_ARRAY_CONFIG) for name in fields}
-    E = min((a.shape[0] for a in arrays.values()), default=0)
-    return _Opened(E, int(layout["T"]), int(layout["num_envs"]), int(layout["shard_size"]), fields, arrays)
+    eg = group[_EPOCHS_GROUP]
+    att = eg[_ATTEMPT] if _ATTEMPT in eg else None
+    sha = eg[_SHARD_ATTEMPT].with_config(_ARRAY_CONFIG) if _SHARD_ATTEMPT in eg else None
+    E = min([a.shape[0] for a in arrays.values()] + [a.shape[0] for a in (att, sha) if a is not None] or [0])
+    return _Opened(E, int(layout["T"]), int(layout["num_envs"]), int(layout["shard_size"]), fields, arrays, att, sha)
 
 
 def clear_cache() -> None:
@@ -376,12 +480,15 @@ def clear_cache() -> None:
         _CACHE.clear()
 
 
-def write_shard(path: str, *, epoch: int, shard: int, data: Mapping[str, np.ndarray]) -> dict[str, float]:
-    """Write one env shard of one epoch: region ``[epoch, :, shard*S:(shard+1)*S]`` of every field.
+def write_shard(path: str, *, epoch: int, shard: int, data: Mapping[str, np.ndarray],
+                attempt: int | None = None) -> dict[str, float]:
+    """Write one env shard of one epoch: region ``[epoch, :, shard*S:(shard+1)*S]`` of every field, then record
+    in ``epochs/shard_attempt[epoch, shard]`` the attempt it belongs to.
 
     Runs inside Dask tasks. ``data[name]`` must be ``[T, shard_size, *spec.shape]`` with the field's exact
-    dtype (no casting). The epoch must have been reserved by the driver. Returns ``{"bytes", "seconds"}``
-    (bytes = uncompressed payload).
+    dtype (no casting). The epoch must have been reserved by the driver. ``attempt``: the id
+    :meth:`TrajectoryStore.reserve` returned for this write (None: the epoch's latest attempt when the write
+    starts). Returns ``{"bytes", "seconds"}`` (bytes = uncompressed payload).
     """
     t0 = time.perf_counter()
     key = os.path.abspath(os.fspath(path))
@@ -412,11 +519,15 @@ def write_shard(path: str, *, epoch: int, shard: int, data: Mapping[str, np.ndar
         if value.dtype != np.dtype(spec.dtype):
             raise ValueError(f"field {name!r}: expected dtype {spec.dtype}, got {value.dtype}")
         arrays[name] = value
+    if attempt is None and opened.attempt is not None:
+        attempt = int(opened.attempt[epoch])
     lo, hi = shard * opened.shard_size, (shard + 1) * opened.shard_size
     nbytes = 0
     for name, value in arrays.items():
         opened.arrays[name][epoch, :, lo:hi] = value
         nbytes += value.nbytes
+    if opened.shard_attempt is not None:  # last: the shard counts as written only once its data is
+        opened.shard_attempt[epoch, shard] = int(attempt)
     return {"bytes": nbytes, "seconds": time.perf_counter() - t0}
 
 

@@ -92,3 +92,51 @@ def test_resume_same_run(uri):
         resumed.log_params({"algo.lr": "0.002"})
     with pytest.raises(ValueError, match="belongs to experiment"):
         Tracker(uri=uri, experiment="exp-other", run_id=first.run_id)
+
+
+def _hist(client, run_id, key):
+    return [(m.step, m.value) for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
+
+
+def test_fork_keeps_one_timeline(uri):
+    """A rollback to step 2 after steps 1..4 were logged: the new run holds steps <= 2 of the old one, then the
+    redone steps; the old run is soft-deleted (hidden from search_runs), tagged with its successor."""
+    from mlflow.entities import ViewType
+    client = MlflowClient(tracking_uri=uri)
+    tr = Tracker(uri=uri, experiment="exp-fork", run_name="run-x")
+    tr.log_params({"a": 1})
+    for s in range(1, 5):
+        tr.log_metrics({"train/loss": float(s), **({"eval/s": 10.0 * s} if s % 2 == 0 else {})}, step=s)
+    old = tr.run_id
+    new = tr.fork(2)
+    assert new != old == client.get_run(new).data.tags["dagrl.previous_run"]
+    for s in (3, 4):
+        tr.log_metrics({"train/loss": 100.0 + s, **({"eval/s": 1000.0} if s % 2 == 0 else {})}, step=s)
+    assert _hist(client, new, "train/loss") == [(1, 1.0), (2, 2.0), (3, 103.0), (4, 104.0)]
+    assert _hist(client, new, "eval/s") == [(2, 20.0), (4, 1000.0)]
+    assert client.get_run(new).data.params == {"a": "1"}
+    gone = client.get_run(old)
+    assert gone.info.lifecycle_stage == "deleted" and gone.data.tags["dagrl.superseded_by"] == new
+    exp = client.get_experiment_by_name("exp-fork").experiment_id
+    assert [r.info.run_id for r in client.search_runs([exp])] == [new]
+    assert len(client.search_runs([exp], run_view_type=ViewType.ALL)) == 2
+
+
+def test_continue_from_a_checkpoints_run_supersedes_every_run_of_that_dagrl_run(uri):
+    """Resume twice from the same step-2 checkpoint (recorded MLflow run A): the second resume copies from A and
+    also supersedes the first resume's run B, so exactly one active run holds the timeline."""
+    client = MlflowClient(tracking_uri=uri)
+    a = Tracker(uri=uri, experiment="exp-cont", run_name="run-y")
+    for s in range(1, 4):
+        a.log_metrics({"m": float(s)}, step=s)
+    b = Tracker(uri=uri, experiment="exp-cont", run_name="run-y")
+    assert b.continue_from(a.run_id, 2) == 2
+    b.log_metrics({"m": 30.0}, step=3)
+    c = Tracker(uri=uri, experiment="exp-cont", run_name="run-y")
+    c.continue_from(a.run_id, 2)
+    c.log_metrics({"m": 300.0}, step=3)
+    exp = client.get_experiment_by_name("exp-cont").experiment_id
+    active = client.search_runs([exp])
+    assert [r.info.run_id for r in active] == [c.run_id]
+    assert _hist(client, c.run_id, "m") == [(1, 1.0), (2, 2.0), (3, 300.0)]
+    assert client.get_run(b.run_id).data.tags["dagrl.superseded_by"] == c.run_id

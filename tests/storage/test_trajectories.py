@@ -35,6 +35,11 @@ def _shard_data(epoch, shard, fields=FIELDS):
     return out
 
 
+def _write_all(path, epoch, attempt=None):
+    for s in range(B // S):
+        write_shard(str(path), epoch=epoch, shard=s, data=_shard_data(epoch, s), attempt=attempt)
+
+
 def _make(path):
     return TrajectoryStore.create(path, fields=FIELDS, T=T, num_envs=B, shard_size=S, attrs=ATTRS)
 
@@ -106,6 +111,7 @@ def test_reserve_and_mark_complete(tmp_path):
     assert store.num_epochs == 3
     assert store.to_dask("obs").shape == (3, T, B, 2, 5)
     assert store.complete_epochs().tolist() == []
+    _write_all(store.path, 1)
     store.mark_complete(1, weight_version=7, global_step=128, mean_return=0.5)
     assert store.complete_epochs().tolist() == [1]
     assert store.complete_epochs().dtype == np.int64
@@ -115,10 +121,12 @@ def test_reserve_and_mark_complete(tmp_path):
     assert ret[1] == 0.5 and np.isnan(ret[0]) and np.isnan(ret[2])
     store.reserve(4)  # per-epoch arrays grow with the fields
     assert store.epoch_scalar("weight_version").tolist() == [-1, 7, -1, -1, -1]
+    _write_all(store.path, 4)
     store.mark_complete(4, weight_version=8)
     assert store.complete_epochs().tolist() == [1, 4]
     with pytest.raises(ValueError, match="reserve"):
         store.mark_complete(5)
+    _write_all(store.path, 3)
     with pytest.raises(ValueError, match="does not fit"):
         store.mark_complete(3, weight_version=1.5)
     text = describe(store.path)
@@ -130,7 +138,7 @@ def test_create_on_existing_identical_reopens_with_data(tmp_path):
     path = tmp_path / "traj"
     store = _make(path)
     store.reserve(0)
-    write_shard(str(path), epoch=0, shard=1, data=_shard_data(0, 1))
+    _write_all(path, 0)
     store.mark_complete(0, weight_version=3)
     created_at = store.attrs["created_at"]
     again = TrajectoryStore.create(path, fields=dict(FIELDS), T=T, num_envs=B, shard_size=S,
@@ -196,3 +204,89 @@ def test_write_shard_validation(tmp_path):
         write_shard(path, epoch=0, shard=2, data=good)
     # nothing was written by the failed calls
     assert not store.read("obs").any()
+
+
+def _rewrite(path, epoch, shard, scale):
+    data = {k: (v * scale if v.dtype != bool else v) for k, v in _shard_data(epoch, shard).items()}
+    write_shard(str(path), epoch=epoch, shard=shard, data=data)
+    return data
+
+
+def test_redone_epoch_is_complete_only_when_every_shard_of_the_latest_attempt_is_written(tmp_path):
+    """Issue 9 item 4: reserve(0) after mark_complete(0), then only shard 0 rewritten: epoch 0 is NOT complete
+    (shard 0 new, shard 1 old), and cannot be marked complete until shard 1 writes the new attempt too."""
+    path = tmp_path / "traj"
+    store = _make(path)
+    clear_cache()
+    assert store.reserve(0) == 1
+    _write_all(path, 0)
+    store.mark_complete(0)
+    assert store.complete_epochs().tolist() == [0]
+    assert store.reserve(0) == 2  # the step is redone
+    assert store.complete_epochs().tolist() == []  # cleared at once, before any shard writes
+    new0 = _rewrite(path, 0, 0, 2.0)
+    assert store.shards_written(0).tolist() == [True, False]
+    assert store.complete_epochs().tolist() == []
+    with pytest.raises(ValueError, match=r"shard\(s\) \[1\] have not written its latest attempt 2"):
+        store.mark_complete(0)
+    assert TrajectoryStore.open(path).complete_epochs().tolist() == []  # a reader in another process: same
+    new1 = _rewrite(path, 0, 1, 3.0)
+    store.mark_complete(0)
+    assert store.complete_epochs().tolist() == [0]
+    got = store.read("reward", epochs=[0])[0]
+    np.testing.assert_array_equal(got[:, :S], new0["reward"])
+    np.testing.assert_array_equal(got[:, S:], new1["reward"])
+
+
+def test_a_stale_write_of_an_older_attempt_does_not_count(tmp_path):
+    path = tmp_path / "traj"
+    store = _make(path)
+    clear_cache()
+    first = store.reserve(0)
+    second = store.reserve(0)  # a retry began before the first attempt's shards wrote
+    _write_all(path, 0, attempt=first)
+    assert store.shards_written(0).tolist() == [False, False]
+    with pytest.raises(ValueError, match="latest attempt 2"):
+        store.mark_complete(0)
+    _write_all(path, 0, attempt=second)
+    store.mark_complete(0)
+    assert store.complete_epochs().tolist() == [0]
+
+
+@pytest.mark.parametrize("restored_step, left", [(0, []), (1, [0]), (2, [0, 1]), (3, [0, 1, 2]), (9, [0, 1, 2])])
+def test_invalidate_from_drops_the_epochs_after_the_restored_step(tmp_path, restored_step, left):
+    """A rollback/resume to step k (k steps done: epochs 0..k-1) leaves only epochs < k complete."""
+    path = tmp_path / "traj"
+    store = _make(path)
+    clear_cache()
+    for e in range(3):
+        store.reserve(e)
+        _write_all(path, e)
+        store.mark_complete(e)
+    dropped = store.invalidate_from(restored_step)
+    assert dropped == [e for e in range(3) if e >= restored_step]
+    assert store.complete_epochs().tolist() == left
+    for e in range(restored_step, 3):  # redoing them shows them again, once
+        store.reserve(e)
+        _write_all(path, e)
+        store.mark_complete(e)
+    assert store.complete_epochs().tolist() == [0, 1, 2]
+
+
+def test_a_store_written_before_attempts_existed_reads_as_before(tmp_path):
+    import zarr
+    path = tmp_path / "traj"
+    store = _make(path)
+    clear_cache()
+    store.reserve(0)
+    _write_all(path, 0)
+    store.mark_complete(0)
+    g = zarr.open_group(str(path), mode="r+")
+    for name in ("attempt", "shard_attempt"):
+        del g["epochs"][name]
+    clear_cache()
+    old = TrajectoryStore.open(path)
+    assert old.complete_epochs().tolist() == [0] and old.attempt(0) == 1
+    again = _make(path)  # the driver reopening it (resume) adds the attempt arrays: epoch 0 stays complete
+    assert again.complete_epochs().tolist() == [0]
+    assert again.reserve(0) == 2 and again.complete_epochs().tolist() == []
