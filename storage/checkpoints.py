@@ -3,22 +3,30 @@
 Layout of one checkpoint::
 
     global_step_<N>/
-      <key>.pt      one per top-level key whose value holds tensors (state dicts, RNG states, ...): torch.save
-      <key>.pkl.pt  one per other value that does not survive a JSON round trip (tuples, numpy RNG state): torch.save
+      <key>.pt      one per top-level key whose value does not survive a JSON round trip exactly (state dicts,
+                    RNG states, tuples, ...): torch.save, loaded back with ``torch.load(weights_only=True)``
       meta.json     the top-level values that survive a JSON round trip exactly (step counters, cursors, ...)
       index.json    written last: step, files with size and sha256, and which file (and kind) holds each key
 
 Writing goes to a hidden temp dir in ``checkpoints/`` (files fsynced), then ``os.rename`` into place; an existing
 ``global_step_<N>`` is first renamed aside and removed only after the new one is in place. A directory without a
 readable ``index.json`` or whose files do not match it is incomplete and ignored by :func:`latest_checkpoint`.
+
+Only what can be loaded back is written: :func:`save_checkpoint` refuses, before writing anything, a value that
+``torch.load(weights_only=True)`` would not load (a numpy array, a numpy RNG state tuple, a custom object), naming
+its key path (``rng.numpy[1]``). :func:`rng_state` / :func:`set_rng_state` give the process's torch, numpy and
+Python RNG states in a loadable form (tensors, lists, ints). Checkpoints written before this (``<key>.pkl.pt``,
+kind ``pickle``) still load.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import io
 import json
 import os
+import random
 import re
 import shutil
 import tempfile
@@ -44,6 +52,83 @@ def _has_tensor(value: Any) -> bool:
     if isinstance(value, (list, tuple)):
         return any(_has_tensor(v) for v in value)
     return False
+
+
+_PLAIN = (str, int, float, bool, type(None), bytes)
+
+
+def _leaf_loads(value: Any) -> bool:
+    """Whether torch.load(weights_only=True) loads a non-container leaf back (torch.dtype, torch.Size, ...)."""
+    buf = io.BytesIO()
+    try:
+        torch.save(value, buf)
+        buf.seek(0)
+        back = torch.load(buf, weights_only=True)
+    except Exception:  # noqa: BLE001 - UnpicklingError and friends: not loadable
+        return False
+    return type(back) is type(value)
+
+
+def check_loadable(value: Any, path: str = "") -> None:
+    """Raise ValueError naming the first key path (``rng.numpy[1]``) whose value ``torch.load(weights_only=True)``
+    cannot load back. Containers: dict (str/int keys), list, tuple; leaves: tensors, str/int/float/bool/None/bytes,
+    and whatever else the weights-only unpickler accepts (torch.dtype, torch.Size, ...)."""
+    if isinstance(value, torch.Tensor):
+        if type(value) not in (torch.Tensor, torch.nn.Parameter):
+            raise ValueError(f"checkpoint value {path} is a {type(value).__name__} (a tensor subclass): save "
+                             f"a plain tensor (.detach().clone() of its data)")
+        return
+    if isinstance(value, _PLAIN):
+        return
+    if isinstance(value, Mapping):
+        if not isinstance(value, (dict,)):
+            raise ValueError(f"checkpoint value {path} is a {type(value).__name__}: save a plain dict (dict(x))")
+        for k, v in value.items():
+            if not isinstance(k, (str, int)) or isinstance(k, bool):
+                raise ValueError(f"checkpoint value {path} has a key {k!r} of type {type(k).__name__}: use str or "
+                                 f"int keys")
+            check_loadable(v, f"{path}.{k}" if path else str(k))
+        return
+    if type(value) in (list, tuple):
+        for i, v in enumerate(value):
+            check_loadable(v, f"{path}[{i}]")
+        return
+    if not _leaf_loads(value):
+        hint = ("convert it: torch.from_numpy(a) or a.tolist() for an array, int(x)/float(x) for a numpy "
+                "scalar, storage.checkpoints.rng_state() for RNG states") if type(value).__module__ == "numpy" \
+            else "convert it to tensors, lists, dicts and plain scalars"
+        raise ValueError(f"checkpoint value {path} ({type(value).__module__}.{type(value).__qualname__}) cannot "
+                         f"be loaded back by torch.load(weights_only=True): {hint}")
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states in a checkpoint-loadable form: ``{"torch": ByteTensor, "numpy": {"key": [624
+    ints], "pos", "has_gauss", "gauss"}, "python": [version, [625 ints], gauss or None], "cuda": [ByteTensor per
+    device] (only with CUDA initialised)}``. Restore with :func:`set_rng_state`."""
+    np_state = __import__("numpy").random.get_state(legacy=False)
+    py = random.getstate()
+    out = {"torch": torch.get_rng_state(),
+           "numpy": {"bit_generator": np_state["bit_generator"], "key": np_state["state"]["key"].tolist(),
+                     "pos": int(np_state["state"]["pos"]), "has_gauss": int(np_state["has_gauss"]),
+                     "gauss": float(np_state["gauss"])},
+           "python": [py[0], list(py[1]), py[2]]}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned (torch, numpy, python; cuda when present and available)."""
+    import numpy as np
+    torch.set_rng_state(torch.as_tensor(state["torch"], dtype=torch.uint8).cpu())
+    n = state["numpy"]
+    np.random.set_state({"bit_generator": n["bit_generator"],
+                         "state": {"key": np.asarray(n["key"], np.uint32), "pos": int(n["pos"])},
+                         "has_gauss": int(n["has_gauss"]), "gauss": float(n["gauss"])})
+    p = state["python"]
+    random.setstate((int(p[0]), tuple(int(x) for x in p[1]), p[2]))
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.as_tensor(s, dtype=torch.uint8) for s in state["cuda"]])
 
 
 def _json_roundtrips(value: Any) -> bool:
@@ -93,7 +178,12 @@ def checkpoint_step(path: str | os.PathLike) -> int:
 
 
 def save_checkpoint(run_dir: str | os.PathLike, step: int, state: Mapping[str, Any]) -> Path:
-    """Write ``state`` atomically to ``<run_dir>/checkpoints/global_step_<step>/`` and return that path."""
+    """Write ``state`` atomically to ``<run_dir>/checkpoints/global_step_<step>/`` and return that path.
+
+    Raises:
+        ValueError: a negative step, a key that is not file-name safe, or a value that could not be loaded back
+            (:func:`check_loadable`: the message names its key path) - all before anything is written.
+    """
     step = int(step)
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
@@ -101,6 +191,10 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, state: Mapping[str, A
         if not isinstance(key, str) or not _KEY_RE.match(key) or key in _RESERVED_KEYS:
             raise ValueError(f"checkpoint key {key!r} must be a file-name-safe str ([A-Za-z0-9_.-]) and not "
                              f"one of {sorted(_RESERVED_KEYS)}")
+    json_keys = {key for key, value in state.items() if not _has_tensor(value) and _json_roundtrips(value)}
+    for key, value in state.items():  # refused before anything is written
+        if key not in json_keys:
+            check_loadable(value, key)
     parent = Path(run_dir) / CHECKPOINTS_DIR
     parent.mkdir(parents=True, exist_ok=True)
     final = parent / f"global_step_{step}"
@@ -110,14 +204,11 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, state: Mapping[str, A
         keys: dict[str, dict[str, str]] = {}
         meta: dict[str, Any] = {}
         for key, value in state.items():
-            if _has_tensor(value):
-                keys[key] = {"file": f"{key}.pt", "kind": "torch"}
-            elif _json_roundtrips(value):
+            if key in json_keys:
                 meta[key] = value
                 keys[key] = {"file": META_FILE, "kind": "json"}
                 continue
-            else:
-                keys[key] = {"file": f"{key}.pkl.pt", "kind": "pickle"}
+            keys[key] = {"file": f"{key}.pt", "kind": "torch"}
             _write_file(tmp / keys[key]["file"], lambda f, v=value: torch.save(v, f))
         if meta:
             _write_file(tmp / META_FILE, lambda f: f.write(json.dumps(meta, indent=1, sort_keys=True).encode()))
@@ -203,7 +294,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu",
     for key, entry in index["keys"].items():
         if entry["kind"] == "json":
             state[key] = meta[key]
-        elif entry["kind"] == "pickle":  # non-tensor python objects we wrote ourselves (verified by sha256)
+        elif entry["kind"] == "pickle":  # checkpoints written before check_loadable (ours, verified by sha256)
             state[key] = torch.load(path / entry["file"], map_location=map_location, weights_only=False)
         else:
             state[key] = torch.load(path / entry["file"], map_location=map_location, weights_only=True)

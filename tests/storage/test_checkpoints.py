@@ -7,7 +7,10 @@ import pytest
 import torch
 
 from storage.checkpoints import (
+    check_loadable,
     checkpoint_step,
+    rng_state,
+    set_rng_state,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -39,7 +42,7 @@ def _state(step=3):
         "scheduler": sched.state_dict(),
         "torch_rng": torch.get_rng_state(),
         "numpy_rng": np.random.default_rng(5).bit_generator.state,  # plain dict of ints -> meta.json
-        "python_rng": random.Random(7).getstate(),  # tuple: not JSON round-trippable -> pickle
+        "python_rng": random.Random(7).getstate(),  # tuple: not JSON round-trippable -> torch.save
         "runner": {"global_step": step, "env_cursor": 12, "weight_version": 4},
     }
 
@@ -51,7 +54,7 @@ def test_round_trip_model_and_optimizer(tmp_path):
     index = json.loads((path / "index.json").read_text())
     assert index["step"] == 3
     # StepLR's state dict holds no tensors and survives JSON exactly, so it goes to meta.json
-    assert sorted(index["files"]) == ["meta.json", "model.pt", "optimizer.pt", "python_rng.pkl.pt",
+    assert sorted(index["files"]) == ["meta.json", "model.pt", "optimizer.pt", "python_rng.pt",
                                       "torch_rng.pt"]
     assert index["keys"]["scheduler"]["kind"] == "json"
     for name, info in index["files"].items():
@@ -110,8 +113,25 @@ def test_failed_save_keeps_previous(tmp_path):
         def __reduce__(self):
             raise RuntimeError("boom")
 
-    with pytest.raises(RuntimeError, match="boom"):
+    with pytest.raises(ValueError, match="checkpoint value bad .*Unpicklable"):  # refused before writing
         save_checkpoint(tmp_path, 4, {"w": torch.ones(2), "bad": Unpicklable()})
+    assert torch.equal(load_checkpoint(latest_checkpoint(tmp_path))["w"], torch.zeros(2))
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["global_step_4"]
+
+
+def test_a_failure_while_writing_keeps_previous(tmp_path, monkeypatch):
+    import storage.checkpoints as ck
+    save_checkpoint(tmp_path, 4, {"w": torch.zeros(2)})
+    real, calls = ck._write_file, []
+
+    def flaky(path, write):
+        calls.append(path.name)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        real(path, write)
+    monkeypatch.setattr(ck, "_write_file", flaky)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(tmp_path, 4, {"w": torch.ones(2), "v": torch.ones(3)})
     assert torch.equal(load_checkpoint(latest_checkpoint(tmp_path))["w"], torch.zeros(2))
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["global_step_4"]
 
@@ -167,3 +187,75 @@ def test_run_dirs(tmp_path):
     with pytest.raises(ValueError, match="not valid YAML"):
         write_resolved_config(run, "a: [1, 2\n")
     assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
+
+
+def _equal(a, b):
+    """Exact structural equality of nested dicts/lists/tuples of tensors and plain values (types kept)."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and (a == b or (a != a and b != b))
+
+
+@pytest.mark.parametrize("value, where", [
+    ({"torch": torch.get_rng_state(), "numpy": np.random.get_state()}, "rng.numpy[1]"),  # issue 9 item 3
+    ({"numpy": np.random.get_state()}, "rng.numpy[1]"),  # no tensor: used to go to a pickle
+    ({"a": [1, {"b": np.float32(0.5)}]}, "rng.a[1].b"),
+    ({"arr": np.zeros(3)}, "rng.arr"),
+    ({"gen": np.random.default_rng(0)}, "rng.gen"),
+    ({"x": torch.zeros(2), "obj": object()}, "rng.obj"),
+    ({(1, 2): 3}, "rng"),
+])
+def test_a_value_that_cannot_be_loaded_back_is_refused_when_saved(tmp_path, value, where):
+    import re
+    pattern = "has a key" if where == "rng" else "^checkpoint value " + re.escape(where) + " "
+    with pytest.raises(ValueError, match=pattern):
+        save_checkpoint(tmp_path, 1, {"policy": {"w": torch.ones(2)}, "rng": value})
+    assert not (tmp_path / "checkpoints").exists()  # nothing written, not even the directory
+
+
+def _runner_like_states():
+    """Every kind of state the runner saves (tasks.update.actor_state + graphs._save_checkpoint + Runner.checkpoint
+    meta): policy and optimizer state dicts (Adam: step tensors, param_groups with tuples/None/bools, a second
+    group, a parameter that has received no gradient yet), RNG states via rng_state(), the runner meta with cursors
+    (plain lists of ints/floats/bools incl. a per-shard RNG), best eval -1.0, None mlflow id."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    unused = torch.nn.Linear(2, 2)
+    opt = torch.optim.Adam([{"params": model.parameters()}, {"params": unused.parameters(), "lr": 0.5}], eps=1e-5)
+    model(torch.randn(5, 3)).sum().backward()
+    opt.step()
+    cursor = {"episode_count": [1, 2], "seed": [10, 11], "active": [True, False], "actions": [[[0.25, -1.0]], []],
+              "return": [0.5, 0.0], "parts": [{"started": True, "chunk_steps": 3,
+                                               "rng": torch.get_rng_state().tolist()}]}
+    return {"policy": model.state_dict(), "optimizer": opt.state_dict(), "rng_torch": torch.get_rng_state(),
+            "rng": rng_state(),
+            "run": {"runner": {"run_id": "r", "mlflow_run_id": None, "step": 2, "env_steps": 64,
+                               "cursors": [cursor, None], "elapsed_s": 1.5, "best_eval_success_once": -1.0,
+                               "best_eval_step": -1, "actor_generation": 0},
+                    "experiment": "smoke", "weight_version": 2, "dims": (3, 2)}}
+
+
+def test_round_trip_of_every_kind_of_state_the_runner_saves(tmp_path):
+    state = _runner_like_states()
+    check_loadable(state)
+    back = load_checkpoint(save_checkpoint(tmp_path, 2, state))
+    assert _equal(back, state)
+    only = load_checkpoint(latest_checkpoint(tmp_path), keys=("run",))
+    assert list(only) == ["run"] and _equal(only["run"], state["run"])
+    with pytest.raises(KeyError, match="has no key"):
+        load_checkpoint(latest_checkpoint(tmp_path), keys=("nope",))
+
+
+def test_rng_state_restores_torch_numpy_and_python_draws(tmp_path):
+    torch.manual_seed(3), np.random.seed(4), random.seed(5)
+    torch.rand(3), np.random.randn(3), np.random.normal(), random.random()  # has_gauss set by normal()
+    saved = load_checkpoint(save_checkpoint(tmp_path, 1, {"rng": rng_state()}))["rng"]
+    first = (torch.rand(4), np.random.randn(4), random.random())
+    torch.manual_seed(99), np.random.seed(99), random.seed(99)
+    set_rng_state(saved)
+    again = (torch.rand(4), np.random.randn(4), random.random())
+    assert torch.equal(first[0], again[0]) and np.array_equal(first[1], again[1]) and first[2] == again[2]
