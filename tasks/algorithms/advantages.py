@@ -118,6 +118,12 @@ def gae(
         A_t     = delta_t + gamma * lam * (1 - done_t) * A_{t+1},   done = terminated | truncated
         returns = A + values[:T]
 
+    Non-finite inputs (NaN/inf rewards or values) are not an error here (the caller, ``tasks.update.advantages``,
+    checks them per ``algorithm.nonfinite``); they propagate exactly along the dependencies of the formula and no
+    further: to A_t and returns_t of the steps of the SAME episode at or before them (within the rollout), never
+    across a done (the recursion is cut with ``where``, not by multiplying with 0), never to other envs. So
+    ``~isfinite(advantages)`` is exactly the set of samples whose advantage is undefined.
+
     Returns:
         (advantages [T, B], returns [T, B]) in the promoted float dtype of rewards/values/final_values.
     Raises:
@@ -148,12 +154,14 @@ def gae(
     next_values = torch.where(truncated, final_values, values[1:])  # [T, B]
     next_values = torch.where(terminated, zeros, next_values)  # [T, B]
     deltas = rewards + gamma * next_values - values[:-1]  # [T, B]
-    not_done = (~(terminated | truncated)).to(dtype)  # [T, B]
+
+    done = terminated | truncated  # [T, B]
 
     advantages = torch.empty_like(rewards)
     running = torch.zeros(B, dtype=dtype, device=rewards.device)  # A_{t+1}, [B]
     for t in range(T - 1, -1, -1):
-        running = deltas[t] + gamma * lam * not_done[t] * running
+        # where() (not `* not_done`): at a done the next episode's A is dropped, even if it is NaN (0 * NaN = NaN)
+        running = deltas[t] + gamma * lam * torch.where(done[t], zeros[t], running)
         advantages[t] = running
     returns = advantages + values[:-1]
     return advantages, returns

@@ -29,6 +29,12 @@ Two deliberate differences, both for groups whose scores are all equal (std = 0)
   a spurious +-1e-10..1e-4 instead of 0);
 * ``group_size = 1`` gives advantages 0 and std 0 (RLinf's unbiased std of one sample is NaN, so every
   advantage would be NaN).
+
+Non-finite rewards (``algorithm.nonfinite``): a NaN/inf reward inside an env's scored episode is a ValueError
+naming the env and chunk step, unless the caller leaves that env out with ``env_mask`` (mask mode: the env leaves
+its group's mean/std and the loss mask; the group's statistics are those of its remaining members, and a group
+with fewer than 2 remaining members gets advantages 0 and std 0, as ``group_size = 1``). Non-finite rewards
+outside the scored part (after the first done, or in actions that were not executed) are never read.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ def grpo_advantages(
     filter_rewards: bool = False,
     rewards_lower_bound: float | None = None,
     rewards_upper_bound: float | None = None,
+    env_mask: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Group-relative advantages of one shard's rollout (groups must not straddle shards: ``check_groups``).
 
@@ -71,14 +78,19 @@ def grpo_advantages(
         eps: added to the group std.
         filter_rewards: drop (mask out) the groups whose mean score is outside
             [rewards_lower_bound, rewards_upper_bound]; both bounds are then required.
+        env_mask: [B] bool or None (all True): envs taking part. An env with False is out of its group's
+            statistics and out of the loss (its score is reported as 0); its rewards are never read. A group
+            with no member left is neither scored nor filtered (group_mean = group_std = 0).
 
     Formula (per env b in group k)::
 
         first_b   = first t with terminated|truncated, else T-1
         loss_mask[t, b] = t <= first_b   (and group k not filtered)
         score_b   = sum_{t <= first_b} r[t, b]          (r summed over executed actions if [T, B, C])
-        mean_k, std_k = mean, unbiased std of the scores of group k (std_k = 0 if the scores are all equal)
-        A_b       = 0 if the group's scores are all equal, else (score_b - mean_k) / (std_k + eps)
+        n_k       = members b of group k with env_mask[b]
+        mean_k, std_k = mean, unbiased std of the scores of those members
+                    (std_k = 0 if their scores are all equal or n_k < 2; mean_k = 0 if n_k = 0)
+        A_b       = 0 if std_k = 0, else (score_b - mean_k) / (std_k + eps)
         advantages[t, b] = A_b if loss_mask[t, b] else 0
         (per-action rewards: advantages[t, b, c] = A_b if loss_mask[t, b] and step_mask[t, b, c] else 0)
 
@@ -88,8 +100,9 @@ def grpo_advantages(
           scores [B]; loss_mask [T, B] bool; group_mean [G]; group_std [G];
           filtered [G] bool (True = group removed by filter_rewards; all False when it is off).
     Raises:
-        ValueError: wrong shapes or dtypes, group_size < 1, B % group_size != 0, eps < 0, or
-            filter_rewards without both bounds (or with lower > upper).
+        ValueError: wrong shapes or dtypes, group_size < 1, B % group_size != 0, eps < 0,
+            filter_rewards without both bounds (or with lower > upper), or a non-finite reward in the scored
+            episode of an env that ``env_mask`` keeps (names the env and chunk step).
     """
     if not rewards.is_floating_point():
         raise ValueError(f"rewards must be a floating-point tensor, got dtype {rewards.dtype}")
@@ -126,27 +139,50 @@ def grpo_advantages(
     done_before = done.long().cumsum(dim=0) - done.long()  # [T, B] dones strictly before t
     loss_mask = done_before == 0  # [T, B] steps up to and including the first done
 
+    if env_mask is None:
+        env_mask = torch.ones(B, dtype=torch.bool, device=rewards.device)
+    _check_bool("env_mask", env_mask, (B,))
     zeros = torch.zeros_like(rewards)
     if rewards.dim() == 3:  # [T, B, C] -> [T, B], executed actions only (where(): NaN cannot leak)
-        chunk_rewards = torch.where(step_mask, rewards, zeros).sum(dim=-1)
+        executed = step_mask
+    else:
+        executed = step_mask.any(-1)  # [T, B]
+    scored = executed & (loss_mask & env_mask.unsqueeze(0)).view(T, B, *([1] * (rewards.dim() - 2)))
+    bad = scored & ~torch.isfinite(rewards)  # [T, B] or [T, B, C]
+    if bool(bad.any()):
+        t, b = (int(i) for i in bad.nonzero()[0][:2])
+        raise ValueError(f"rewards: {int(bad.sum())} non-finite value(s) in scored GRPO episodes, first at env b={b}, "
+                         f"chunk step t={t} (value {float(rewards[bad][0])}); leave such envs out with env_mask "
+                         f"(algorithm.nonfinite=mask)")
+    if rewards.dim() == 3:
+        chunk_rewards = torch.where(step_mask, rewards, zeros).sum(dim=-1)  # [T, B, C] -> [T, B]
     else:
         chunk_rewards = rewards  # [T, B]
+    loss_mask = loss_mask & env_mask.unsqueeze(0)  # [T, B] & [1, B]: masked-out envs leave the loss
     scores = torch.where(loss_mask, chunk_rewards, torch.zeros_like(chunk_rewards)).sum(dim=0)  # [B]
 
     grouped = scores.view(G, g)  # [B] -> [G, g], consecutive envs
-    group_mean = grouped.mean(dim=-1)  # [G]
-    all_equal = (grouped == grouped[:, :1]).all(dim=-1)  # [G]
-    if g > 1:
-        group_std = grouped.std(dim=-1)  # [G], unbiased (divisor g-1), as torch.std / RLinf
-    else:
-        group_std = torch.zeros_like(group_mean)
+    member = env_mask.view(G, g)  # [G, g]
+    n = member.sum(dim=-1)  # [G] members left
+    if bool(member.all()):  # every env takes part: the plain formulas (RLinf's)
+        group_mean = grouped.mean(dim=-1)  # [G]
+        all_equal = (grouped == grouped[:, :1]).all(dim=-1)  # [G]
+        group_std = grouped.std(dim=-1) if g > 1 else torch.zeros_like(group_mean)  # [G], unbiased (divisor g-1)
+    else:  # statistics over the members only
+        nf = n.to(grouped.dtype)
+        group_mean = torch.where(member, grouped, 0).sum(-1) / nf.clamp(min=1)  # [G], 0 for an empty group
+        dev = torch.where(member, grouped - group_mean.unsqueeze(-1), 0)  # [G, g]
+        group_std = ((dev ** 2).sum(-1) / (nf - 1).clamp(min=1)).sqrt()  # [G], unbiased over the members
+        first = torch.where(member, grouped, torch.inf).amin(-1)  # [G]
+        all_equal = torch.where(member, grouped == first.unsqueeze(-1), True).all(dim=-1)
+    all_equal = all_equal | (n < 2)  # fewer than 2 members: no spread to normalise by
     group_std = torch.where(all_equal, torch.zeros_like(group_std), group_std)
     env_adv = (grouped - group_mean.unsqueeze(-1)) / (group_std.unsqueeze(-1) + eps)  # [G, g]
-    env_adv = torch.where(all_equal.unsqueeze(-1), torch.zeros_like(env_adv), env_adv).reshape(B)  # [B]
+    env_adv = torch.where(all_equal.unsqueeze(-1) | ~member, torch.zeros_like(env_adv), env_adv).reshape(B)  # [B]
 
     if filter_rewards:
         keep = (group_mean >= rewards_lower_bound) & (group_mean <= rewards_upper_bound)  # [G]
-        filtered = ~keep
+        filtered = ~keep & (n > 0)
         loss_mask = loss_mask & keep.repeat_interleave(g).unsqueeze(0)  # [T, B] & [1, B]
     else:
         filtered = torch.zeros(G, dtype=torch.bool, device=rewards.device)

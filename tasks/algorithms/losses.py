@@ -9,6 +9,17 @@ a named ``reduction``:
 
 Losses return dicts of named terms: ``loss`` is a differentiable scalar; the rest are detached 0-d
 tensors for logging (no ``.item()``, so no device sync inside the loss).
+
+Non-finite values and degenerate statistics:
+
+* masked-out slots never leak, neither into a value nor into a gradient: reductions use ``where`` (not
+  multiplication by the mask), and the constants of a loss (advantages, returns, old values, the log-ratio) are
+  set to 0 at masked slots before they meet a differentiable term;
+* an empty mask gives 0 for every mean (loss terms and metrics: clipfrac, approx_kl, ratio_mean, entropy), never
+  NaN; explained variance is 0 when Var[returns] == 0 (a constant target, a single element, an empty mask);
+* a NaN/inf INSIDE the mask propagates to the loss on purpose: the update (``tasks.update``) detects the
+  non-finite loss or gradient and skips that optimizer step; ``normalize_advantages`` raises instead (its
+  statistics would spread the NaN to every sample).
 """
 
 from __future__ import annotations
@@ -147,6 +158,8 @@ def _clipped_surrogate(
         raise ValueError(f"dual_clip must be > 1.0 (or None), got {dual_clip}")
     keep = loss_mask if loss_mask.dtype == torch.bool else loss_mask != 0
     ref_logprobs, advantages = ref_logprobs.detach(), advantages.detach()
+    # constants at masked slots -> 0, so NaN there cannot reach the gradient (-A * dratio = NaN * 0 = NaN)
+    advantages = torch.where(keep, advantages, torch.zeros_like(advantages))
 
     # Zero the log-ratio at masked slots before exp so garbage there cannot produce inf*0 = NaN grads.
     log_ratio = torch.where(keep, logprobs - ref_logprobs, torch.zeros_like(logprobs))
@@ -261,17 +274,22 @@ def critic_loss(
     Raises ValueError on shape mismatch, ``value_clip <= 0`` or a missing ``old_values``.
     """
     returns = returns.detach()
-    if value_clip is None:
-        _check_same_shape(values=values, returns=returns, loss_mask=loss_mask)
-        per_elem = 0.5 * (values - returns) ** 2
-        clipfrac = torch.zeros((), dtype=values.dtype, device=values.device)
-    else:
+    if value_clip is not None:
         if value_clip <= 0:
             raise ValueError(f"value_clip must be > 0 (or None to disable), got {value_clip}")
         if old_values is None:
             raise ValueError("old_values is required when value_clip is set")
         _check_same_shape(values=values, old_values=old_values, returns=returns, loss_mask=loss_mask)
-        old_values = old_values.detach()
+    else:
+        _check_same_shape(values=values, returns=returns, loss_mask=loss_mask)
+    keep = loss_mask if loss_mask.dtype == torch.bool else loss_mask != 0
+    # constants at masked slots -> 0, so NaN there cannot reach the gradient of v (2 (v - NaN) * 0 = NaN)
+    returns = torch.where(keep, returns, torch.zeros_like(returns))
+    if value_clip is None:
+        per_elem = 0.5 * (values - returns) ** 2
+        clipfrac = torch.zeros((), dtype=values.dtype, device=values.device)
+    else:
+        old_values = torch.where(keep, old_values.detach(), torch.zeros_like(old_values))
         unclipped = (values - returns) ** 2
         v_clipped = old_values + (values - old_values).clamp(-value_clip, value_clip)
         clipped = (v_clipped - returns) ** 2
@@ -299,11 +317,33 @@ def normalize_advantages(
 
     std is the population std (``unbiased=False``: divides by the mask sum, not sum - 1). ``mask`` is
     bool or float of the same shape as ``adv`` (ValueError otherwise). Returns the same shape; masked-out
-    positions are set to 0. An empty mask returns all zeros.
+    positions are set to 0 (whatever they held, NaN included).
+
+    Degenerate statistics give defined, finite values (never a NaN or a rounding residue blown up by 1/eps):
+
+    * empty mask: all zeros;
+    * all masked values equal (one element included): all zeros (no spread: A - mean is 0 by definition);
+    * 0 < std < eps: centred only, ``adv - mean`` (dividing by ~eps would turn rounding noise into +-1);
+    * otherwise the formula above (unchanged, bit for bit).
+
+    Raises:
+        ValueError: shape mismatch, or a NaN/inf inside the mask (it would poison the mean and std of every
+            sample): names how many and the first index; drop such samples from the mask first
+            (``algorithm.nonfinite=mask`` does that in ``tasks.update.advantages``).
     """
     _check_same_shape(adv=adv, mask=mask)
     keep = mask if mask.dtype == torch.bool else mask != 0
+    bad = keep & ~torch.isfinite(adv)
+    if bool(bad.any()):
+        first = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"advantages: {int(bad.sum())} non-finite value(s) inside the mask, first at index {first} "
+                         f"({float(adv[first])}); drop them from the mask before normalising")
     mean = masked_mean(adv, mask)
     var = masked_mean((adv - mean) ** 2, mask)
-    out = (adv - mean) / (var.sqrt() + eps)
+    std = var.sqrt()
+    out = (adv - mean) / (std + eps)
+    hi = torch.where(keep, adv, torch.full_like(adv, -torch.inf)).amax() if adv.numel() else adv.new_zeros(())
+    lo = torch.where(keep, adv, torch.full_like(adv, torch.inf)).amin() if adv.numel() else adv.new_zeros(())
+    out = torch.where(std < eps, adv - mean, out)
+    out = torch.where(hi == lo, torch.zeros_like(out), out)  # all equal (or a single element)
     return torch.where(keep, out, torch.zeros_like(out))
