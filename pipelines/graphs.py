@@ -387,4 +387,5 @@ def _save_checkpoint(run_dir: str, step: int, state: dict, meta: dict) -> str:
     from storage.checkpoints import save_checkpoint
     meta = {**meta, "weight_version": state["weight_version"]}
     return str(save_checkpoint(run_dir, step, {"policy": state["policy"], "optimizer": state["optimizer"],
-                                               "rng_torch": state["rng_torch"], "run": meta}))
+                                               "rng_torch": state["rng_torch"], "run": meta,
+                                               **({"rng": state["rng"]} if state.get("rng") is not None else {})}))

@@ -144,6 +144,7 @@ def actor_init(cfg: Config, run_id: str, dims: tuple[int, int], checkpoint: dict
         actor.policy.load_state_dict(checkpoint["policy"])
         actor.optimizer.load_state_dict(checkpoint["optimizer"])
         actor.version = int(checkpoint["run"]["weight_version"])
+        _restore_rng(checkpoint)
     resident.put(f"{run_id}/actor", actor)
     return actor.weights()
 
@@ -155,7 +156,24 @@ def actor_state(run_id: str) -> dict:
         raise RuntimeError(f"no resident actor for run {run_id} on this worker")
     return {"policy": {k: v.detach().to("cpu", copy=True) for k, v in actor.policy.state_dict().items()},
             "optimizer": _cpu(actor.optimizer.state_dict()),
-            "rng_torch": torch.get_rng_state(), "weight_version": actor.version}
+            "rng_torch": torch.get_rng_state(), "rng": _rng_state(), "weight_version": actor.version}
+
+
+def _rng_state() -> dict:
+    """This process's torch/numpy/python RNG states, checkpoint-loadable (storage.checkpoints.rng_state)."""
+    from storage.checkpoints import rng_state
+    return rng_state()
+
+
+def _restore_rng(checkpoint: dict) -> None:
+    """Continue the actor process's RNG streams where the checkpoint's process left them (exact resume: the
+    actor's worker also draws the disaggregated policy_infer's exploration noise). Checkpoints from before
+    `rng` was saved restore the torch state (`rng_torch`) only."""
+    from storage.checkpoints import set_rng_state
+    if checkpoint.get("rng") is not None:
+        set_rng_state(checkpoint["rng"])
+    elif checkpoint.get("rng_torch") is not None:
+        torch.set_rng_state(checkpoint["rng_torch"])
 
 
 def _cpu(obj):
