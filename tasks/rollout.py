@@ -16,10 +16,19 @@ needs to recompute its log-probs, e.g. a flow VLA's denoising chain); "episodes"
 graph passes handles, and a replica fetches the state dict worker to worker only when its version changed).
 Replicas compute on `policy.device` in `policy.dtype` (tasks.device); nodes exchange float32 numpy.
 
+Episode lifecycle: the EnvShard owns it (tasks.envs.shard: the mode table). Rollout code calls
+`sh.begin_rollout()` at a rollout's first chunk step (env_step's first segment, env_observe) and makes no reset
+decision of its own; without auto_reset a finished env idles until the rollout ends, in every path below.
+
 Pipeline stages (`rollout.pipeline_stage_num` = p > 1, disaggregated inference): shard s's B envs are p resident
 stage groups of B/p envs (`get_shard(..., stage=j)`: global envs s*B + j*B/p ...), each its own EnvShard, so the
-seeds and episode ids of every env are those of p = 1 and the shard's cursor is the stages' cursors end to end. As
-in RLinf (one env object per stage), without auto_reset a stage group restarts when all of *its* envs are done.
+seeds and episode ids of every env are those of p = 1 and the shard's cursor is the stages' cursors end to end
+(`join_cursors`). Since no shard resets mid-rollout, p stage groups step exactly the episodes of p = 1.
+
+Exploration noise: colocated, a shard's policy calls draw from the shard's own torch RNG stream
+(`EnvShard.policy_rng`), seeded at the shard's creation from (seed, shard part, episode counts) as before and
+carried in its cursor, so shards sharing a worker never share draws and a re-created shard continues its stream.
+Disaggregated `policy_infer` draws from its worker's global RNG (one batched draw over the group's shards).
 
 Policies see observations as a dict of tensors ({"state", "rgb", "prompt"}, see tasks.policies); `policy_obs`
 builds it, tokenising the env task's instruction for VLAs once per replica.
@@ -37,6 +46,7 @@ from tasks.config import Config
 from tasks.device import autocast, policy_device, to_device, to_numpy
 from tasks.offload import module_device, move_module
 from tasks.envs import EnvShard, make_shard
+from tasks.envs.shard import join_cursors, split_cursor
 from tasks.policies import make_policy
 
 STEP_FIELDS = ("obs", "actions", "logprobs", "values", "final_values", "rewards", "terminated", "truncated",
@@ -145,24 +155,28 @@ def image_size(cfg: Config) -> int | None:
 
 def get_shard(cfg: Config, run_id: str, shard: int, cursor: dict | None, stage: int | None = None) -> EnvShard:
     """The resident training env shard `shard` (or its stage group `stage` of `rollout.pipeline_stage_num`);
-    created (continuing the shard's `cursor`) on first use."""
+    created on first use and continuing the shard's `cursor` exactly (EnvShard.load_state_dict: open episodes
+    re-simulated, the policy RNG restored). A cursor without an RNG state (None, old format) seeds the shard's
+    policy RNG from (seed, part, episode counts): the state the global `torch.manual_seed` of earlier versions
+    left, so a fresh run draws as before."""
     e = cfg.env
     p = 1 if stage is None else cfg.rollout.pipeline_stage_num
+    cursor = split_cursor(cursor, p, stage or 0)  # the stage's envs of the shard's cursor
     counts = (cursor or {}).get("episode_count")
-    if counts is not None and stage is not None:  # the stage's envs of the shard's cursor
-        b = e.shard_size // p
-        counts = counts[stage * b:(stage + 1) * b]
     part = shard if stage is None else shard * p + stage
 
     def create() -> EnvShard:
         torch.set_num_threads(cfg.cluster.threads_per_worker)
+        # stage j of shard s = part s*p+j of num_shards*p equal parts: the same global env indices (seeds) as p=1
+        sh = make_shard(e, shard=part, num_shards=e.num_shards * p, num_envs=e.num_envs, auto_reset=e.auto_reset,
+                        ignore_terminations=e.ignore_terminations, base_seed=e.seed, episode_count=counts,
+                        group_size=group_size(cfg))
         # every worker process starts with torch's same default seed: without this, shards on different workers
         # would draw identical exploration noise
-        torch.manual_seed(cfg.seed * 100_003 + part * 7_919 + int(sum(counts or [])))
-        # stage j of shard s = part s*p+j of num_shards*p equal parts: the same global env indices (seeds) as p=1
-        return make_shard(e, shard=part, num_shards=e.num_shards * p, num_envs=e.num_envs, auto_reset=e.auto_reset,
-                          ignore_terminations=e.ignore_terminations, base_seed=e.seed, episode_count=counts,
-                          group_size=group_size(cfg))
+        sh.seed_rng(cfg.seed * 100_003 + part * 7_919 + int(sum(counts or [])), policy_device(cfg))
+        if cursor is not None:
+            sh.load_state_dict(cursor)  # its RNG state, when it has one, replaces the seeded one
+        return sh
 
     sh, _ = resident.get_or_create(f"{run_id}/shard/{shard}" + ("" if stage is None else f"/stage{stage}"), create)
     return sh
@@ -213,8 +227,14 @@ def env_step(cfg: Config, run_id: str, shard: int, weights: dict, num_chunk_step
     """
     t0 = time.perf_counter()
     sh = get_shard(cfg, run_id, shard, cursor)
-    if first and not cfg.env.auto_reset:
-        sh.reset_all()  # without auto_reset every rollout starts from fresh episodes (RLinf)
+    if first:
+        sh.begin_rollout()  # the shard's lifecycle mode decides what a rollout's start means
+    with sh.policy_rng(policy_device(cfg)):  # the shard's own exploration-noise stream (and the replica's init)
+        return _env_step(cfg, run_id, sh, weights, num_chunk_steps, last, t0)
+
+
+def _env_step(cfg: Config, run_id: str, sh: EnvShard, weights: dict, num_chunk_steps: int, last: bool,
+              t0: float) -> dict:
     rep = get_replica(cfg, run_id, weights, sh.obs_dim, sh.action_dim)
     sync = rep.last_sync
     instr = sh.instruction or instruction(cfg)
@@ -286,6 +306,7 @@ def evaluate(cfg: Config, run_id: str, shard: int, weights: dict) -> list[dict]:
     Eval episode i (0 <= i < eval.num_episodes) runs on eval env i % N with reset seed `eval.seed + i`,
     N = eval.num_envs. Torch's RNG is seeded from (eval.seed, shard) for the evaluation, so a policy that draws
     even in deterministic mode (a flow VLA's initial noise) scores the same at every call with the same weights.
+    Each round is a rollout of the eval shard (auto_reset off: DISABLED mode) run until every env finished.
     Returns the finished-episode dicts of this shard (see EnvShard.chunk_step).
     """
     ev = cfg.env.eval
@@ -295,7 +316,7 @@ def evaluate(cfg: Config, run_id: str, shard: int, weights: dict) -> list[dict]:
         ignore_terminations=ev.ignore_terminations, base_seed=ev.seed))
     rep = get_replica(cfg, run_id, weights, sh.obs_dim, sh.action_dim)
     instr = sh.instruction or instruction(cfg)
-    sh.episode_count[:] = 0
+    sh.load_state_dict(None)  # episode 0 of every eval env again
     episodes: list[dict] = []
     rounds = -(-ev.num_episodes // ev.num_envs)
     # deterministic policies may still draw (a flow model's initial noise): the same draws at every evaluation,
@@ -303,8 +324,8 @@ def evaluate(cfg: Config, run_id: str, shard: int, weights: dict) -> list[dict]:
     with torch.random.fork_rng():
         torch.manual_seed(ev.seed + 7_919 * shard)
         for _ in range(rounds):
-            state = sh.reset_all()
-            rgb = sh.current_rgb()
+            sh.begin_rollout()
+            state, rgb = sh.current_obs(), sh.current_rgb()
             while sh.active.any():
                 out = _act(rep, policy_obs(rep.module, state, rgb, instr), deterministic=True)
                 res = sh.chunk_step(out["actions"])
@@ -317,12 +338,12 @@ def evaluate(cfg: Config, run_id: str, shard: int, weights: dict) -> list[dict]:
 
 def env_observe(cfg: Config, run_id: str, shard: int, cursor: dict | None, first: bool = True,
                 stage: int | None = None, prev=None) -> dict:
-    """The observation a rollout starts from, {"obs": [B, O], "rgb": [B,H,W,3] or None} (resets first without
-    auto_reset). `stage`: a stage group of the shard (pipeline stages); `prev` (the previous step's last env node
-    of the same envs) is only a graph dependency that orders steps."""
+    """The observation a rollout starts from, {"obs": [B, O], "rgb": [B,H,W,3] or None}, after
+    `EnvShard.begin_rollout` (with `first`). `stage`: a stage group of the shard (pipeline stages); `prev` (the
+    previous step's last env node of the same envs) is only a graph dependency that orders steps."""
     sh = get_shard(cfg, run_id, shard, cursor, stage)
-    if first and not cfg.env.auto_reset:
-        sh.reset_all()
+    if first:
+        sh.begin_rollout()
     return {"obs": sh.current_obs(), "rgb": sh.current_rgb(), "truncated": np.zeros(sh.num_envs, bool),
             "final_obs": None, "final_rgb": None, "instruction": sh.instruction}
 
@@ -430,7 +451,7 @@ def trajectory_stages(cfg: Config, shard: int, num_stages: int, *parts) -> dict:
     out = {k: np.concatenate([t[k] for t in trajs], axis=1) for k in step_fields(trajs[0])}  # p x [T, B/p] -> [T, B]
     out["bootstrap_values"] = np.concatenate([t["bootstrap_values"] for t in trajs])  # p x [B/p, V] -> [B, V]
     out["episodes"] = [e for t in trajs for e in t["episodes"]]
-    out["cursor"] = {"episode_count": [c for t in trajs for c in t["cursor"]["episode_count"]]}
+    out["cursor"] = join_cursors([t["cursor"] for t in trajs])
     out["timing"] = {k: sum(t["timing"][k] for t in trajs) for k in trajs[0]["timing"]}
     out["weight_version"] = min(t["weight_version"] for t in trajs)
     _sum_sync(out, trajs)

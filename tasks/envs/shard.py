@@ -1,24 +1,58 @@
 """EnvShard: a vectorised group of single-env simulator instances living in one worker process.
 
-The shard owns everything a simulator adapter should not have to repeat: seeds, episode bookkeeping, action
-chunks, `auto_reset` and `ignore_terminations` (RLinf semantics), and the `final_info` metrics of every finished
-episode (`success_once`, `success_at_end`, `return`, `episode_len`).
+The shard is the ONE owner of the episode lifecycle: seeds, resets (at a rollout's start and automatic ones),
+episode bookkeeping, action chunks, `auto_reset` and `ignore_terminations` (RLinf semantics), the `final_obs` of
+truncated episodes, the `final_info` metrics of every finished episode (`success_once`, `success_at_end`,
+`return`, `episode_len`), the per-shard torch RNG of the policy's exploration noise, and the cursor that resumes
+all of it exactly. Rollout code calls `begin_rollout()` at a rollout's first chunk step, then `chunk_step()`,
+and never resets anything itself.
+
+Lifecycle modes (named after Gymnasium 1.x `AutoresetMode`; B envs, chunk steps of C actions):
+
+| mode (`auto_reset`) | an episode ends at action c of chunk step t | next chunk step of that env | `begin_rollout()` |
+|---|---|---|---|
+| SAME_STEP (`true`) | actions c+1.. not executed (step_mask False); `final_obs` = its last obs; the env resets in the same chunk step: `obs` is the NEW episode's first obs | acts in the new episode (seed k+1) | first call ever: every env resets; later: nothing (open episodes continue across rollouts) |
+| DISABLED (`false`) | same masking and `final_obs`; no reset: the env is idle until the rollout ends | idle: nothing executed, reward 0, step_mask False, episode_seed / episode_id -1, obs (and rgb) stay the final ones | every env starts a new episode; an episode still open (cut by the rollout's end) consumes its seed (episode_count += 1) and is NOT reported in `episodes` |
+
+So without auto_reset every rollout holds exactly one episode per env, starting at its first chunk step: a chunk is
+never executed in an episode other than the one whose observation it was chosen from, and the members of a GRPO
+group (same episode_count) share every reset seed. `ignore_terminations` drops the simulator's `terminated`
+(episodes end only by truncation); `terminated` and `truncated` are never both set.
 
 Seeds: episode k of global env g gets reset seed `seed_fn(g, k)`; the default is
-`base_seed + g + k * num_envs_total`, so every (env, episode) pair has a unique, replayable seed and the cursor
-(`episode_count` per env) is all a checkpoint needs to continue the sequence.
+`base_seed + g // group_size + k * (num_envs_total // group_size)`, so every (env, episode) pair has a unique,
+replayable seed (GRPO groups share theirs).
+
+Cursor (`state_dict()` -> `load_state_dict()`; lists, ints, floats and bools only, JSON- and pickle-friendly):
+per env `episode_count`, the current (or, idle, the last) episode's `seed`, `active`, the clipped `actions` executed
+in it so far, its `return` / `episode_len` / `success_once` accumulators; per shard (`parts`: one dict, one per stage
+group after `join_cursors`) `started`, `chunk_steps` (the shard's life) and `rng` (the torch RNG state of its
+policy calls, `policy_rng`). Loading re-simulates every env's episode (reset(seed) + the same actions; the CPU
+simulator is deterministic, /work/shared/MACHINE.md), rendering only the final frame, so a shard built from a
+cursor continues EXACTLY. A cursor holding only `episode_count` (the old format) starts fresh episodes at those
+counts. BatchedEnvShard (GPU physics, not deterministic) restarts open episodes from reset instead (warns).
 
 Action chunks (shape [B, C, D]): the C actions are executed in order. When an episode ends at action c < C-1
 the remaining actions of that env are NOT executed (reward 0, `step_mask` False); the done flag is reported for
 the chunk step. This differs from RLinf, which keeps stepping the finished env until the chunk ends; here the
 post-episode actions never touch the simulator and are masked out of the loss.
+
+Non-finite values: actions of active envs are checked before anything is stepped, observations (reset and step)
+and rewards as the simulator returns them; the first one raises ValueError with one line naming the shard (its
+global envs), the env (global index), the chunk step (within the rollout, and within the shard's life) and the
+field (`actions` / `obs` / `rewards`).
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
+
+# per-env cursor fields (lists of B) and per-shard ones (in `parts`)
+CURSOR_ENV_FIELDS = ("episode_count", "seed", "active", "actions", "return", "episode_len", "success_once")
+CURSOR_PART_FIELDS = ("started", "chunk_steps", "rng")
 
 
 class SingleEnv(Protocol):
@@ -43,7 +77,7 @@ class SingleEnv(Protocol):
 class ChunkResult:
     """Outcome of one chunk step of a shard of B envs with chunks of C actions.
 
-    obs [B, O] float32: observation after the chunk (after an automatic reset, if any).
+    obs [B, O] float32: observation after the chunk (after an automatic reset, if any; an idle env's final obs).
     rewards [B, C] float32: per-action rewards (0 for actions not executed).
     terminated [B] bool, truncated [B] bool: the episode ended within this chunk (kept apart; never both).
     step_mask [B, C] bool: which actions were executed.
@@ -53,8 +87,8 @@ class ChunkResult:
     episode_seed [B] int64, episode_id [B] int64: the episode this chunk step belonged to (-1 for idle envs).
     rgb [B, H, W, 3] uint8 or None: camera image of `obs` (envs with images only).
     final_rgb [B, H, W, 3] uint8 or None: image of `final_obs` where the episode was truncated (zeros elsewhere).
-    episodes: one dict per finished episode: env, seed, episode_id, return, episode_len, success_once,
-        success_at_end.
+    episodes: one dict per episode that ended in this chunk step (terminated or truncated; episodes cut by a
+        rollout's end are not listed): env, seed, episode_id, return, episode_len, success_once, success_at_end.
     """
 
     obs: np.ndarray
@@ -71,25 +105,49 @@ class ChunkResult:
     final_rgb: np.ndarray | None = None
 
 
+def join_cursors(cursors: Sequence[dict]) -> dict:
+    """One shard's cursor from its stage groups' cursors (in env order): per-env lists concatenated, `parts`
+    listed. Old-format cursors (episode_count only) join to an old-format cursor."""
+    if any(set(c) == {"episode_count"} for c in cursors):
+        return {"episode_count": [k for c in cursors for k in c["episode_count"]]}
+    out = {f: [v for c in cursors for v in c[f]] for f in CURSOR_ENV_FIELDS}
+    out["parts"] = [p for c in cursors for p in c["parts"]]
+    return out
+
+
+def split_cursor(cursor: dict | None, num_parts: int, part: int) -> dict | None:
+    """Stage group `part`'s cursor of a shard cursor split into `num_parts` equal env groups (inverse of
+    `join_cursors`); a cursor of another number of parts keeps the envs' state and drops the per-part RNG."""
+    if cursor is None or num_parts == 1:
+        return cursor
+    n = len(cursor["episode_count"]) // num_parts
+    out = {f: list(cursor[f][part * n:(part + 1) * n]) for f in CURSOR_ENV_FIELDS if f in cursor}
+    if "parts" in cursor:
+        parts = cursor["parts"]
+        out["parts"] = [parts[part] if len(parts) == num_parts else {**parts[0], "rng": None}]
+    return out
+
+
 class EnvShard:
-    """B single envs stepped together with chunked actions.
+    """B single envs stepped together with chunked actions; the episode lifecycle (module docstring).
 
     Args:
         envs: the simulator instances (same env task).
         env_offset: global index of envs[0] among all envs of the run (for seeds and episode ids).
         num_envs_total: number of envs in the run (seed stride).
         base_seed: see module docstring.
-        auto_reset: reset an env right after its episode ends (its next chunk starts a new episode). When False,
-            a finished env stays idle (step_mask False) until `reset_all`.
+        auto_reset: lifecycle mode SAME_STEP (True) or DISABLED (False), see the module docstring.
         ignore_terminations: ignore the simulator's `terminated`; episodes end only by truncation (time limit).
-        episode_count: per-env cursor to continue a seed sequence (from a checkpoint); zeros by default.
+        episode_count: per-env count of episodes started before the next one (a cursor's); zeros by default.
+            A full cursor is loaded with `load_state_dict`.
         seed_fn: overrides the seed rule, (global_env, k) -> seed.
         group_size: envs per GRPO group: the `group_size` consecutive envs of a group share every reset seed,
             `base_seed + g // group_size + k * (num_envs_total // group_size)` (so the same initial state);
             1 = every env its own seed. A group must not straddle shards (ValueError).
 
-    Images: envs with `image_shape` are rendered once per chunk step (after the chunk and after resets), not per
-    simulator step; `rgb` [B, H, W, 3] uint8 is the image of `obs`.
+    Images: envs with `image_shape` are rendered once per chunk step (after the chunk and after resets; an env
+    whose episode ended without an automatic reset, at its end), not per simulator step; `rgb` [B, H, W, 3] uint8
+    is the image of `obs`.
     """
 
     def __init__(self, envs: Sequence[SingleEnv], *, env_offset: int, num_envs_total: int, base_seed: int,
@@ -121,26 +179,62 @@ class EnvShard:
         self.ep_return = np.zeros(B, np.float64)
         self.ep_len = np.zeros(B, np.int64)
         self.success_once = np.zeros(B, bool)
-        self.needs_reset = True
+        self.ep_actions: list[list[np.ndarray]] = [[] for _ in range(B)]  # clipped actions of each env's episode
+        self.needs_reset = True  # never started: the first begin_rollout / chunk_step / current_obs resets all
+        self.chunk_steps = 0  # chunk steps over the shard's life (restored by load_state_dict)
+        self.rollout_step = 0  # chunk steps since the last begin_rollout
+        self.rng_state: dict | None = None  # torch RNG state of the policy calls (policy_rng); None: the global one
 
     # ----- episodes -----
     def _episode_id(self, b: int) -> int:
         return int((self.env_offset + b) + self.episode_count[b] * self.num_envs_total)
 
-    def _reset_env(self, b: int) -> None:
-        self.seed[b] = self.seed_fn(self.env_offset + b, int(self.episode_count[b]))
-        self.obs[b] = self.envs[b].reset(int(self.seed[b]))
-        if self.rgb is not None:
-            self.rgb[b] = self.envs[b].render_rgb()
+    def _where(self, b: int, field_: str) -> str:
+        """One line naming shard, env, chunk step and field (non-finite value errors)."""
+        o = self.env_offset
+        return (f"env shard of global envs {o}..{o + self.num_envs - 1}, env {o + b}, chunk step "
+                f"{self.rollout_step} of the rollout ({self.chunk_steps} of the shard's life), field {field_}")
+
+    def _check_finite(self, x, b: int, field_: str) -> None:
+        if not np.all(np.isfinite(x)):
+            raise ValueError(f"non-finite {field_} from the simulator: {self._where(b, field_)}")
+
+    def _start_episode(self, b: int) -> None:
+        """Bookkeeping of a new episode in env b (seed set, obs stored by the caller)."""
         self.active[b] = True
         self.ep_return[b], self.ep_len[b], self.success_once[b] = 0.0, 0, False
+        self.ep_actions[b] = []
+
+    def _reset_env(self, b: int) -> None:
+        self.seed[b] = self.seed_fn(self.env_offset + b, int(self.episode_count[b]))
+        obs = self.envs[b].reset(int(self.seed[b]))
+        self._check_finite(obs, b, "obs")
+        self.obs[b] = obs
+        if self.rgb is not None:
+            self.rgb[b] = self.envs[b].render_rgb()
+        self._start_episode(b)
 
     def reset_all(self) -> np.ndarray:
-        """Start a new episode in every env; return obs [B, O] float32."""
+        """Start episode `episode_count[b]` in every env (open episodes are restarted, not counted); return obs
+        [B, O] float32. A low-level call: rollouts use `begin_rollout`."""
         for b in range(self.num_envs):
             self._reset_env(b)
         self.needs_reset = False
         return self.obs.copy()
+
+    def begin_rollout(self) -> None:
+        """Start a rollout (call before its first chunk step; see the module's lifecycle table).
+
+        First call ever (or after `load_state_dict` of a never-started cursor): every env starts episode
+        `episode_count`. Later, SAME_STEP (auto_reset): nothing, open episodes continue. DISABLED: every open
+        episode is cut (its seed consumed, episode_count += 1, not reported), then every env starts a new episode.
+        """
+        if not self.needs_reset and not self.auto_reset:
+            self.episode_count[self.active] += 1  # cut episodes consume their seeds
+            self.needs_reset = True
+        if self.needs_reset:
+            self.reset_all()
+        self.rollout_step = 0
 
     def current_obs(self) -> np.ndarray:
         """Observation the next chunk acts on, [B, O] float32 (resets all envs first if never reset)."""
@@ -160,27 +254,121 @@ class EnvShard:
         ids = np.array([self._episode_id(b) if self.active[b] else -1 for b in range(self.num_envs)], np.int64)
         return seed, ids
 
+    # ----- cursor -----
     def state_dict(self) -> dict:
-        """Cursor for resume: per-env count of episodes started before the current one."""
-        return {"episode_count": self.episode_count.tolist()}
+        """The cursor (module docstring): everything needed to continue exactly; plain lists/ints/floats/bools.
+        A copy: later steps do not change it."""
+        return {
+            "episode_count": self.episode_count.tolist(),
+            "seed": self.seed.tolist(),
+            "active": self.active.tolist(),
+            "actions": [np.asarray(a, np.float32).reshape(-1, self.action_dim).tolist() for a in self.ep_actions],
+            "return": self.ep_return.tolist(),
+            "episode_len": self.ep_len.tolist(),
+            "success_once": self.success_once.tolist(),
+            "parts": [{"started": not self.needs_reset, "chunk_steps": int(self.chunk_steps),
+                       "rng": _rng_to_lists(self.rng_state)}],
+        }
+
+    def load_state_dict(self, cursor: dict | None) -> None:
+        """Continue from a cursor (`state_dict` of a shard of the same envs): every env's episode is re-simulated
+        (reset(seed) + its actions; the final frame rendered), accumulators and RNG state restored. A cursor
+        with only `episode_count` (or None) starts fresh episodes at those counts at the next begin_rollout.
+        Raises ValueError for a cursor of another number of envs or action dim."""
+        if cursor is None:
+            cursor = {"episode_count": [0] * self.num_envs}
+        counts = np.asarray(cursor["episode_count"], np.int64)
+        if counts.shape != (self.num_envs,):
+            raise ValueError(f"cursor has {counts.shape} episode counts, the shard {self.num_envs} envs")
+        self.episode_count = counts.copy()
+        self.active[:] = False
+        parts = cursor.get("parts")
+        part = parts[0] if parts else {}
+        self.chunk_steps = int(part.get("chunk_steps", 0))
+        self.rollout_step = 0
+        if part.get("rng") is not None:
+            self.rng_state = _rng_from_lists(part["rng"])
+        if "seed" not in cursor or not part.get("started", False):
+            self.needs_reset = True
+            return
+        self.seed[:] = cursor["seed"]
+        actions = [np.asarray(a, np.float32).reshape(-1, self.action_dim) for a in cursor["actions"]]
+        self._restore_episodes(actions)
+        self.active[:] = cursor["active"]
+        self.ep_return[:] = cursor["return"]
+        self.ep_len[:] = cursor["episode_len"]
+        self.success_once[:] = cursor["success_once"]
+        self.needs_reset = False
+
+    def _restore_episodes(self, actions: list[np.ndarray]) -> None:
+        """Re-simulate every env's episode: reset(seed) + the actions (clipped float32 [n_b, D]) -> obs, rgb."""
+        for b, acts in enumerate(actions):
+            env = self.envs[b]
+            obs = env.reset(int(self.seed[b]))
+            for a in acts:
+                obs = env.step(a)[0]
+            self.obs[b] = obs
+            if self.rgb is not None:
+                self.rgb[b] = env.render_rgb()
+            self.ep_actions[b] = list(acts)
+
+    # ----- the policy's RNG -----
+    def seed_rng(self, seed: int, device=None) -> None:
+        """Set the shard's policy RNG to torch.manual_seed(seed)'s state (CPU, and `device` if CUDA)."""
+        import torch
+        devs = _cuda_devices(device)
+        with torch.random.fork_rng(devices=devs):
+            torch.manual_seed(seed)
+            self.rng_state = _get_rng(devs)
+
+    @contextmanager
+    def policy_rng(self, device=None):
+        """Run the block (policy calls) on this shard's own torch RNG stream: the global RNG is forked, set to
+        the shard's state, and the state after the block is kept for the next call (and the cursor), so shards
+        sharing a worker never share draws. With no state yet the block continues the global stream."""
+        import torch
+        devs = _cuda_devices(device)
+        with torch.random.fork_rng(devices=devs):
+            if self.rng_state is not None:
+                torch.set_rng_state(self.rng_state["cpu"])
+                for d, st in zip(devs, self.rng_state.get("cuda") or []):
+                    torch.cuda.set_rng_state(st, d)
+            try:
+                yield
+            finally:
+                self.rng_state = _get_rng(devs)
 
     # ----- stepping -----
     def _begin_chunk(self, actions: np.ndarray):
-        """Check actions [B, C, D] (ValueError), reset if due, and return the chunk's buffers: clipped actions
-        float32 [B, C, D] in [-1, 1], rewards [B, C], step_mask [B, C], terminated / truncated / success [B],
-        final_obs [B, O] and final_rgb [B, H, W, 3] (None without images), zeroed."""
+        """Check actions [B, C, D] (ValueError: shape; non-finite in an active env), reset if never started, and
+        return the chunk's buffers: clipped actions float32 [B, C, D] in [-1, 1], rewards [B, C], step_mask
+        [B, C], terminated / truncated / success [B], final_obs [B, O] and final_rgb [B, H, W, 3] (None without
+        images), zeroed."""
         B, D = self.num_envs, self.action_dim
+        actions = np.asarray(actions)
         if actions.ndim != 3 or actions.shape[0] != B or actions.shape[2] != D:
             raise ValueError(f"actions must be [B={B}, C, D={D}], got {list(actions.shape)}")
         if self.needs_reset:
             self.reset_all()
+        bad = ~np.isfinite(actions).all(axis=(1, 2)) & self.active
+        if bad.any():
+            raise ValueError(f"non-finite actions before stepping: {self._where(int(np.flatnonzero(bad)[0]), 'actions')}")
         C = actions.shape[1]
         return (np.clip(actions, -1.0, 1.0).astype(np.float32), np.zeros((B, C), np.float32),
                 np.zeros((B, C), bool), np.zeros(B, bool), np.zeros(B, bool), np.zeros(B, bool),
                 np.zeros((B, self.obs_dim), np.float32), None if self.rgb is None else np.zeros_like(self.rgb))
 
+    def _end_chunk(self) -> None:
+        self.chunk_steps += 1
+        self.rollout_step += 1
+
+    def _episode_record(self, b: int, episode_id: int, success_at_end: bool) -> dict:
+        return {"env": self.env_offset + int(b), "seed": int(self.seed[b]), "episode_id": int(episode_id),
+                "return": float(self.ep_return[b]), "episode_len": int(self.ep_len[b]),
+                "success_once": bool(self.success_once[b]), "success_at_end": bool(success_at_end)}
+
     def chunk_step(self, actions: np.ndarray, render: bool = True) -> ChunkResult:
-        """Execute an action chunk per env.
+        """Execute an action chunk per env (lifecycle: module docstring).
 
         Args:
             actions: float32 [B, C, D]; clipped to [-1, 1] before reaching the simulator.
@@ -188,7 +376,9 @@ class EnvShard:
                 `final_rgb` zero (recording several policy steps per stored chunk renders only the last).
 
         Raises:
-            ValueError: actions of the wrong shape.
+            ValueError: actions of the wrong shape; a non-finite action of an active env (before anything is
+                stepped), or a non-finite observation or reward from the simulator (one line: shard, env, chunk
+                step, field).
         """
         clipped, rewards, step_mask, terminated, truncated, success, final_obs, final_rgb = self._begin_chunk(actions)
         B, C = clipped.shape[:2]
@@ -202,6 +392,9 @@ class EnvShard:
             env = self.envs[b]
             for c in range(C):
                 obs, r, term, trunc, succ = env.step(clipped[b, c])
+                self._check_finite(obs, b, "obs")
+                self._check_finite(r, b, "rewards")
+                self.ep_actions[b].append(clipped[b, c])
                 if self.ignore_terminations:
                     term = False
                 rewards[b, c] = r
@@ -216,11 +409,13 @@ class EnvShard:
                     break
             if terminated[b] or truncated[b]:
                 final_obs[b] = self.obs[b]
-                if render and truncated[b]:  # V(final_obs) bootstraps truncations only
-                    final_rgb[b] = env.render_rgb()
-                episodes.append({"env": self.env_offset + b, "seed": int(self.seed[b]), "episode_id": int(episode_id[b]),
-                                 "return": float(self.ep_return[b]), "episode_len": int(self.ep_len[b]),
-                                 "success_once": bool(self.success_once[b]), "success_at_end": bool(success[b])})
+                if render and (truncated[b] or not self.auto_reset):  # V(final_obs) bootstraps truncations only
+                    img = env.render_rgb()
+                    if truncated[b]:
+                        final_rgb[b] = img
+                    if not self.auto_reset:
+                        self.rgb[b] = img  # an idle env shows its final state
+                episodes.append(self._episode_record(b, episode_id[b], success[b]))
                 self.episode_count[b] += 1
                 if self.auto_reset:
                     self._reset_env(b)
@@ -228,8 +423,7 @@ class EnvShard:
                     self.active[b] = False
             elif render:
                 self.rgb[b] = env.render_rgb()
-        if not self.auto_reset and not self.active.any():
-            self.needs_reset = True  # every env finished: the next chunk starts new episodes
+        self._end_chunk()
         return ChunkResult(self.obs.copy(), rewards, terminated, truncated, step_mask, success, final_obs,
                            episode_seed, episode_id, episodes,
                            rgb=None if self.rgb is None else self.rgb.copy(), final_rgb=final_rgb)
@@ -237,3 +431,32 @@ class EnvShard:
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+def _cuda_devices(device) -> list:
+    """[the CUDA device index] for a CUDA policy device, else [] (fork_rng then forks the CPU RNG only)."""
+    if device is None:
+        return []
+    import torch
+    device = torch.device(device)
+    if device.type != "cuda":
+        return []
+    return [device.index if device.index is not None else torch.cuda.current_device()]
+
+
+def _get_rng(devs: list) -> dict:
+    import torch
+    return {"cpu": torch.get_rng_state(), "cuda": [torch.cuda.get_rng_state(d) for d in devs]}
+
+
+def _rng_to_lists(state: dict | None):
+    """Torch RNG states (uint8 tensors) -> {"cpu": [int], "cuda": [[int]]} (JSON- and weights_only-safe)."""
+    if state is None:
+        return None
+    return {"cpu": state["cpu"].tolist(), "cuda": [s.tolist() for s in state.get("cuda") or []]}
+
+
+def _rng_from_lists(state: dict) -> dict:
+    import torch
+    return {"cpu": torch.tensor(state["cpu"], dtype=torch.uint8),
+            "cuda": [torch.tensor(s, dtype=torch.uint8) for s in state.get("cuda") or []]}

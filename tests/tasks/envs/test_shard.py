@@ -71,17 +71,17 @@ def test_seeds_follow_the_rule_across_episodes_and_the_cursor_continues_them():
     assert seeds == [[102, 103], [102, 103], [106, 107], [106, 107], [110, 111], [110, 111]]
     assert ids == [[2, 3], [2, 3], [6, 7], [6, 7], [10, 11], [10, 11]]
     assert envs[0].reset_seeds == [102, 106, 110, 114] and envs[1].reset_seeds == [103, 107, 111, 115]
-    assert sh.state_dict() == {"episode_count": [3, 3]}
-    # a new shard created from the cursor starts exactly where this one is: episode k=3
+    assert sh.state_dict()["episode_count"] == [3, 3]
+    # a new shard created from the counts starts exactly where this one is: episode k=3
     fresh = [FakeEnv(limit=2), FakeEnv(limit=2)]
-    sh2 = make(fresh, env_offset=2, num_envs_total=4, base_seed=100, **sh.state_dict())
+    sh2 = make(fresh, env_offset=2, num_envs_total=4, base_seed=100, episode_count=sh.state_dict()["episode_count"])
     np.testing.assert_array_equal(sh2.current_obs(), [[0, 114], [0, 115]])
     res = sh2.chunk_step(act(sh2, [0.1, 0.1]))
     assert res.episode_seed.tolist() == [114, 115] and res.episode_id.tolist() == [14, 15]
     # the cursor is a copy, not a view of the shard's counters
     cur = sh2.state_dict()
     sh2.chunk_step(act(sh2, [0.1, 0.1]))
-    assert cur == {"episode_count": [3, 3]} and sh2.state_dict() == {"episode_count": [4, 4]}
+    assert cur["episode_count"] == [3, 3] and sh2.state_dict()["episode_count"] == [4, 4]
 
 
 def test_episode_ending_inside_a_chunk_masks_the_rest_and_auto_resets():
@@ -168,11 +168,12 @@ def test_ignore_terminations_runs_to_the_time_limit():
     assert sh.envs[0].reset_seeds == [0, 1]
 
 
-def test_without_auto_reset_a_finished_env_idles_until_all_finish():
+def test_without_auto_reset_a_finished_env_idles_until_the_rollout_ends():
     # env 0 (seed 0) terminates at step 2, env 1 (seed 1) at step 4
     envs = [FakeEnv(term_at=lambda s: {0: 2, 1: 4}.get(s)) for _ in range(2)]
     sh = make(envs, auto_reset=False)
-    out = [sh.chunk_step(act(sh, [0.5, 0.25])) for _ in range(5)]
+    sh.begin_rollout()
+    out = [sh.chunk_step(act(sh, [0.5, 0.25])) for _ in range(6)]
     assert [r.terminated.tolist() for r in out[:4]] == [[False, False], [True, False], [False, False],
                                                         [False, True]]
     # chunks 3 and 4: env 0 is idle (nothing executed, reward 0, obs stays the final obs)
@@ -182,14 +183,21 @@ def test_without_auto_reset_a_finished_env_idles_until_all_finish():
         assert not r.terminated[0] and not r.truncated[0]
         assert all(e["env"] == 1 for e in r.episodes)
         np.testing.assert_array_equal(r.obs[0], [2, 0])
-    assert len(envs[0].actions) == 3 and len(envs[1].actions) == 5  # 2 + 4 in the first episodes, 1 each after
-    # chunk 5: all had finished, so every env started a new episode (seeds k=1) before acting
-    assert envs[0].reset_seeds == [0, 2] and envs[1].reset_seeds == [1, 3]
-    assert out[4].episode_seed.tolist() == [2, 3] and out[4].episode_id.tolist() == [2, 3]
-    assert out[4].step_mask.tolist() == [[True], [True]]
-    np.testing.assert_array_equal(out[4].obs, [[1, 2], [1, 3]])
+    # chunks 5 and 6: every env has finished; nothing is reset or executed until the rollout ends
+    assert len(envs[0].actions) == 2 and len(envs[1].actions) == 4
+    assert envs[0].reset_seeds == [0] and envs[1].reset_seeds == [1]
+    for r in out[4:]:
+        assert r.episode_seed.tolist() == [-1, -1] and not r.step_mask.any() and r.episodes == []
+        np.testing.assert_array_equal(r.obs, [[2, 0], [4, 1]])
     eps = [e for r in out for e in r.episodes]
     assert [(e["env"], e["episode_len"], e["return"]) for e in eps] == [(0, 2, 2.0), (1, 4, 2.0)]
+    # the next rollout starts episode k=1 in every env
+    sh.begin_rollout()
+    assert envs[0].reset_seeds == [0, 2] and envs[1].reset_seeds == [1, 3]
+    res = sh.chunk_step(act(sh, [0.5, 0.25]))
+    assert res.episode_seed.tolist() == [2, 3] and res.episode_id.tolist() == [2, 3]
+    assert res.step_mask.tolist() == [[True], [True]]
+    np.testing.assert_array_equal(res.obs, [[1, 2], [1, 3]])
 
 
 def test_reset_all_starts_every_env_fresh():
