@@ -22,9 +22,14 @@ critic_loss, entropy, approx_kl, clipfrac, ratio_mean and loss equal the single-
 explained_variance (not a mean) is the share-weighted mean of the micro-batches' values. `target_kl` is decided
 on the all-reduced approx_kl, so all ranks stop together (a rank stopping alone would hang the others).
 
+One loop: the epochs, minibatches, critic warm-up, the skip of a step with a non-finite loss (a count all-reduced
+with the metrics) or gradient norm (the global norm), target_kl and the metrics are `tasks.update.run_update`,
+the function the one-rank update calls as a world of one; this module only adds the process group, FSDP2 and
+`torch.distributed.all_reduce`. Every rank therefore skips the same steps, and none steps alone.
+
 Minibatches: every rank receives all samples (the graph passes every advantages_s* output to every rank), draws
-the same permutation per epoch from `torch.Generator().manual_seed(permutation_seed(cfg, version))`, and takes the
-contiguous slice [r * G/R, (r+1) * G/R) of each minibatch, then micro-batches in order: a deterministic split.
+the same permutation per epoch from `torch.Generator().manual_seed(permutation_seed(cfg, version))` (the one-rank
+update draws the same ones: `tasks.update`'s randomness rule), and takes the contiguous slice [r * G/R, (r+1) * G/R) of each minibatch, then micro-batches in order: a deterministic split.
 Advantage normalisation is over the whole batch on every rank (identical; no communication).
 
 How the graph uses it (pipelines.graphs, pipelines.runner with `algorithm.num_actor_ranks` > 1):
@@ -39,7 +44,9 @@ How the graph uses it (pipelines.graphs, pipelines.runner with `algorithm.num_ac
   - `master_addr` is rank 0's worker host, `master_port` a free port there (`free_port` run on that worker with
     `client.submit(free_port, workers=[w0], pure=False)`), `generation` 0 at start.
   - Checkpoint: `actor_state_rank(run_id, cfg, group, weights, dims)` on every rank (a collective; one node per rank
-    as above); rank 0 returns {"policy", "optimizer" (FQN-keyed full state), "rng_torch", "weight_version"}.
+    as above); rank 0 returns {"policy", "optimizer" (FQN-keyed full state,
+    `tasks.update.optimizer_state`: the one-rank update's format too, so a checkpoint moves between 1 and R
+    ranks), "rng_torch", "weight_version"}.
     Restore: `initial_weights(cfg, dims, checkpoint)` gives weights={"version", "state_dict", "optimizer"} for a
     new generation; the group is rebuilt from them.
 
@@ -62,7 +69,6 @@ from __future__ import annotations
 
 import socket
 import time
-import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -70,7 +76,8 @@ import torch
 
 from tasks import resident
 from tasks.config import Config, ConfigError
-from tasks.update import LOSS_METRICS, _flatten, make_optimizer, minibatch_loss, prepare_update
+from tasks.update import (_flatten, behaviour_version, load_optimizer_state, make_optimizer,  # noqa: F401
+                          nonfinite_metrics, optimizer_state, permutation_seed, run_update)
 
 DEFAULT_TIMEOUT_S = 300.0  # process-group timeout: how long a rank waits in a collective for a lost peer
 _INITS = 0  # process groups this process has initialised (tests count them)
@@ -140,11 +147,6 @@ def batch_plan(cfg: Config, batch_size: int | None = None, num_ranks: int | None
     G = a.global_batch_size if a.global_batch_size is not None else max(B // a.num_minibatches, 1)
     M = a.micro_batch_size if a.micro_batch_size is not None else max(G // max(R, 1), 1)
     return check_batch_sizes(B, R, G, M)
-
-
-def permutation_seed(cfg: Config, version: int) -> int:
-    """Seed of the minibatch permutations of the update on weights `version` (identical on every rank)."""
-    return (int(cfg.seed) * 1_000_003 + int(version)) % (2 ** 62)
 
 
 # ---------------------------------------------------------------- the process group
@@ -230,7 +232,6 @@ def _build(cfg: Config, run_id: str, group: dict, weights: dict, dims: tuple[int
     optimizer (loading `weights["optimizer"]` when given: the FQN-keyed full state of `actor_state_rank`)."""
     global _INITS
     import torch.distributed as dist
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
@@ -255,9 +256,8 @@ def _build(cfg: Config, run_id: str, group: dict, weights: dict, dims: tuple[int
     fully_shard(policy, mesh=mesh)
     register_fsdp_forward_method(policy, "evaluate")  # FSDP2 unshards around forward(); the update calls evaluate()
     opt = make_optimizer(cfg, policy)  # over the sharded (DTensor) parameters
-    if weights.get("optimizer") is not None:
-        set_optimizer_state_dict(policy, opt, optim_state_dict=weights["optimizer"],
-                                 options=StateDictOptions(full_state_dict=True))
+    if weights.get("optimizer") is not None:  # either format: a checkpoint of 1 rank loads on R ranks
+        load_optimizer_state(policy, opt, weights["optimizer"])
     st = RankState(rank, world, addr, port, int(group["generation"]), device, policy, opt,
                    int(weights["version"]))
     resident.put(_key(run_id), st)
@@ -270,62 +270,10 @@ def release_group(run_id: str) -> int:
 
 
 # ---------------------------------------------------------------- the rank function
-def _share(mask: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
-    """mask.sum() / total as a float 0-d tensor; 0 when total is 0."""
-    n = mask.sum().to(torch.float32)
-    return torch.where(total > 0, n / total.clamp(min=1), torch.zeros_like(n))
-
-
-def _epochs(cfg: Config, st: RankState, plan: BatchPlan, data: dict, prep: dict, instr: str,
-            gen: torch.Generator, N: int) -> tuple[dict[str, float], int, int]:
-    """The update epochs on this rank: returns (metric sums over optimizer steps, optimizer steps, epochs run)."""
+def _all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
     import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
-    a = cfg.algorithm
-    rank, world, device = st.rank, st.world_size, st.device
-    G, P, M = plan.global_batch_size, plan.per_rank_batch_size, plan.micro_batch_size
-    lp_mask, v_mask = prep["lp_mask"], prep["v_mask"]
-    policy, opt = st.policy, st.optimizer
-    sums: dict[str, float] = {}
-    count, epochs_run, stop = 0, 0, False
-    for _ in range(a.update_epochs):
-        perm = torch.randperm(N, generator=gen)
-        for i in range(plan.num_minibatches):
-            mb = perm[i * G:(i + 1) * G].to(device)  # the global minibatch [G]
-            mine = mb[rank * P:(rank + 1) * P]  # this rank's slice [P]
-            n_lp = lp_mask[mb].sum().to(torch.float32)  # mask counts over the whole minibatch (all ranks)
-            n_v = v_mask[mb].sum().to(torch.float32)
-            opt.zero_grad(set_to_none=True)
-            local = torch.zeros(len(LOSS_METRICS), dtype=torch.float64, device=device)
-            for j in range(plan.grad_accum):
-                idx = mine[j * M:(j + 1) * M]  # micro-batch [M]
-                policy.set_requires_gradient_sync(j == plan.grad_accum - 1)
-                terms = minibatch_loss(cfg, policy, data, prep, idx, instr)
-                s_lp, s_v = _share(lp_mask[idx], n_lp), _share(v_mask[idx], n_v)
-                share_loss = (s_lp * terms["actor_loss"] + a.value_coef * s_v * terms["critic_loss"]
-                              - a.entropy_coef * s_lp * terms["entropy"])
-                (share_loss * world).backward()  # FSDP averages over ranks; x world makes it the minibatch's sum
-                with torch.no_grad():
-                    for k, name in enumerate(LOSS_METRICS):
-                        s = s_v if name in ("critic_loss", "explained_variance") else s_lp
-                        val = share_loss if name == "loss" else s * torch.as_tensor(terms[name]).to(device)
-                        local[k] += val.detach().to(torch.float64)
-            dist.all_reduce(local)  # SUM over ranks: the minibatch's token-means, identical on all ranks
-            gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), a.max_grad_norm)
-            if isinstance(gn, DTensor):
-                gn = gn.full_tensor()
-            opt.step()
-            count += 1
-            for k, name in enumerate(LOSS_METRICS):
-                sums[name] = sums.get(name, 0.0) + float(local[k])
-            sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(gn)
-            if a.target_kl is not None and float(local[LOSS_METRICS.index("approx_kl")]) > a.target_kl:
-                stop = True
-                break
-        epochs_run += 1
-        if stop:
-            break
-    return sums, count, epochs_run
+    dist.all_reduce(x)  # SUM
+    return x
 
 
 def actor_update_rank(cfg: Config, run_id: str, group: dict, weights: dict, *samples: dict) -> dict:
@@ -348,8 +296,6 @@ def actor_update_rank(cfg: Config, run_id: str, group: dict, weights: dict, *sam
             `timeout_s` when a peer is lost.
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    from tasks.rollout import instruction
     t0 = time.perf_counter()
     data = _flatten(samples)
     N, D = data["actions"].shape[0], data["actions"].shape[-1]
@@ -357,22 +303,11 @@ def actor_update_rank(cfg: Config, run_id: str, group: dict, weights: dict, *sam
     rank, world = st.rank, st.world_size
     plan = batch_plan(cfg, batch_size=N, num_ranks=world)  # a ConfigError here is raised on every rank alike
     data = {k: v.to(st.device) for k, v in data.items()}  # [N, ...] on this rank's device
-    prep = prepare_update(cfg, data)
-    # critic warm-up (PPO): the first `critic_warmup_steps` updates train the value head only
-    prep["critic_only"] = prep["critic"] and weights["version"] < cfg.algorithm.critic_warmup_steps
-    instr = instruction(cfg)
-    policy, opt = st.policy, st.optimizer
-    policy.train()
-    gen = torch.Generator().manual_seed(permutation_seed(cfg, weights["version"]))
-    with warnings.catch_warnings():  # FSDP2: evaluate() returns views (values.squeeze); none is edited in place
-        warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
-        sums, count, epochs_run = _epochs(cfg, st, plan, data, prep, instr, gen, N)
-    policy.eval()
+    metrics = run_update(cfg, st.policy, st.optimizer, data, version=int(weights["version"]),
+                         behaviour=behaviour_version(weights, samples), plan=plan, rank=rank, world=world, all_reduce=_all_reduce_sum)
     st.version = int(weights["version"]) + 1
-    full = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    metrics = {f"train/{k}": v / max(count, 1) for k, v in sums.items()}
-    metrics.update({"train/epochs_run": float(epochs_run), "train/minibatch_updates": float(count),
-                    "train/lr": opt.param_groups[0]["lr"], "train/actor_rebuilt": float(built and st.generation > 0),
+    full = get_model_state_dict(st.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    metrics.update({"train/actor_rebuilt": float(built and st.generation > 0), **nonfinite_metrics(samples),
                     "train/group_built": float(built), "train/group_generation": float(st.generation),
                     "train/actor_ranks": float(world), "train/grad_accum": float(plan.grad_accum),
                     "train/weight_version": float(st.version), "time/update": time.perf_counter() - t0})
@@ -396,7 +331,7 @@ def actor_state_rank(run_id: str, cfg: Config | None = None, group: dict | None 
     {} on other ranks.
     Raises RuntimeError when this worker holds no actor group for `run_id` (and none is given to build).
     """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     if group is not None:
         if cfg is None or weights is None or dims is None:
             raise ValueError("actor_state_rank: joining a group needs cfg, weights and dims")
@@ -404,8 +339,8 @@ def actor_state_rank(run_id: str, cfg: Config | None = None, group: dict | None 
     st: RankState | None = resident.get(_key(run_id))
     if st is None or st.policy is None:
         raise RuntimeError(f"no distributed actor for run {run_id} on this worker")
-    model_sd, optim_sd = get_state_dict(st.policy, st.optimizer,
-                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    model_sd = get_model_state_dict(st.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    optim_sd = optimizer_state(st.policy, st.optimizer)  # names only the parameters that have state
     if st.rank != 0:
         return {}
     return {"policy": model_sd, "optimizer": optim_sd, "rng_torch": torch.get_rng_state(),
@@ -419,15 +354,13 @@ def initial_weights(cfg: Config, dims: tuple[int, int], checkpoint: dict | None 
     from a checkpoint written by the ranks (`actor_state_rank`): its policy, optimizer and weight version.
 
     Returns {"version": int, "state_dict": full CPU state dict[, "optimizer": FQN-keyed full optimizer state]}.
-    Raises ValueError for a checkpoint whose optimizer state is the one-process format (integer-keyed).
+    The optimizer state may be either format (`tasks.update.load_optimizer_state` maps a legacy one-rank,
+    integer-keyed state by position when the group is built).
     """
     from tasks.policies import make_policy
     from tasks.rollout import image_size, num_values
     if checkpoint is not None:
         opt = checkpoint["optimizer"]
-        if any(not isinstance(k, str) for k in opt.get("state", {})):
-            raise ValueError("this checkpoint's optimizer state comes from the one-rank update "
-                             "(algorithm.num_actor_ranks=1); resume it with num_actor_ranks=1")
         return {"version": int(checkpoint["run"]["weight_version"]), "state_dict": checkpoint["policy"],
                 "optimizer": opt}
     torch.manual_seed(cfg.seed)

@@ -2,9 +2,45 @@
 
 Flattening: a trajectory's [T, B, ...] fields become [N = T*B, ...] samples for the update. With
 `reward_type=chunk_level` advantages/returns are [N]; with `action_level` they are [N, C] and values [N, C].
+
+One update loop for one and many ranks (`run_update`): the one-rank `actor_update` is a world of size 1 (no
+collective), `tasks.distributed.actor_update_rank` the same function with `torch.distributed.all_reduce`. Critic
+warm-up, skipping non-finite steps, the loss weighting, target_kl, metrics and the randomness rule exist once.
+
+Non-finite values (`algorithm.nonfinite`: error | mask; `advantages` is where rollout fields enter the math):
+  - error (default): a NaN/inf in a field the update would read (rewards, obs, actions, logprobs, values,
+    final_values, bootstrap_values, float extras/*) raises `NonFiniteError`, one line naming the field, shard, env,
+    chunk step and weight version.
+  - mask: the chunk steps holding one (and, for GAE, every earlier step of the same episode whose advantage it
+    makes undefined; for GRPO, the whole env when its scored episode has a non-finite reward) leave the loss
+    mask, their non-finite entries are replaced by 0 (so nothing reaches a forward pass or a gradient), and the
+    update reports `rollout/nonfinite_<field>` (chunk steps with a non-finite <field>, summed over shards) and
+    `rollout/nonfinite_dropped` (chunk steps removed from the loss).
+  - the update (both modes): an optimizer step whose loss or gradient norm is non-finite on any rank is skipped
+    (no `optimizer.step`: parameters and optimizer state stay bit-identical), counted in `train/skipped_updates`;
+    a minibatch with an empty loss mask is not stepped either (Adam would move the weights on a zero gradient
+    through its momentum), counted in `train/empty_minibatches`. train/* loss metrics are means over the applied
+    steps (NaN when none was applied: MLflow shows it).
+
+Randomness (exact resume without saved update state): every draw of the update on weights version v is a function
+of (cfg.seed, v, rank) only. Minibatch permutations come from `torch.Generator().manual_seed(permutation_seed(cfg,
+v))` (identical on every rank, each rank takes its slice); any other torch draw inside the update (a policy's
+sampling in its loss, e.g. the flow VLA's `sft_loss`) comes from the default generators forked for the update
+(`update_rng`) and seeded with `update_seed(cfg, v, rank)`, so the process's own streams (rollout sampling on the
+same worker) are neither consumed nor changed by an update. The step counters that schedule anything in the update
+(critic warm-up: `algorithm.critic_warmup_steps` against v) come from the weight version, which the checkpoint
+carries (`run.weight_version`); the learning rates are the optimizer's param_groups, saved with it.
+
+Optimizer state (`optimizer_state` / `load_optimizer_state`): one format for 1 and R ranks, the FQN-keyed full
+state of `torch.distributed.checkpoint.state_dict` ({"state": {param name: {...}}, "param_groups": [{..., "params":
+[param names]}]}), so a checkpoint of one rank loads on R ranks and back. Parameters that had no state when saved
+(no gradient yet: the actor during critic warm-up, a frozen part) have none after loading either (Adam starts them
+at step 0 as the uninterrupted run would), and the param_groups must name the same parameters (else ValueError).
 """
 from __future__ import annotations
 
+import contextlib
+import math
 import time
 from dataclasses import dataclass
 
@@ -23,22 +59,107 @@ from tasks.rollout import image_size, instruction, num_values, policy_obs
 SAMPLE_FIELDS = ("obs", "actions", "logprobs", "values", "advantages", "returns", "step_mask", "loss_mask")
 
 
-def advantages(cfg: Config, traj: dict) -> dict:
+class NonFiniteError(ValueError):
+    """A NaN/inf in a rollout field the update would train on (`algorithm.nonfinite=error`); one line."""
+
+
+def _nonfinite_inputs(cfg: Config, traj: dict, shard: int | None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Check every float field of one shard's trajectory where the math reads it.
+
+    Returns (bad [T, B] bool: chunk steps whose obs / actions / logprobs / values / extras are non-finite (rewards,
+    final_values and bootstrap_values act through the advantages instead), {field: [T, B] bool (bootstrap_values:
+    [B]) chunk steps with a non-finite entry of that field}). Raises NonFiniteError with algorithm.nonfinite=error.
+    """
+    grpo = cfg.algorithm.adv_type == "grpo"
+    executed = np.asarray(traj["step_mask"])  # [T, B, C]
+    active = executed.any(-1)  # [T, B]
+    T, B = active.shape
+    ended = np.asarray(traj["truncated"]) & ~np.asarray(traj["terminated"])  # [T, B] V(final_obs) read there
+    fields: list[tuple[str, np.ndarray]] = [("rewards", executed), ("obs", active), ("actions", executed),
+                                            ("logprobs", executed)]
+    if not grpo:
+        fields += [("values", active), ("final_values", ended), ("bootstrap_values", np.ones(B, bool))]
+    fields += [(k, active) for k in traj if k.startswith("extras/")]
+    bad_steps = np.zeros((T, B), bool)
+    found: dict[str, np.ndarray] = {}
+    for name, where in fields:
+        x = np.asarray(traj[name])
+        if not np.issubdtype(x.dtype, np.floating):
+            continue
+        nf = ~np.isfinite(x)
+        nf = nf.reshape(*nf.shape[:where.ndim], -1).any(-1) if nf.ndim > where.ndim else nf  # [T, B, (C)]
+        nf &= where
+        if not nf.any():
+            continue
+        per_step = nf if name == "bootstrap_values" else nf.reshape(T, B, -1).any(-1)  # [T, B] ([B])
+        if cfg.algorithm.nonfinite == "error":
+            first = np.argwhere(nf)[0]
+            where_txt = "env " + (f"{first[0]} after the last chunk step" if name == "bootstrap_values" else
+                                  f"{first[1]}, chunk step {first[0]}" + (f", action {first[2]}" if nf.ndim > 2 else ""))
+            v = traj.get("weight_version")
+            raise NonFiniteError(
+                f"non-finite {name}: {int(nf.sum())} value(s) in the rollout of shard "
+                f"{'?' if shard is None else shard}{'' if v is None else f' (weights v{v})'}, first at {where_txt}: "
+                f"fix its source, or set algorithm.nonfinite=mask to drop such samples from the loss and count them "
+                f"(rollout/nonfinite_{name.replace('/', '_')})")
+        found[name] = per_step
+        if name in ("obs", "actions", "logprobs", "values") or name.startswith("extras/"):
+            bad_steps |= per_step
+    return bad_steps, found
+
+
+def _finite(x: np.ndarray) -> np.ndarray:
+    """x with NaN/inf replaced by 0 (x itself when it is all finite or not float)."""
+    if not np.issubdtype(np.asarray(x).dtype, np.floating) or np.isfinite(x).all():
+        return x
+    return np.where(np.isfinite(x), x, 0).astype(x.dtype)
+
+
+def _nonfinite_report(found: dict[str, np.ndarray], dropped: np.ndarray) -> dict[str, float]:
+    """{field: chunk steps with a non-finite entry} (bootstrap_values: envs) and "dropped" (chunk steps removed)."""
+    out = {k.replace("/", "_"): float(v.sum()) for k, v in found.items()}
+    out["dropped"] = float(dropped.sum())
+    return out
+
+
+def advantages(cfg: Config, traj: dict, shard: int | None = None) -> dict:
     """GAE or GRPO advantages on one shard's trajectory (envs are independent and GRPO groups never straddle
-    shards, so shards are too).
+    shards, so shards are too). `shard` only names the shard in errors.
 
     Returns the sample fields [T, B, ...] (advantages/returns [T, B] for chunk-level rewards, [T, B, C] for
-    action-level; loss_mask [T, B] bool: the chunk steps that enter the loss), rgb and extras/* when present, and
-    `stats` (reward/value/advantage means for logging).
+    action-level; loss_mask [T, B] bool: the chunk steps that enter the loss), rgb and extras/* when present,
+    `stats` (reward/value/advantage means for logging) and `nonfinite` ({field: count}, see the module docstring;
+    all finite: {"dropped": 0.0}).
+
+    Raises:
+        NonFiniteError: a NaN/inf where the math reads it, with algorithm.nonfinite=error (module docstring).
     """
     a = cfg.algorithm
+    bad_steps, found = _nonfinite_inputs(cfg, traj, shard)
+    if found:  # mask mode: nothing non-finite goes further; the chunk steps are dropped below
+        traj = {k: (_finite(v) if isinstance(v, np.ndarray) else v) for k, v in traj.items()}
     if a.adv_type == "grpo":
-        return _grpo(cfg, traj)
+        return _grpo(cfg, traj, bad_steps, found)
     t = {k: torch.from_numpy(np.asarray(traj[k])) for k in ("rewards", "values", "final_values",
                                                              "terminated", "truncated", "step_mask")}
     boot = torch.from_numpy(traj["bootstrap_values"])  # [B, V]
     values = torch.cat([t["values"], boot[None]])  # [T, B, V] + [1, B, V] -> [T+1, B, V]
-    rewards = aggregate_rewards(t["rewards"] * a.reward_scale, reward_type=a.reward_type)
+    raw = {k: torch.from_numpy(np.asarray(v)) for k, v in found.items()}  # (mask mode) where inputs were bad
+    gae_rewards = t["rewards"]
+    if "rewards" in found or "values" in found or "final_values" in found or "bootstrap_values" in found:
+        # GAE on NaN at the bad inputs, so that exactly the advantages they make undefined come out non-finite
+        nan = torch.tensor(float("nan"))
+        if "rewards" in raw:
+            gae_rewards = torch.where(raw["rewards"].unsqueeze(-1) & t["step_mask"], nan, gae_rewards)
+        if "values" in raw:
+            values[:-1] = torch.where(raw["values"].unsqueeze(-1), nan, values[:-1])
+        if "final_values" in raw:
+            t["final_values"] = torch.where(raw["final_values"].unsqueeze(-1), nan, t["final_values"])
+        if "bootstrap_values" in raw:
+            values[-1] = torch.where(raw["bootstrap_values"].unsqueeze(-1), nan, values[-1])
+    # rewards of actions that were not executed are never read (0 there)
+    step_rewards = torch.where(t["step_mask"], gae_rewards, torch.zeros_like(gae_rewards))
+    rewards = aggregate_rewards(step_rewards * a.reward_scale, reward_type=a.reward_type)
     est = get_advantage(a.adv_type)
     if a.reward_type == "chunk_level":  # [T, B] rewards, [T+1, B, 1] -> [T+1, B] values
         adv, ret = est(rewards=rewards, values=values[..., 0], terminated=t["terminated"],
@@ -52,11 +173,21 @@ def advantages(cfg: Config, traj: dict) -> dict:
         adv, ret = est(**flat, gamma=a.gamma, lam=a.gae_lambda)
         C = cfg.policy.num_action_chunks
         adv, ret = from_action_level(adv, num_action_chunks=C), from_action_level(ret, num_action_chunks=C)
+    loss_mask = traj["step_mask"].any(-1)  # [T, B]
+    dropped = np.zeros_like(loss_mask)
+    if found:  # mask mode: the chunk steps with bad inputs or an undefined advantage / return leave the loss
+        undefined = ~(torch.isfinite(adv) & torch.isfinite(ret))
+        undefined = undefined.reshape(*undefined.shape[:2], -1).any(-1).numpy()  # [T, B]
+        dropped = loss_mask & (bad_steps | undefined)
+        loss_mask = loss_mask & ~dropped
+        adv = torch.where(torch.isfinite(adv), adv, torch.zeros_like(adv))
+        ret = torch.where(torch.isfinite(ret), ret, torch.zeros_like(ret))
     out = _passthrough(traj)
-    out.update(advantages=adv.numpy(), returns=ret.numpy(), loss_mask=traj["step_mask"].any(-1))
+    out.update(advantages=adv.numpy(), returns=ret.numpy(), loss_mask=loss_mask)
     out["stats"] = {"rollout/reward_mean": float(t["rewards"].sum(-1).mean()),
                     "rollout/value_mean": float(t["values"].mean()),
                     "rollout/advantage_mean": float(adv.mean()), "rollout/return_mean": float(ret.mean())}
+    out["nonfinite"] = _nonfinite_report(found, dropped)
     return out
 
 
@@ -66,20 +197,32 @@ def _passthrough(traj: dict) -> dict:
                                                "weight_version") or k.startswith("extras/")}
 
 
-def _grpo(cfg: Config, traj: dict) -> dict:
+def _grpo(cfg: Config, traj: dict, bad_steps: np.ndarray, found: dict[str, np.ndarray]) -> dict:
     """GRPO (critic-free): group-relative episode scores broadcast over each env's first episode in the rollout
-    (tasks.algorithms.grpo_advantages); `returns` are zeros (no critic is trained)."""
+    (tasks.algorithms.grpo_advantages); `returns` are zeros (no critic is trained). Mask mode: an env whose scored
+    episode holds a non-finite reward leaves its group (`env_mask`); chunk steps with other bad inputs leave the
+    loss."""
     from tasks.algorithms import grpo_advantages
     a = cfg.algorithm
+    done = traj["terminated"] | traj["truncated"]  # [T, B]
+    first_episode = (np.cumsum(done, 0) - done) == 0  # [T, B] up to and including the first done
+    bad_env = (found["rewards"] & first_episode).any(0) if "rewards" in found else np.zeros(done.shape[1], bool)
     rewards = aggregate_rewards(torch.from_numpy(traj["rewards"]) * a.reward_scale, reward_type=a.reward_type)
     res = grpo_advantages(rewards=rewards, terminated=torch.from_numpy(traj["terminated"]),
                           truncated=torch.from_numpy(traj["truncated"]),
                           step_mask=torch.from_numpy(traj["step_mask"]), group_size=a.group_size,
                           filter_rewards=a.filter_rewards, rewards_lower_bound=a.rewards_lower_bound,
-                          rewards_upper_bound=a.rewards_upper_bound)
-    adv = res["advantages"]
+                          rewards_upper_bound=a.rewards_upper_bound, env_mask=torch.from_numpy(~bad_env))
+    adv, loss_mask = res["advantages"], res["loss_mask"].numpy()
+    in_loss = first_episode & traj["step_mask"].any(-1)  # [T, B] what would be trained on without non-finite values
+    dropped = in_loss & (bad_env[None] | bad_steps)
+    if bad_steps.any():
+        loss_mask = loss_mask & ~bad_steps
+        zero = torch.from_numpy(bad_steps).view(*bad_steps.shape, *([1] * (adv.dim() - 2)))
+        adv = torch.where(zero, torch.zeros_like(adv), adv)
     out = _passthrough(traj)
-    out.update(advantages=adv.numpy(), returns=np.zeros_like(adv.numpy()), loss_mask=res["loss_mask"].numpy())
+    out.update(advantages=adv.numpy(), returns=np.zeros_like(adv.numpy()), loss_mask=loss_mask)
+    out["nonfinite"] = _nonfinite_report(found, dropped)
     out["stats"] = {"rollout/reward_mean": float(traj["rewards"].sum(-1).mean()),
                     "rollout/score_mean": float(res["scores"].mean()),
                     "rollout/advantage_mean": float(adv.mean()),
@@ -142,7 +285,7 @@ def actor_init(cfg: Config, run_id: str, dims: tuple[int, int], checkpoint: dict
     actor = _build_actor(cfg, *dims, load=checkpoint is None)  # a checkpoint overrides policy.model_path
     if checkpoint is not None:
         actor.policy.load_state_dict(checkpoint["policy"])
-        actor.optimizer.load_state_dict(checkpoint["optimizer"])
+        load_optimizer_state(actor.policy, actor.optimizer, checkpoint["optimizer"])  # either format (1 or R ranks)
         actor.version = int(checkpoint["run"]["weight_version"])
         _restore_rng(checkpoint)
     resident.put(f"{run_id}/actor", actor)
@@ -150,12 +293,13 @@ def actor_init(cfg: Config, run_id: str, dims: tuple[int, int], checkpoint: dict
 
 
 def actor_state(run_id: str) -> dict:
-    """Policy and optimizer state of the resident actor, for a checkpoint (CPU tensors)."""
+    """Policy and optimizer state of the resident actor, for a checkpoint (CPU tensors; the optimizer in the
+    FQN-keyed format of `optimizer_state`, the same as the multi-rank update's)."""
     actor: Actor = resident.get(f"{run_id}/actor")
     if actor is None:
         raise RuntimeError(f"no resident actor for run {run_id} on this worker")
     return {"policy": {k: v.detach().to("cpu", copy=True) for k, v in actor.policy.state_dict().items()},
-            "optimizer": _cpu(actor.optimizer.state_dict()),
+            "optimizer": optimizer_state(actor.policy, actor.optimizer),
             "rng_torch": torch.get_rng_state(), "rng": _rng_state(), "weight_version": actor.version}
 
 
@@ -234,6 +378,10 @@ def prepare_update(cfg: Config, data: dict[str, torch.Tensor]) -> dict[str, torc
     `logprob_type`: [N], [N, C] or [N, C, D]), `lp_mask` (same shape, bool), `adv` (normalised over the whole batch
     unless GRPO, expanded to the log-prob shape), `returns` and `old_values` ([N] or [N, C]), `v_mask` (same shape,
     bool) and `critic` (False for GRPO).
+
+    Raises:
+        ValueError: a non-finite advantage inside the loss mask (normalize_advantages; `advantages` drops them
+            first with algorithm.nonfinite=mask, and raises NonFiniteError with =error).
     """
     a, C = cfg.algorithm, cfg.policy.num_action_chunks
     D = data["actions"].shape[-1]
@@ -259,8 +407,8 @@ def minibatch_loss(cfg: Config, policy: torch.nn.Module, data: dict[str, torch.T
 
     Returns 0-d tensors: `actor_loss`, `critic_loss` (0 without a critic), `entropy` (differentiable token-means
     over `lp_mask[idx]` / `v_mask[idx]`), `loss` = actor_loss + value_coef * critic_loss - entropy_coef * entropy
-    (differentiable), and the metrics `approx_kl`, `clipfrac`, `ratio_mean` (token-means over `lp_mask[idx]`),
-    `explained_variance`.
+    (differentiable; value_coef * critic_loss only with `prep["critic_only"]`), and the metrics `approx_kl`,
+    `clipfrac`, `ratio_mean` (token-means over `lp_mask[idx]`), `explained_variance`.
     """
     a = cfg.algorithm
     step_mask, lp_mask = prep["step_mask"], prep["lp_mask"]
@@ -312,8 +460,292 @@ def behaviour_version(weights: dict, samples: tuple[dict, ...]) -> int:
     return min(int(s.get("weight_version", weights["version"])) for s in samples)
 
 
+# ---------------------------------------------------------------- randomness of the update (module docstring)
+def permutation_seed(cfg: Config, version: int) -> int:
+    """Seed of the minibatch permutations of the update on weights `version` (identical on every rank)."""
+    return (int(cfg.seed) * 1_000_003 + int(version)) % (2 ** 62)
+
+
+def update_seed(cfg: Config, version: int, rank: int = 0) -> int:
+    """Seed of the default torch generators inside the update on weights `version` at `rank` (`update_rng`)."""
+    return (int(cfg.seed) * 1_000_033 + int(version) * 8_191 + 131_071 * (int(rank) + 1)) % (2 ** 62)
+
+
+@contextlib.contextmanager
+def update_rng(cfg: Config, version: int, rank: int = 0, device: torch.device | str = "cpu"):
+    """Fork the CPU generator (and `device`'s, on CUDA) and seed them with `update_seed(cfg, version, rank)`;
+    on exit the process's streams are as they were before (torch.random.fork_rng)."""
+    device = torch.device(device)
+    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        seed = update_seed(cfg, version, rank)
+        torch.random.default_generator.manual_seed(seed)
+        if cuda:
+            with torch.cuda.device(cuda[0]):
+                torch.cuda.manual_seed(seed)
+        yield
+
+
+# ---------------------------------------------------------------- optimizer state: one format for 1 and R ranks
+def _is_sharded(policy: torch.nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+    return any(isinstance(p, DTensor) for p in policy.parameters())
+
+
+def _param_names(policy: torch.nn.Module, opt: torch.optim.Optimizer) -> list[list[str]]:
+    """The parameter names (FQNs) of each of the optimizer's param_groups, in the group's order."""
+    names = {p: n for n, p in policy.named_parameters()}
+    try:
+        return [[names[p] for p in g["params"]] for g in opt.param_groups]
+    except KeyError:
+        raise ValueError("the optimizer holds a parameter that is not the policy's") from None
+
+
+def optimizer_state(policy: torch.nn.Module, opt: torch.optim.Optimizer) -> dict:
+    """The optimizer's full state keyed by parameter name (FQN), CPU tensors: {"state": {name: {"step", "exp_avg",
+    ...}} for the parameters that have state, "param_groups": [{hyper-parameters, "params": [names]}]}.
+
+    Plain modules: converted from `opt.state_dict()` (no process group needed). FSDP2-sharded modules: a collective
+    (`torch.distributed.checkpoint.state_dict.get_optimizer_state_dict(full_state_dict=True, cpu_offload=True)`;
+    the full state on rank 0, {} elsewhere). Saving never adds state to the live optimizer: torch's helper
+    initialises an empty optimizer with a zero step (step 1 for every parameter), which is undone here.
+    """
+    if not _is_sharded(policy):
+        names, sd = _param_names(policy, opt), opt.state_dict()
+        flat = [n for g in names for n in g]  # state_dict's integer ids are positions in this order
+        return {"state": {flat[i]: _cpu(v) for i, v in sd["state"].items()},
+                "param_groups": [{**{k: v for k, v in g.items() if k != "params"}, "params": names[j]}
+                                 for j, g in enumerate(sd["param_groups"])]}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    had = {p for p in opt.state if opt.state[p]}
+    full = get_optimizer_state_dict(policy, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    added = [p for p in list(opt.state) if p not in had]
+    if added:  # torch's _init_optim_state ran: drop what it made (the saved dict must not hold it either)
+        names = {p: n for n, p in policy.named_parameters()}
+        for p in added:
+            opt.state.pop(p, None)
+            if full:
+                full["state"].pop(names[p], None)
+    return full
+
+
+def _fqn_keyed(policy: torch.nn.Module, opt: torch.optim.Optimizer, state: dict) -> dict:
+    """An optimizer state in the FQN-keyed format; a one-process `opt.state_dict()` (integer ids: checkpoints
+    written before this format) is mapped by position onto this optimizer's parameters."""
+    groups = state.get("param_groups", [])
+    ids = [i for g in groups for i in g["params"]]
+    if all(isinstance(i, str) for i in ids) and all(isinstance(k, str) for k in state.get("state", {})):
+        return state
+    names = _param_names(policy, opt)
+    if [len(g["params"]) for g in groups] != [len(g) for g in names]:
+        raise ValueError(f"optimizer state has param_groups of sizes {[len(g['params']) for g in groups]}, this "
+                         f"optimizer {[len(g) for g in names]}: a different policy or algorithm.critic_lr setting")
+    pos = {i: n for g_ids, g_names in zip((g["params"] for g in groups), names) for i, n in zip(g_ids, g_names)}
+    return {"state": {pos[i]: v for i, v in state.get("state", {}).items()},
+            "param_groups": [{**g, "params": names[j]} for j, g in enumerate(groups)]}
+
+
+def load_optimizer_state(policy: torch.nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
+    """Load a state from `optimizer_state` (or a legacy integer-keyed one) into `opt`, for plain and FSDP2 modules
+    (a collective for the latter: every rank passes the same full state).
+
+    Parameters without saved state get none (a later first step initialises them as in the uninterrupted run);
+    hyper-parameters (lr, betas, eps) come from the saved param_groups.
+
+    Raises:
+        ValueError: the saved param_groups do not name the same parameters as this optimizer's (group by group),
+            or state for a parameter this policy does not have.
+    """
+    state = _fqn_keyed(policy, opt, state)
+    names = _param_names(policy, opt)
+    saved = [list(g["params"]) for g in state["param_groups"]]
+    if [sorted(g) for g in saved] != [sorted(g) for g in names]:
+        diff = sorted(set().union(*map(set, saved)) ^ set().union(*map(set, names)))
+        raise ValueError(f"optimizer state: its param_groups name other parameters than this optimizer's "
+                         f"({len(saved)} vs {len(names)} groups; differing: {diff[:6]}): a checkpoint of another "
+                         f"policy, or algorithm.critic_lr changed")
+    unknown = set(state["state"]) - {n for g in names for n in g}
+    if unknown:
+        raise ValueError(f"optimizer state for parameters this policy does not have: {sorted(unknown)[:6]}")
+    if not _is_sharded(policy):
+        flat = [n for g in names for n in g]
+        ids = {n: i for i, n in enumerate(flat)}
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [ids[n] for n in names[j]]}
+                  for j, g in enumerate(state["param_groups"])]
+        # the saved group's hyper-parameters, this optimizer's parameter order (the names match as sets)
+        opt.load_state_dict({"state": {ids[n]: v for n, v in state["state"].items()}, "param_groups": groups})
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    set_optimizer_state_dict(policy, opt, optim_state_dict=state,
+                             options=StateDictOptions(full_state_dict=True, strict=False))
+    by_name = dict(policy.named_parameters())
+    for n, p in by_name.items():  # torch's loader gave every parameter a zero step first: undo it where none was saved
+        if n not in state["state"]:
+            opt.state.pop(p, None)
+
+
+# ---------------------------------------------------------------- the update loop (1 or R ranks)
+def _share(mask: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """mask.sum() / total as a float 0-d tensor; 0 when total is 0."""
+    n = mask.sum().to(torch.float32)
+    return torch.where(total > 0, n / total.clamp(min=1), torch.zeros_like(n))
+
+
+def _no_reduce(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def update_epochs(cfg: Config, policy: torch.nn.Module, opt: torch.optim.Optimizer, data: dict, prep: dict,
+                  instr: str, plan, gen: torch.Generator, *, rank: int = 0, world: int = 1,
+                  all_reduce=_no_reduce) -> tuple[dict[str, float], dict[str, int]]:
+    """The update epochs on this rank (1 rank: world=1, no collective); every rank must call it together.
+
+    Each epoch draws one permutation of the N samples from `gen` (the same on every rank); optimizer step i takes
+    the global minibatch perm[i*G:(i+1)*G], this rank its slice [rank*P, (rank+1)*P) and micro-batches of M
+    (`plan`: tasks.distributed.BatchPlan). A micro-batch's loss terms are weighted by its share of the minibatch's
+    mask count (over all ranks), so the summed gradient is the minibatch's token-mean loss whatever the split; x
+    world because FSDP averages gradients over ranks. Critic warm-up (`prep["critic_only"]`): value_coef *
+    critic_loss only. Metric sums (share-weighted) and a count of non-finite micro-batch losses are all-reduced
+    once per step, so every rank takes the same decisions: skip the step if that count or the global gradient
+    norm is non-finite (no optimizer.step: parameters and optimizer state unchanged), stop at target_kl.
+    A minibatch with an empty mask is not stepped.
+
+    Returns (metric sums over the applied steps: LOSS_METRICS + grad_norm, counts {"applied", "skipped", "empty",
+    "epochs"}).
+    """
+    from torch.distributed.tensor import DTensor
+    a = cfg.algorithm
+    device = data["obs"].device
+    N = data["actions"].shape[0]
+    G, P, M = plan.global_batch_size, plan.per_rank_batch_size, plan.micro_batch_size
+    lp_mask, v_mask = prep["lp_mask"], prep["v_mask"]
+    critic_only, critic = bool(prep.get("critic_only")), bool(prep["critic"])
+    grad_sync = getattr(policy, "set_requires_gradient_sync", None)  # FSDP2: reduce-scatter on the last micro-batch
+    K = len(LOSS_METRICS)
+    sums: dict[str, float] = {}
+    counts = {"applied": 0, "skipped": 0, "empty": 0, "epochs": 0}
+    stop = False
+    for _ in range(a.update_epochs):
+        perm = torch.randperm(N, generator=gen)
+        for i in range(plan.num_minibatches):
+            mb = perm[i * G:(i + 1) * G].to(device)  # the global minibatch [G]
+            mine = mb[rank * P:(rank + 1) * P]  # this rank's slice [P]
+            n_lp = lp_mask[mb].sum().to(torch.float32)  # mask counts over the whole minibatch (all ranks)
+            n_v = v_mask[mb].sum().to(torch.float32)
+            n_active = n_v if critic_only else n_lp + (n_v if critic else 0)
+            if not bool(n_active > 0):  # nothing to learn from (all ranks see the same masks): no step
+                counts["empty"] += 1
+                continue
+            opt.zero_grad(set_to_none=True)
+            local = torch.zeros(K + 1, dtype=torch.float64, device=device)  # [K metrics, non-finite losses]
+            for j in range(plan.grad_accum):
+                idx = mine[j * M:(j + 1) * M]  # micro-batch [M]
+                if grad_sync is not None:
+                    grad_sync(j == plan.grad_accum - 1)
+                with autocast(cfg.policy.dtype, device):
+                    terms = minibatch_loss(cfg, policy, data, prep, idx, instr)
+                s_lp, s_v = _share(lp_mask[idx], n_lp), _share(v_mask[idx], n_v)
+                if critic_only:  # critic warm-up: the actor's terms do not enter the loss
+                    share_loss = a.value_coef * s_v * terms["critic_loss"]
+                else:
+                    share_loss = (s_lp * terms["actor_loss"] + a.value_coef * s_v * terms["critic_loss"]
+                                  - a.entropy_coef * s_lp * terms["entropy"])
+                (share_loss * world).backward()  # FSDP averages over ranks; x world makes it the minibatch's sum
+                with torch.no_grad():
+                    for k, name in enumerate(LOSS_METRICS):
+                        s = s_v if name in ("critic_loss", "explained_variance") else s_lp
+                        val = share_loss if name == "loss" else s * torch.as_tensor(terms[name]).to(device)
+                        local[k] += val.detach().to(torch.float64)
+                    local[K] += (~torch.isfinite(share_loss.detach())).to(torch.float64)
+            all_reduce(local)  # SUM over ranks: the minibatch's token-means, identical on all ranks
+            gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), a.max_grad_norm)
+            if isinstance(gn, DTensor):
+                gn = gn.full_tensor()  # the global norm, identical on all ranks
+            if float(local[K]) > 0 or not math.isfinite(float(gn)):  # a NaN/inf loss or gradient on some rank
+                opt.zero_grad(set_to_none=True)
+                counts["skipped"] += 1
+                continue
+            opt.step()
+            counts["applied"] += 1
+            for k, name in enumerate(LOSS_METRICS):
+                sums[name] = sums.get(name, 0.0) + float(local[k])
+            sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(gn)
+            if a.target_kl is not None and float(local[LOSS_METRICS.index("approx_kl")]) > a.target_kl:
+                stop = True
+                break
+        counts["epochs"] += 1
+        if stop:
+            break
+    return sums, counts
+
+
+def nonfinite_metrics(samples: tuple[dict, ...]) -> dict[str, float]:
+    """`rollout/nonfinite_<field>` summed over the shards' `advantages` outputs (their "nonfinite" counts)."""
+    out: dict[str, float] = {}
+    for s in samples:
+        for k, v in (s.get("nonfinite") or {}).items():
+            out[f"rollout/nonfinite_{k}"] = out.get(f"rollout/nonfinite_{k}", 0.0) + float(v)
+    return out
+
+
+def run_update(cfg: Config, policy: torch.nn.Module, opt: torch.optim.Optimizer, data: dict, *, version: int,
+               behaviour: int, plan, rank: int = 0, world: int = 1, all_reduce=_no_reduce) -> dict[str, float]:
+    """One PPO/GRPO update of `policy` on a flattened batch `data` (on the policy's device): THE loop for one rank
+    (world=1) and for every rank of a process group (`all_reduce` = torch.distributed.all_reduce).
+
+    version: the weight version the update starts from (critic warm-up: version < algorithm.critic_warmup_steps;
+        the seeds of the module docstring's randomness rule). behaviour: the oldest version the samples were
+        rolled out with; < version recomputes the proximal log-probs (decoupled PPO).
+
+    Returns train/* metrics: LOSS_METRICS and grad_norm (means over applied steps; NaN when none), epochs_run,
+    minibatch_updates (applied steps), skipped_updates (non-finite loss or gradient), empty_minibatches,
+    critic_only, lr, behaviour_logprob_mean, proximal_logprob_mean.
+    """
+    import warnings
+
+    a = cfg.algorithm
+    instr = instruction(cfg)
+    device = data["obs"].device
+    with update_rng(cfg, version, rank, device), warnings.catch_warnings():
+        # FSDP2: evaluate() returns views (values.squeeze); none is edited in place
+        warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
+        prep = prepare_update(cfg, data)
+        # critic warm-up (PPO): the first `critic_warmup_steps` updates train the value head only
+        prep["critic_only"] = prep["critic"] and int(version) < a.critic_warmup_steps
+        policy.train()
+        if behaviour < int(version):
+            prep["prox_lp"] = proximal_logprobs(cfg, policy, data, prep, instr)
+        lp_stats = {"train/behaviour_logprob_mean": float(masked_mean(prep["old_lp"], prep["lp_mask"])),
+                    "train/proximal_logprob_mean": float(masked_mean(
+                        prep["old_lp"] if prep.get("prox_lp") is None else prep["prox_lp"], prep["lp_mask"]))}
+        gen = torch.Generator().manual_seed(permutation_seed(cfg, version))
+        try:
+            sums, counts = update_epochs(cfg, policy, opt, data, prep, instr, plan, gen, rank=rank, world=world,
+                                         all_reduce=all_reduce)
+        finally:
+            policy.eval()
+    n = counts["applied"]
+    metrics = {f"train/{k}": (sums[k] / n if n else math.nan) for k in (*LOSS_METRICS, "grad_norm")}
+    metrics.update({"train/epochs_run": float(counts["epochs"]), "train/minibatch_updates": float(n),
+                    "train/skipped_updates": float(counts["skipped"]),
+                    "train/empty_minibatches": float(counts["empty"]),
+                    "train/critic_only": float(prep["critic_only"]), "train/lr": opt.param_groups[0]["lr"],
+                    **lp_stats})
+    return metrics
+
+
+def one_rank_plan(cfg: Config, N: int):
+    """The batch plan of the one-rank update: num_minibatches optimizer steps of N // num_minibatches samples per
+    epoch, no gradient accumulation (tasks.distributed.check_batch_sizes)."""
+    from tasks.distributed import check_batch_sizes
+    nm = cfg.algorithm.num_minibatches
+    G = max(N // nm, 1)
+    return check_batch_sizes(G * min(nm, N // G), 1, G, G)  # N % num_minibatches samples are never drawn, as before
+
+
 def actor_update(cfg: Config, run_id: str, weights: dict, *samples: dict) -> dict:
-    """PPO update on the samples of every shard; returns new versioned weights and metrics.
+    """PPO update on the samples of every shard; returns new versioned weights and metrics (`run_update`: the
+    same loop as the multi-rank update, as a world of one).
 
     `weights` are the actor's current weights (version v): the rollout's own with synchronous steps, the previous
     update's output with `runner.max_staleness` > 0. If the resident actor is missing (a fresh worker after a
@@ -322,10 +754,10 @@ def actor_update(cfg: Config, run_id: str, weights: dict, *samples: dict) -> dic
     When the samples were rolled out with an older version than v (their `weight_version`), the proximal
     log-probs are recomputed under the current weights before the first minibatch and the decoupled PPO loss is
     used; otherwise proximal = behaviour and the loss is plain PPO (bit-identical to synchronous steps).
-    Logged: `train/behaviour_logprob_mean`, `train/proximal_logprob_mean` (masked means).
+    Logged: `train/behaviour_logprob_mean`, `train/proximal_logprob_mean` (masked means), the counts of the
+    module docstring (`train/skipped_updates`, `train/empty_minibatches`, `rollout/nonfinite_*`).
     """
     t0 = time.perf_counter()
-    a = cfg.algorithm
     data = _flatten(samples)
     N, D = data["actions"].shape[0], data["actions"].shape[-1]
     rebuilt = 0.0
@@ -340,47 +772,11 @@ def actor_update(cfg: Config, run_id: str, weights: dict, *samples: dict) -> dic
     if created:
         rebuilt = 1.0
     data = to_actor_device(data, actor.policy)
-    prep = prepare_update(cfg, data)
-    # critic warm-up (PPO): the first `critic_warmup_steps` updates train the value head only
-    prep["critic_only"] = prep["critic"] and weights["version"] < cfg.algorithm.critic_warmup_steps
-    instr = instruction(cfg)
-    policy, opt = actor.policy, actor.optimizer
-    policy.train()
-    if behaviour_version(weights, samples) < int(weights["version"]):
-        prep["prox_lp"] = proximal_logprobs(cfg, policy, data, prep, instr)
-    lp_stats = {"train/behaviour_logprob_mean": float(masked_mean(prep["old_lp"], prep["lp_mask"])),
-                "train/proximal_logprob_mean": float(masked_mean(
-                    prep["old_lp"] if prep.get("prox_lp") is None else prep["prox_lp"], prep["lp_mask"]))}
-    mb = N // a.num_minibatches
-    sums: dict[str, float] = {}
-    count, epochs_run, stop = 0, 0, False
-    for _ in range(a.update_epochs):
-        perm = torch.randperm(N)
-        for i in range(a.num_minibatches):
-            idx = perm[i * mb:(i + 1) * mb]
-            with autocast(cfg.policy.dtype, data["obs"].device):
-                terms = minibatch_loss(cfg, policy, data, prep, idx, instr)
-            loss = terms["loss"]
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), a.max_grad_norm)
-            opt.step()
-            count += 1
-            for k, v in [*((k, terms[k]) for k in LOSS_METRICS), ("grad_norm", gn)]:
-                sums[k] = sums.get(k, 0.0) + float(torch.as_tensor(v).detach())
-            if a.target_kl is not None and float(terms["approx_kl"]) > a.target_kl:
-                stop = True
-                break
-        epochs_run += 1
-        if stop:
-            break
-    policy.eval()
+    metrics = run_update(cfg, actor.policy, actor.optimizer, data, version=int(weights["version"]),
+                         behaviour=behaviour_version(weights, samples), plan=one_rank_plan(cfg, N))
     actor.version = weights["version"] + 1
-    metrics = {f"train/{k}": v / max(count, 1) for k, v in sums.items()}
-    metrics.update({"train/epochs_run": float(epochs_run), "train/minibatch_updates": float(count),
-                    "train/lr": opt.param_groups[0]["lr"], "train/actor_rebuilt": rebuilt,
-                    "train/weight_version": float(actor.version), "time/update": time.perf_counter() - t0,
-                    **lp_stats})
+    metrics.update({"train/actor_rebuilt": rebuilt, "train/weight_version": float(actor.version),
+                    "time/update": time.perf_counter() - t0, **nonfinite_metrics(samples)})
     out = actor.weights()
     out["metrics"] = metrics
     return out
