@@ -398,6 +398,7 @@ class Config:
                                       f"unknown component {name.strip()!r}; known: {list(c.COMPONENTS)}")
         self._check_async()
         self._check_device()
+        check_grpo_episodes(self)
         return self
 
     def _check_device(self) -> None:
@@ -453,3 +454,27 @@ def _positive(cfg: Config, keys: list[str]) -> None:
             obj = getattr(obj, part)
         if obj < 1:
             raise ConfigError(key, obj, "must be >= 1")
+
+def check_grpo_episodes(cfg: Config) -> None:
+    """GRPO scores each env's FIRST episode of a rollout against its group, so that episode must start at the
+    rollout's first chunk step in every env (tasks.envs.shard, lifecycle modes). Offline check (no env needed).
+
+    Accepted: env.auto_reset=false (DISABLED: every rollout starts new episodes in every env; episodes still open
+    at its end are cut and consume their seeds), or auto_reset=true with episodes aligned to rollouts:
+    env.ignore_terminations=true (episodes end only at the time limit), env.max_episode_steps = k *
+    policy.num_action_chunks, and rollout.chunk_steps a multiple of k (every rollout starts at an episode start).
+
+    Raises:
+        ConfigError: key env.auto_reset (GRPO whose rollouts can start mid-episode), naming the fix.
+    """
+    e, C, T = cfg.env, cfg.policy.num_action_chunks, cfg.rollout.chunk_steps
+    if cfg.algorithm.name != "grpo" or not e.auto_reset:
+        return
+    L = e.max_episode_steps
+    if e.ignore_terminations and L is not None and L % C == 0 and T % (L // C) == 0:
+        return
+    raise ConfigError("env.auto_reset", True,
+                      "GRPO scores each env's first episode of a rollout, and with auto_reset=true a rollout can "
+                      "start mid-episode: set env.auto_reset=false (every rollout starts new episodes; open ones "
+                      "are cut), or align episodes with rollouts: env.ignore_terminations=true, env.max_episode_steps"
+                      f"=k*policy.num_action_chunks (C={C}) and rollout.chunk_steps (={T}) a multiple of k")

@@ -229,13 +229,19 @@ def env_step(cfg: Config, run_id: str, shard: int, weights: dict, num_chunk_step
     sh = get_shard(cfg, run_id, shard, cursor)
     if first:
         sh.begin_rollout()  # the shard's lifecycle mode decides what a rollout's start means
-    with sh.policy_rng(policy_device(cfg)):  # the shard's own exploration-noise stream (and the replica's init)
-        return _env_step(cfg, run_id, sh, weights, num_chunk_steps, last, t0)
+    fresh = sh.rng_fresh
+    if not fresh:  # a replica (re-)created now must not draw from the shard's restored stream
+        rep = get_replica(cfg, run_id, weights, sh.obs_dim, sh.action_dim)
+    with sh.policy_rng(policy_device(cfg)):  # the shard's own exploration-noise stream
+        if fresh:  # as the worker-global seeding of earlier versions: a first replica's init draws from it
+            rep = get_replica(cfg, run_id, weights, sh.obs_dim, sh.action_dim)
+        seg = _env_step(cfg, run_id, sh, rep, weights, num_chunk_steps, last, t0)
+    seg["cursor"] = sh.state_dict()  # after the RNG block: it holds the stream's state after this segment
+    return seg
 
 
-def _env_step(cfg: Config, run_id: str, sh: EnvShard, weights: dict, num_chunk_steps: int, last: bool,
-              t0: float) -> dict:
-    rep = get_replica(cfg, run_id, weights, sh.obs_dim, sh.action_dim)
+def _env_step(cfg: Config, run_id: str, sh: EnvShard, rep: Replica, weights: dict, num_chunk_steps: int,
+              last: bool, t0: float) -> dict:
     sync = rep.last_sync
     instr = sh.instruction or instruction(cfg)
     V = num_values(cfg)
@@ -265,7 +271,7 @@ def _env_step(cfg: Config, run_id: str, sh: EnvShard, weights: dict, num_chunk_s
     if last and cfg.algorithm.offload:
         rep.offload()
     seg = {k: np.stack(v) for k, v in steps.items()}
-    seg.update(bootstrap_values=bootstrap, episodes=episodes, cursor=sh.state_dict(),
+    seg.update(bootstrap_values=bootstrap, episodes=episodes,
                timing={"env": t_env, "infer": t_inf, "total": time.perf_counter() - t0},
                weight_version=int(weights["version"]), weight_sync=sync, offload_s=rep.take_moved())
     return seg

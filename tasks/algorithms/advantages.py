@@ -188,14 +188,17 @@ def to_action_level(
         values: [T+1, B, C] float, per-action values; the bootstrap row is ``values[T, :, 0]``.
         terminated, truncated: [T, B] bool, per chunk step.
         final_values: [T, B] float, V(final_obs) for truncated chunk steps.
-        step_mask: [T, B, C] bool, actions actually executed; must be a non-empty prefix per chunk
-            (True...True False...False).
+        step_mask: [T, B, C] bool, actions actually executed; must be a prefix per chunk
+            (True...True False...False). An empty chunk (no action executed: an idle env without
+            auto_reset, tasks.envs.shard) must carry no done flag; its positions get reward 0, no done,
+            and advantages that the loss mask drops (the recursion never crosses the done before them).
 
     Returns:
         dict with rewards [T*C, B], values [T*C+1, B], terminated [T*C, B], truncated [T*C, B],
         final_values [T*C, B], ready for ``gae``.
     Raises:
-        ValueError on shape/dtype mismatch or a step_mask that is empty or not a prefix.
+        ValueError on shape/dtype mismatch, a step_mask that is not a prefix, or a done flag on a chunk
+        step that executed no action.
     """
     _check_float("rewards", rewards)
     _check_float("values", values)
@@ -212,8 +215,9 @@ def to_action_level(
     _check_shape("step_mask", step_mask, (T, B, C))
 
     n_exec = step_mask.sum(dim=-1)  # [T, B] number of executed actions per chunk
-    if bool((n_exec == 0).any()):
-        raise ValueError("step_mask has a chunk with no executed action; every chunk step executes >= 1")
+    if bool(((n_exec == 0) & (terminated | truncated)).any()):
+        raise ValueError("step_mask has a chunk with no executed action but a done flag; an episode ends at "
+                         "an executed action")
     positions = torch.arange(C, device=step_mask.device)  # [C]
     prefix = positions.view(1, 1, C) < n_exec.unsqueeze(-1)  # [T, B, C]
     if not torch.equal(prefix, step_mask):

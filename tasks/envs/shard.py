@@ -184,6 +184,7 @@ class EnvShard:
         self.chunk_steps = 0  # chunk steps over the shard's life (restored by load_state_dict)
         self.rollout_step = 0  # chunk steps since the last begin_rollout
         self.rng_state: dict | None = None  # torch RNG state of the policy calls (policy_rng); None: the global one
+        self.rng_fresh = False  # seeded by seed_rng and not drawn from yet
 
     # ----- episodes -----
     def _episode_id(self, b: int) -> int:
@@ -287,7 +288,7 @@ class EnvShard:
         self.chunk_steps = int(part.get("chunk_steps", 0))
         self.rollout_step = 0
         if part.get("rng") is not None:
-            self.rng_state = _rng_from_lists(part["rng"])
+            self.rng_state, self.rng_fresh = _rng_from_lists(part["rng"]), False
         if "seed" not in cursor or not part.get("started", False):
             self.needs_reset = True
             return
@@ -320,6 +321,7 @@ class EnvShard:
         with torch.random.fork_rng(devices=devs):
             torch.manual_seed(seed)
             self.rng_state = _get_rng(devs)
+        self.rng_fresh = True
 
     @contextmanager
     def policy_rng(self, device=None):
@@ -336,7 +338,7 @@ class EnvShard:
             try:
                 yield
             finally:
-                self.rng_state = _get_rng(devs)
+                self.rng_state, self.rng_fresh = _get_rng(devs), False
 
     # ----- stepping -----
     def _begin_chunk(self, actions: np.ndarray):

@@ -225,6 +225,7 @@ def test_action_level_done_placed_at_last_executed_action():
 def test_action_level_rejects_bad_step_mask(bad_mask):
     ro = _chunk_rollout(1, 1, 3, seed=0)
     ro["step_mask"] = torch.tensor([[bad_mask]])
+    ro["terminated"][0, 0] = True  # an empty chunk (an idle env) is fine, one that ends an episode is not
     with pytest.raises(ValueError, match="step_mask"):
         to_action_level(**ro)
 
