@@ -121,6 +121,9 @@ class AlgorithmConfig:
     num_actor_ranks: int = 1  # actor_update ranks (one torch.distributed process group, FSDP2)
     offload: bool = False  # move the actor (model + optimizer state) to CPU memory after each update and back
     # before the next, and rollout replicas off their device during the update (tasks.offload; a no-op on CPU)
+    # ----- non-finite values reaching the advantages (tasks.update docstring; owner: the update) -----
+    nonfinite: str = "error"  # error: a NaN/inf in a rollout field the update reads stops the step with one line
+    # naming field, shard, env, chunk step; mask: those samples leave the loss mask, counted as rollout/nonfinite_*
 
 
 @dataclass
@@ -399,7 +402,15 @@ class Config:
         self._check_async()
         self._check_device()
         check_grpo_episodes(self)
+        self._check_nonfinite()
         return self
+
+    def _check_nonfinite(self) -> None:
+        """algorithm.nonfinite (read by tasks.update.advantages)."""
+        if self.algorithm.nonfinite not in ("error", "mask"):
+            raise ConfigError("algorithm.nonfinite", self.algorithm.nonfinite,
+                              "use 'error' (stop at a NaN/inf, naming where) or 'mask' (drop those samples from the "
+                              "loss and count them as rollout/nonfinite_*)")
 
     def _check_device(self) -> None:
         """policy.device / policy.dtype and algorithm.offload (env.sim_backend: the env adapter's check_config)."""
