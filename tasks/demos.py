@@ -188,8 +188,16 @@ def sft_load(cfg: Config, seed: int, num_batches: int) -> list[dict[str, np.ndar
 
 def sft_update(cfg: Config, run_id: str, weights: dict, *batch_lists: list[dict]) -> dict:
     """Behaviour-cloning gradient steps on the resident actor (`policy.sft_loss`), one per minibatch; returns
-    new versioned weights and metrics (train/sft_loss, train/grad_norm)."""
-    from tasks.update import Actor, _build_actor, split_critic
+    new versioned weights and metrics (train/sft_loss, train/grad_norm: means over the applied steps, NaN if none).
+
+    As the PPO update (tasks.update): a step whose loss or gradient norm is non-finite is skipped (no optimizer
+    step: parameters and optimizer state unchanged), counted in `train/skipped_updates`; the torch draws of the
+    loss (e.g. the flow VLA's noise and time samples) come from generators forked and seeded with
+    `update_seed(cfg, version, 0)` (`tasks.update.update_rng`), so a resumed run draws what the uninterrupted one
+    did and the process's own streams are untouched."""
+    import math
+
+    from tasks.update import Actor, _build_actor, split_critic, update_rng
     t0 = time.perf_counter()
     batches = [b for bl in batch_lists for b in bl]
 
@@ -205,40 +213,52 @@ def sft_update(cfg: Config, run_id: str, weights: dict, *batch_lists: list[dict]
     policy.train()
     instr = instruction(cfg)
     losses, norms, vlosses = [], [], []
-    for b in batches:
-        obs = policy_obs(policy, b["obs"], b["rgb"] if "rgb" in b and cfg.env.obs_mode == "rgb" else None, instr)
-        obs, actions = to_device(obs, dev), torch.from_numpy(b["actions"]).to(dev)
-        if "returns" in b:  # value warm start: BC on the selected samples, value regression on all
-            bc = torch.from_numpy(b["bc"]).to(dev)
-            with autocast(cfg.policy.dtype, dev):
-                loss = policy.sft_loss({k: v[bc] for k, v in obs.items()}, actions[bc]) \
-                    if bc.any() and cfg.sft.bc_coef > 0 else torch.zeros((), device=dev)
-                values = policy.values(obs).reshape(-1).float()
-            vloss = ((values - torch.from_numpy(b["returns"]).to(dev)) ** 2).mean()
-            vlosses.append(float(vloss.detach()))
-            losses.append(float(loss.detach()))
-            loss = cfg.sft.bc_coef * loss + cfg.sft.value_coef * vloss
-        else:
-            with autocast(cfg.policy.dtype, dev):
-                loss = policy.sft_loss(obs, actions)
-            losses.append(float(loss.detach()))
-            loss = cfg.sft.bc_coef * loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if "returns" in b:  # the value head is clipped on its own: its loss must not shrink the BC step
-            params, critic = split_critic(policy)
-            torch.nn.utils.clip_grad_norm_(critic, cfg.algorithm.max_grad_norm)
-        else:
-            params = list(policy.parameters())
-        norms.append(float(torch.nn.utils.clip_grad_norm_(params, cfg.algorithm.max_grad_norm)))
-        opt.step()
+    skipped = 0
+    with update_rng(cfg, int(weights["version"]), 0, dev):  # the loss's draws: a function of (seed, version)
+        for b in batches:
+            obs = policy_obs(policy, b["obs"], b["rgb"] if "rgb" in b and cfg.env.obs_mode == "rgb" else None, instr)
+            obs, actions = to_device(obs, dev), torch.from_numpy(b["actions"]).to(dev)
+            if "returns" in b:  # value warm start: BC on the selected samples, value regression on all
+                bc = torch.from_numpy(b["bc"]).to(dev)
+                with autocast(cfg.policy.dtype, dev):
+                    loss = policy.sft_loss({k: v[bc] for k, v in obs.items()}, actions[bc]) \
+                        if bc.any() and cfg.sft.bc_coef > 0 else torch.zeros((), device=dev)
+                    values = policy.values(obs).reshape(-1).float()
+                vloss = ((values - torch.from_numpy(b["returns"]).to(dev)) ** 2).mean()
+                terms = (float(loss.detach()), float(vloss.detach()))
+                loss = cfg.sft.bc_coef * loss + cfg.sft.value_coef * vloss
+            else:
+                with autocast(cfg.policy.dtype, dev):
+                    loss = policy.sft_loss(obs, actions)
+                terms = (float(loss.detach()), None)
+                loss = cfg.sft.bc_coef * loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            cnorm = 0.0
+            if "returns" in b:  # the value head is clipped on its own: its loss must not shrink the BC step
+                params, critic = split_critic(policy)
+                cnorm = float(torch.nn.utils.clip_grad_norm_(critic, cfg.algorithm.max_grad_norm))
+            else:
+                params = list(policy.parameters())
+            norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.algorithm.max_grad_norm))
+            if not all(math.isfinite(x) for x in (float(loss.detach()), norm, cnorm)):  # never applied
+                opt.zero_grad(set_to_none=True)
+                skipped += 1
+                continue
+            opt.step()
+            losses.append(terms[0])
+            norms.append(norm)
+            if terms[1] is not None:
+                vlosses.append(terms[1])
     policy.eval()
     actor.version = weights["version"] + 1
     out = actor.weights()
-    out["metrics"] = {"train/sft_loss": float(np.mean(losses)), "train/grad_norm": float(np.mean(norms)),
-                      "train/minibatch_updates": float(len(batches)), "train/weight_version": float(actor.version),
+    mean = (lambda xs: float(np.mean(xs)) if xs else math.nan)
+    out["metrics"] = {"train/sft_loss": mean(losses), "train/grad_norm": mean(norms),
+                      "train/minibatch_updates": float(len(batches) - skipped),
+                      "train/skipped_updates": float(skipped), "train/weight_version": float(actor.version),
                       "train/actor_rebuilt": float(created), "train/lr": opt.param_groups[0]["lr"],
                       "time/update": time.perf_counter() - t0}
-    if vlosses:
-        out["metrics"]["train/critic_loss"] = float(np.mean(vlosses))
+    if vlosses or (skipped and "returns" in batches[0]):
+        out["metrics"]["train/critic_loss"] = mean(vlosses)
     return out
