@@ -199,23 +199,89 @@ def num_devices(cfg: Config, cuda_count: int | None = None) -> tuple[int | None,
     return c.num_gpu_workers, f"cluster.num_gpu_workers={c.num_gpu_workers}, no CUDA device"
 
 
-def check_placement(cfg: Config, cuda_count: int | None = None) -> ComponentPlacement | None:
-    """Offline: parse `cluster.component_placement` against the devices the config implies (`num_devices`).
+def check_placement(cfg: Config, cuda_count: int | None = None, command: str = "run") -> ComponentPlacement | None:
+    """Offline: parse `cluster.component_placement` against the devices the config implies (`num_devices`), and
+    refuse placement entries that would do nothing (`check_placement_effect`; `command`: "run" or "record").
 
     Returns None for a remote cluster of unknown size (`cluster.num_gpus` null): then only the syntax is checked
-    here and the numbers by `plan_placement` once connected. Raises ConfigError with the numbers.
+    here and the numbers by `plan_placement` once connected. Raises ConfigError with the numbers; PlacementError
+    for `cluster.num_gpus` above the machine's CUDA devices (embedded cluster).
     """
     c = cfg.cluster
+    if not c.address and c.num_gpus is not None:
+        cuda = _cuda_device_count() if cuda_count is None else cuda_count
+        if cuda and c.num_gpus > cuda:
+            raise PlacementError("cluster.num_gpus", c.num_gpus, f"this machine has {cuda} CUDA device"
+                                                                 f"{'s' if cuda != 1 else ''}; use at most {cuda}, "
+                                                                 "or null for all of them")
     n, source = num_devices(cfg, cuda_count)
     if n is None:
-        for k, v in _entries(c.component_placement).values():
-            parse_devices(k, v, None)
+        devices = {comp: parse_devices(k, v, None) for comp, (k, v) in _entries(c.component_placement).items()}
+        check_placement_effect(cfg, devices, command)
         return None
     cp = parse_component_placement(c.component_placement, n, source)
     check_actor_ranks(cfg, cp, source)
     if not c.address:  # the embedded cluster: env worker j serves device j % n (`_env_devices` on one host)
         _check_env_served(c.component_placement, cp, [j % n for j in range(c.num_env_workers)])
+    check_placement_effect(cfg, cp.devices, command)
     return cp
+
+
+def check_placement_effect(cfg: Config, devices: dict[str, tuple[int, ...] | None], command: str = "run") -> None:
+    """Refuse a `cluster.component_placement` entry that would do nothing. Only entries given (non-empty) count;
+    `devices`: component -> device indices (None: "all" on a cluster of unknown size).
+
+    * actor on more devices than `algorithm.num_actor_ranks` (rank r runs on the actor's r-th device: the others
+      would idle);
+    * rollout with `rollout.inference=colocated`: inference runs inside the env_step nodes on the env workers, so
+      rollout must be placed with env (in the same entry, e.g. {"actor,env,rollout": all}, or on the same devices
+      as a given env entry); set `rollout.inference=disaggregated` for policy_infer nodes on rollout's devices;
+    * rollout with `rollout.inference=disaggregated` on more devices than `rollout.pipeline_stage_num` (stage j's
+      policy_infer nodes run on rollout device j mod n; more devices than stages would idle);
+    * actor or rollout for `pipelines.record` (the teacher runs inside the env shards' record nodes), rollout for
+      `algorithm.name=sft` (no rollouts), unless given in one entry with env.
+
+    Raises:
+        PlacementError: naming the entry's key, its value, why and the fix.
+    """
+    entries = _entries(cfg.cluster.component_placement)
+
+    def with_env(comp: str) -> bool:
+        return "env" in (n.strip() for n in entries[comp][0].rsplit(".", 1)[-1].split(","))
+
+    def refuse(comp: str, why: str):
+        key, value = entries[comp]
+        raise PlacementError(key, value, why)
+
+    a, r = cfg.algorithm, cfg.rollout
+    if command == "record":
+        for comp in ("actor", "rollout"):
+            if comp in entries and not with_env(comp):
+                refuse(comp, "pipelines.record runs the teacher inside the env shards' record nodes (env workers): "
+                             f"a {comp} placement does nothing there; drop it")
+        return
+    if "actor" in entries and devices.get("actor") is not None and len(devices["actor"]) > a.num_actor_ranks:
+        n = len(devices["actor"])
+        refuse("actor", f"places the actor on {n} devices, algorithm.num_actor_ranks={a.num_actor_ranks} uses "
+                        f"{a.num_actor_ranks} (rank r on the r-th): set algorithm.num_actor_ranks={n} or place the "
+                        f"actor on {a.num_actor_ranks} device{'s' if a.num_actor_ranks != 1 else ''}")
+    if "rollout" not in entries or with_env("rollout"):
+        return
+    if a.name == "sft":
+        refuse("rollout", "algorithm.name=sft rolls nothing out: drop the rollout placement")
+    if r.inference == "colocated":
+        if "env" in entries and devices.get("env") == devices.get("rollout"):
+            return
+        refuse("rollout", "with rollout.inference=colocated inference runs inside the env_step nodes on the env "
+                          "workers, so a rollout placement apart from env does nothing: set "
+                          "rollout.inference=disaggregated (policy_infer nodes on rollout's devices) or place rollout "
+                          "with env ('+cluster.component_placement={env\\,rollout: all}')")
+    p, devs = r.pipeline_stage_num, devices.get("rollout")
+    if devs is not None and len(devs) > p:
+        refuse("rollout", f"places rollout on {len(devs)} devices; with rollout.pipeline_stage_num={p} the "
+                          f"policy_infer nodes of stage j run on rollout device j mod {len(devs)}, so "
+                          f"{len(devs) - p} would idle: place rollout on <= {p} devices or set "
+                          f"rollout.pipeline_stage_num={len(devs)} (or a multiple)")
 
 
 def check_actor_ranks(cfg: Config, cp: ComponentPlacement, source: str = "") -> None:
@@ -287,12 +353,8 @@ def gpu_worker_specs(cfg: Config, cuda_count: int) -> list[tuple[str, int | None
         PlacementError: `cluster.num_gpus` above the machine's CUDA devices, or a placement the devices cannot hold
         (checked here so that no worker starts for a run that cannot be placed).
     """
-    n, source = num_devices(cfg, cuda_count)
-    if cuda_count and n > cuda_count:
-        raise PlacementError("cluster.num_gpus", n, f"this machine has {cuda_count} CUDA device"
-                                                    f"{'s' if cuda_count != 1 else ''}; use at most {cuda_count}, "
-                                                    "or null for all of them")
-    check_placement(cfg, cuda_count)
+    n, _ = num_devices(cfg, cuda_count)
+    check_placement(cfg, cuda_count)  # also: cluster.num_gpus above the machine's CUDA devices
     return [(f"gpu-{i}", i if cuda_count else None) for i in range(n)]
 
 
@@ -496,3 +558,55 @@ def cluster_rss_bytes() -> int:
         except psutil.Error:
             pass
     return total
+
+
+# ----- worker health (pipelines.recovery's watch) -----
+
+def _health_on_scheduler(addrs: list[str], dask_scheduler=None) -> dict:
+    """Runs on the scheduler: see `worker_health`."""
+    from distributed.metrics import time as now
+    t = now()
+    out = {}
+    for a in addrs:
+        ws = dask_scheduler.workers.get(a)
+        if ws is None:
+            continue
+        out[a] = {"name": str(ws.name), "status": ws.status.name, "memory": int(ws.memory.process),
+                  "memory_limit": ws.memory_limit or None, "silent_s": float(t - ws.last_seen),
+                  "executing": {str(ts.key): float(d) for ts, d in ws.executing.items()},
+                  "processing": len(ws.processing)}
+    return out
+
+
+def worker_health(client, addrs: list[str]) -> dict[str, dict]:
+    """The scheduler's view of the workers at `addrs` (absent ones are left out), in one query.
+
+    Returns: address -> {"name", "status" ("running" | "paused" | ...), "memory" (process bytes, int),
+    "memory_limit" (bytes or None), "silent_s" (seconds since the worker's last heartbeat), "executing"
+    ({key: seconds it has been executing}), "processing" (tasks assigned to it)}.
+    """
+    return client.run_on_scheduler(_health_on_scheduler, list(addrs))
+
+
+def _pause_fraction(dask_worker):
+    """Runs on a worker: its memory pause fraction (False: never pauses)."""
+    return dask_worker.memory_manager.memory_pause_fraction
+
+
+def pause_fraction(client, addr: str, timeout: float = 10.0):
+    """The memory pause fraction of the worker at `addr` (a paused worker still answers), or None if it does
+    not answer within `timeout` seconds."""
+    import threading
+    box: dict = {}
+
+    def ask():
+        try:
+            box["out"] = client.run(_pause_fraction, workers=[addr], on_error="return")[addr]
+        except Exception:  # noqa: BLE001 - unknown
+            pass
+
+    t = threading.Thread(target=ask, daemon=True, name="dagrl-pause-fraction")
+    t.start()
+    t.join(timeout)
+    out = box.get("out")
+    return out if isinstance(out, (int, float)) else None

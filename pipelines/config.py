@@ -1,9 +1,26 @@
 """Compose the Hydra config for `conf=NAME key=value ...`, map it onto `tasks.config.Config`, validate once.
 
 Everything a user can get wrong in a config surfaces here, before any worker starts, as `ConfigError` with one
-line naming the key, the value and the fix: unknown keys and wrong types (from the structured schema), impossible
-combinations (`Config.validate`), an env task the simulator does not have or that needs downloads, a missing
-Vulkan driver for ManiSkill.
+line naming the key, the value and the fix: overrides Hydra cannot parse (a comma in a value, a dict key with
+commas: the error gives the quoting that works), unknown keys and wrong types (from the structured schema),
+impossible combinations (`Config.validate`), an env task the simulator does not have or that needs downloads, a
+missing Vulkan driver for ManiSkill, a placement the devices cannot hold, the command's own checks
+(`check_command`), and keys that were set but do nothing (`check_given`).
+
+One call path: `load_config(overrides, command=...)` is what `pipelines.run`, `pipelines.validate` and
+`pipelines.record` call; nothing they check at start is checked anywhere else.
+
+Keys that do nothing. A key is SET when it is given on the command line or written in the experiment file
+(conf/conf/NAME.yaml; the default experiment's when `conf=` is not given); schema defaults are never "set". A set
+key that does nothing for the chosen algorithm, policy, env, placement or command (`tasks.config.inert_keys`) is
+refused:
+  * given on the command line: an error (`error: key=value: why; fix`);
+  * written in the experiment file and doing nothing for that experiment as written: an error naming the file (the
+    shipped experiments are checked by tests/pipelines/test_config.py);
+  * written in the experiment file but switched off by a command-line override (e.g. the experiment's
+    `rollout.chunk_steps_per_node` with `rollout.inference=disaggregated`, or its local-cluster keys with
+    `cluster.address`): one `note:` line on stderr naming the key, the file and why. Hydra cannot delete a
+    structured key from the command line (`~key` fails), so an error here would force copying the experiment.
 """
 from __future__ import annotations
 
@@ -28,13 +45,15 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
     """Compose conf/config.yaml with command-line overrides (`conf=NAME`, `a.b=value`, `+new=...`).
 
     Raises:
-        ConfigError: unknown key, wrong type, unknown `conf` name, or an override Hydra cannot parse.
+        ConfigError: unknown key, wrong type, unknown `conf` name, or an override Hydra cannot parse (named, with
+            the quoting that works: `parse_overrides`).
     """
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    parse_overrides(overrides)
     register_schema()
     GlobalHydra.instance().clear()
     try:
@@ -42,6 +61,70 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
             return hydra_compose(config_name="config", overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as exc:
         raise _config_error(exc, overrides) from None
+
+
+# How values with commas, lists and dicts are written on the command line (Hydra's override grammar; tested in
+# tests/pipelines/test_config.py). An unquoted comma makes a sweep (several runs), which dagrl refuses.
+QUOTING = ("a value with commas is a quoted string: key='\"0,1\"' (the shell passes key=\"0,1\" to Hydra), "
+           "a list is [a,b], a dict is {k: v} with commas inside its keys escaped ({actor\\,env: all}), and a "
+           "new dict key needs a leading + (+policy.sizes.patch_size=4)")
+
+
+def parse_overrides(overrides: Sequence[str]) -> list:
+    """Parse each override with Hydra's grammar. Returns Hydra `Override` objects.
+
+    Raises:
+        ConfigError: naming the override's key: a value with an unquoted comma (a Hydra sweep; the fix quotes it as
+            the key's type needs), or an override the grammar cannot read (with the forms that work).
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    parser = OverridesParser.create()
+    out = []
+    for o in overrides:
+        key, _, value = o.lstrip("+~").partition("=")
+        try:
+            ov = parser.parse_override(o)
+        except HydraException:
+            raise _grammar_error(key, value) from None
+        if ov.is_sweep_override():
+            raise ConfigError(key, value, _comma_fix(key, value))
+        out.append(ov)
+    return out
+
+
+def _schema_default(key: str):
+    """The schema default at `key` (a dict entry's parent dict when the entry is new), or None if unknown."""
+    from tasks.config import config_value
+    try:
+        return config_value(Config(), key)
+    except KeyError:
+        return None
+
+
+def _comma_fix(key: str, value: str) -> str:
+    default = _schema_default(key)
+    if isinstance(default, list):
+        return f"Hydra reads unbracketed commas as a sweep of runs; write the list in brackets: {key}=[{value}]"
+    if isinstance(default, dict):
+        return (f"Hydra reads unbracketed commas as a sweep of runs; write the dict in braces: "
+                f"{key}='{{k: v, ...}}'")
+    return (f"Hydra reads an unquoted comma as a sweep of runs; quote the value: {key}='\"{value}\"' "
+            f"(in the shell: single quotes around double quotes) or escape the commas: {key}='{value.replace(',', chr(92) + ',')}'")
+
+
+def _grammar_error(key: str, value: str) -> ConfigError:
+    if "," in key:  # a dict key with commas (cluster.component_placement's "actor,env,rollout")
+        parts = key.split(".")
+        i = next(j for j, s in enumerate(parts) if "," in s)
+        parent, name = ".".join(parts[:i]), ".".join(parts[i:])
+        esc = name.replace(",", "\\,")
+        return ConfigError(key, value, f"a key with commas cannot be written as a dotted key; give it inside a dict "
+                                       f"value: '+{parent}={{{esc}: {value}}}'")
+    if value.lstrip().startswith("{") and ("'" in value or '"' in value):
+        return ConfigError(key, value, "Hydra's dict keys are unquoted; escape commas inside them instead: e.g. "
+                                       "'+cluster.component_placement={actor\\,env\\,rollout: all}'")
+    return ConfigError(key or "override", value, f"Hydra cannot parse this override; {QUOTING}")
 
 
 def _config_error(exc: Exception, overrides: Sequence[str]) -> ConfigError:
@@ -58,6 +141,12 @@ def _config_error(exc: Exception, overrides: Sequence[str]) -> ConfigError:
 
 def _from_omegaconf(key, value, detail: str) -> ConfigError:
     if "not in" in detail or "Could not override" in detail:
+        parent = key.rsplit(".", 1)[0] if key and "." in key else None
+        if parent is not None and isinstance(_schema_default(parent), dict):
+            name = key.rsplit(".", 1)[1]
+            form = (f"+{parent}={{{name.replace(',', chr(92) + ',')}: VALUE}}" if "," in name
+                    else f"+{key}=VALUE, or +{parent}={{{name}: VALUE}}")
+            return ConfigError(key, value, f"a new key of the dict {parent}: add it with a leading + ({form})")
         return ConfigError(key or "config", value,
                            "unknown key (a typo?); `python -m pipelines.validate --show` prints every key")
     if "could not be converted" in detail or "is not a valid" in detail or "Unsupported value type" in detail:
@@ -66,15 +155,20 @@ def _from_omegaconf(key, value, detail: str) -> ConfigError:
 
 
 def _value_for(key, overrides: Sequence[str]):
+    """The command-line value of `key`, or of the override that set a section above it (a dict value)."""
+    best = None
     for o in overrides:
         k, _, v = o.lstrip("+~").partition("=")
         if key and k == key:
             return v
-    return None
+        if key and key.startswith(k + "."):
+            best = v
+    return best
 
 
-def to_config(dcfg: DictConfig) -> Config:
-    """DictConfig (already typed by the schema) -> validated `Config` dataclass. Raises ConfigError."""
+def to_config(dcfg: DictConfig, *, validate: bool = True) -> Config:
+    """DictConfig (already typed by the schema) -> `Config` dataclass, validated unless `validate=False`.
+    Raises ConfigError."""
     from omegaconf.errors import OmegaConfBaseException
     try:
         # merging a plain container re-checks every key against the schema (also keys added with `+key=`)
@@ -83,7 +177,7 @@ def to_config(dcfg: DictConfig) -> Config:
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None)
         raise _from_omegaconf(key, OmegaConf.select(dcfg, key) if key else None, str(exc).splitlines()[0]) from None
-    return cfg.validate()
+    return cfg.validate() if validate else cfg
 
 
 def check_components(cfg: Config) -> None:
@@ -157,12 +251,127 @@ def check_sft_store(cfg: Config) -> None:
                                                       f"sft.only_success=false") from None
 
 
-def load_config(overrides: Sequence[str] = (), *, components: bool = True) -> tuple[Config, DictConfig]:
-    """Compose, type, validate. Returns (Config, the resolved DictConfig for saving/logging)."""
+COMMAND_LINE = "the command line"
+
+
+def experiment_name(overrides: Sequence[str] = ()) -> str:
+    """The experiment file `conf=NAME` selects (the last one given), else conf/config.yaml's default."""
+    for o in reversed(list(overrides)):
+        k, _, v = o.lstrip("+").partition("=")
+        if k == "conf":
+            return v
+    defaults = OmegaConf.load(CONF_DIR / "config.yaml").get("defaults", [])
+    return next(d["conf"] for d in defaults if isinstance(d, (dict, DictConfig)) and "conf" in d)
+
+
+def _leaves(value, prefix: str) -> list[str]:
+    """Dotted keys of the leaves of a (nested) dict value under `prefix`; a list or scalar is one leaf."""
+    if isinstance(value, (dict, DictConfig)) and len(value):
+        return [k for name, v in value.items() for k in _leaves(v, f"{prefix}.{name}" if prefix else str(name))]
+    return [prefix]
+
+
+def given_keys(overrides: Sequence[str] = ()) -> dict[str, str]:
+    """Every key SET for this composition -> where: "the command line" or "conf/conf/NAME.yaml".
+
+    Command-line keys win over the experiment file's. A dict value counts as its leaf keys (`+a={b: 1}` sets
+    `a.b`); `conf=` itself is not a key. Raises ConfigError for an override Hydra cannot parse.
+    """
+    name = experiment_name(overrides)
+    out: dict[str, str] = {}
+    path = CONF_DIR / "conf" / f"{name}.yaml"
+    if path.is_file():
+        out.update({k: f"conf/conf/{name}.yaml" for k in _leaves(OmegaConf.load(path), "")})
+    for ov in parse_overrides(overrides):
+        if ov.key_or_group == "conf" or ov.is_delete():
+            continue
+        out.update({k: COMMAND_LINE for k in _leaves(ov.value(), ov.key_or_group)})
+    return out
+
+
+def check_given(cfg: Config, overrides: Sequence[str] = (), command: str = "run", cuda_count: int = 0,
+                notes: list[str] | None = None) -> None:
+    """Refuse a SET key that does nothing (`tasks.config.inert_keys`; the rules: this module's docstring).
+
+    `notes` receives one line per experiment-file key that a command-line override switched off (printed to
+    stderr when `notes` is None).
+
+    Raises:
+        ConfigError: naming the key, its value, where it was set, why it does nothing and the fix.
+    """
+    import sys
+    from tasks.config import config_value, inert_keys, inert_reason
+    given = given_keys(overrides)
+    inert = inert_keys(cfg, command, cuda_count)
+    file_inert = None
+    for key, where in given.items():
+        why = inert_reason(key, inert)
+        if why is None:
+            continue
+        try:
+            value = config_value(cfg, key)
+        except KeyError:
+            value = None
+        if where == COMMAND_LINE:
+            raise ConfigError(key, value, why)
+        if file_inert is None:  # the experiment as its file writes it, without the command line
+            name = experiment_name(overrides)
+            file_inert = inert_keys(to_config(compose([f"conf={name}"]), validate=False), command,
+                                    cuda_count)
+        if inert_reason(key, file_inert) is not None:
+            raise ConfigError(key, value, f"(set in {where}) {why}")
+        line = f"note: {key}={value!r} (set in {where}) does nothing with the command line's overrides: {why}"
+        if notes is None:
+            print(line, file=sys.stderr)
+        else:
+            notes.append(line)
+
+
+def check_command(cfg: Config, command: str = "run", *, require_teacher: bool = True) -> None:
+    """The checks of one command that need no cluster (run: the config trains something; record: the teacher,
+    the output path, `pipelines.record.check_record`). Raises ConfigError."""
+    if command == "run":
+        if cfg.env.obs_mode == "rgb" and cfg.policy.name == "mlp":
+            raise ConfigError("policy.name", cfg.policy.name,
+                              "the mlp reads only the state vector, env.obs_mode=rgb would render images for nothing: "
+                              "use policy.name=flow_vla|token_vla (or `python -m pipelines.record` for a record conf)")
+    elif command == "record":
+        from pipelines.record import check_record
+        check_record(cfg, require_teacher=require_teacher)
+    else:
+        raise ValueError(f"command {command!r}: use 'run' or 'record'")
+
+
+def command_for(overrides: Sequence[str] = ()) -> str:
+    """The command an experiment is for, as `pipelines.validate` infers it: "record" when its experiment file sets
+    `record.*` keys (conf=pushcube_record), else "run" (then `record.*` on the command line is refused as by run)."""
+    where = given_keys(overrides)
+    return "record" if any(k.startswith("record.") and w != COMMAND_LINE for k, w in where.items()) else "run"
+
+
+def load_config(overrides: Sequence[str] = (), *, components: bool = True, command: str = "run",
+                require_teacher: bool = True, notes: list[str] | None = None) -> tuple[Config, DictConfig]:
+    """Compose, type, validate: THE check path of `pipelines.run`, `pipelines.validate` and `pipelines.record`.
+
+    In order: Hydra's grammar (`parse_overrides`), the schema (`compose`, `to_config`), combinations
+    (`Config.validate`), then with `components`: registries, env task, Vulkan, model_path, sft.store
+    (`check_components`), the placement against the devices (`pipelines.cluster.check_placement`, including the
+    placement entries that would do nothing) and the command's checks (`check_command`); last, keys that were set
+    but do nothing (`check_given`; `notes` as there). `components=False` is the schema + combinations +
+    set-but-inert check only (tests, tools).
+
+    Returns (Config, the resolved DictConfig for saving/logging). Raises ConfigError (or VulkanMissingError).
+    """
     dcfg = compose(overrides)
     cfg = to_config(dcfg)
+    cuda = 0
     if components:
         check_components(cfg)
+        from pipelines.cluster import _cuda_device_count, check_placement
+        cuda = _cuda_device_count()
+        check_placement(cfg, cuda, command=command)
+        check_command(cfg, command, require_teacher=require_teacher)
+    check_given(cfg, overrides, command, cuda, notes)
     return cfg, dcfg
 
 

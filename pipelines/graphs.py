@@ -28,6 +28,8 @@ which orders the stateful shards across graphs.
 Pipeline stages (`rollout.pipeline_stage_num` = p > 1, disaggregated): per chunk step one `policy_infer_p{j}` node
 per stage group j (the j-th B/p envs of every shard) and one `env_step_s{s}p{j}` node per shard and stage, so the
 p chains interleave: while stage j's envs step on the env workers, stage j+1's inference runs on the GPU worker.
+Disaggregated inference runs on the rollout's GPU workers (`cluster.component_placement.rollout`, default: the
+actor's): stage j's policy_infer nodes on rollout worker j mod n.
 
 Weights (tasks.weights): when `weights` is a Future (the runner's), a `weights_handle` node on the actor's worker
 turns it into a handle (version, key, size; no tensors) and the rollout nodes take the handle: a replica pulls
@@ -236,15 +238,18 @@ def _colocated_rollout(g: GraphBuilder, cfg: Config, tag: str, run_id: str, weig
 def _disaggregated_rollout(g: GraphBuilder, cfg: Config, tag: str, run_id: str, weights, cursors, placement,
                            dims: tuple[int, int], after: list | None, last_env: list[str]) -> list[str]:
     """Per stage group (p = `rollout.pipeline_stage_num`; one group of all shards when p = 1) a policy_infer node
-    per chunk step on the actor's worker and an env_step node per shard per chunk step on the shard's worker:
+    per chunk step on a rollout worker (stage j on `placement.rollout_workers[j % n]`: the devices of
+    `cluster.component_placement.rollout`, by default the actor's) and an env_step node per shard per chunk step on
+    the shard's worker:
     p * T * (S + 1) nodes, for policies whose inference outweighs the ~15 ms a node costs. Stage groups are
     independent chains, so one group's inference overlaps another's env stepping. Shard s's first env node of stage
     j follows `after[j * S + s]` when given; the last ones are appended to `last_env` in that order."""
     S, T, p = cfg.env.num_shards, cfg.rollout.chunk_steps, cfg.rollout.pipeline_stage_num
-    gpu = placement.actor_worker
+    rollout_ws = placement.rollout_workers  # `cluster.component_placement.rollout` (default: with the actor)
     parts: list[list] = [[] for _ in range(S)]  # per shard: its stages' trajectory_disaggregated arguments
     for j in range(p):
         sj = "" if p == 1 else f"p{j}"  # p = 1: today's keys and arguments
+        gpu = rollout_ws[j % len(rollout_ws)]  # stage j's policy_infer nodes: rollout device j mod n
         stage = () if p == 1 else (j,)
         last = []
         for s in range(S):

@@ -54,13 +54,20 @@ def output_path(cfg) -> Path:
     return Path(cfg.record.out or Path(cfg.run_root) / "demos" / f"{cfg.experiment}.zarr")
 
 
-def check_record(cfg) -> None:
-    """Every check of a recording that needs no cluster. Raises ConfigError (one line, nothing written)."""
+def check_record(cfg, *, require_teacher: bool = True) -> None:
+    """Every check of a recording that needs no cluster (`pipelines.config.check_command`, command "record").
+    `require_teacher=False` (pipelines.validate of a record conf without `record.teacher`): everything but the
+    teacher's checks. Raises ConfigError (one line, nothing written)."""
     from tasks.config import ConfigError
     if cfg.env.obs_mode != "rgb":
         raise ConfigError("env.obs_mode", cfg.env.obs_mode, "record with env.obs_mode=rgb (images for a VLA)")
     if cfg.record.num_episodes < 1:
         raise ConfigError("record.num_episodes", cfg.record.num_episodes, "must be >= 1")
+    if output_path(cfg).exists():
+        raise ConfigError("record.out", str(output_path(cfg)),
+                          "exists; choose another path (a store is never overwritten)")
+    if cfg.record.teacher is None and not require_teacher:
+        return
     run_dir, _ = resolve_teacher(cfg.record.teacher, cfg.run_root)
     tcfg = teacher_config(run_dir)
     if tcfg.policy.name != "mlp" or tcfg.env.obs_mode != "state":
@@ -71,9 +78,6 @@ def check_record(cfg) -> None:
         if getattr(tcfg.env, key) != getattr(cfg.env, key):
             raise ConfigError(f"env.{key}", getattr(cfg.env, key),
                               f"the teacher was trained with env.{key}={getattr(tcfg.env, key)}; use the same")
-    if output_path(cfg).exists():
-        raise ConfigError("record.out", str(output_path(cfg)),
-                          "exists; choose another path (a store is never overwritten)")
 
 
 def record(cfg, handle, *, echo=print) -> dict:
@@ -146,10 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     from tasks.config import ConfigError
     from tasks.envs.vulkan import VulkanMissingError
     try:
-        cfg, _ = load_config(argv)
-        if cfg.env.obs_mode != "rgb":
-            raise ConfigError("env.obs_mode", cfg.env.obs_mode, "record with env.obs_mode=rgb (images for a VLA)")
-        check_record(cfg)
+        cfg, _ = load_config(argv, command="record")  # the shared check path, incl. check_record
     except (ConfigError, VulkanMissingError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

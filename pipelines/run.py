@@ -36,11 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     show = "--show" in argv
     overrides = [a for a in argv if a != "--show"]
     try:
-        cfg, _ = load_config(overrides)
-        if cfg.env.obs_mode == "rgb" and cfg.policy.name == "mlp":
-            raise ConfigError("policy.name", cfg.policy.name,
-                              "the mlp reads only the state vector, env.obs_mode=rgb would render images for nothing: "
-                              "use policy.name=flow_vla|token_vla (or `python -m pipelines.record` for a record conf)")
+        cfg, _ = load_config(overrides, command="run")  # the one check path (pipelines.validate runs the same)
     except (ConfigError, VulkanMissingError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,8 +1,10 @@
 """`python -m pipelines.validate [conf=NAME] [key=value ...] [--show] [--connect]`: every config check, offline.
 
-Runs exactly the checks `pipelines.run` runs before starting workers (schema: unknown keys and types;
-combinations; env task, asset downloads, policy name; Vulkan driver) and prints the derived layout of a training
-step. No cluster is started; `cluster.component_placement` is checked against the devices the config implies
+Runs exactly the checks `pipelines.run` runs before starting workers (`pipelines.config.load_config`: Hydra's
+grammar; schema: unknown keys and types; combinations; env task, asset downloads, policy name; Vulkan driver;
+placement; keys that are set but do nothing) and prints the derived layout of a training step. A config that sets
+`record.*` keys (conf=pushcube_record) gets the checks of `pipelines.record` instead, the teacher's only when
+`record.teacher` is given. No cluster is started; `cluster.component_placement` is checked against the devices the config implies
 (`cluster.num_gpus`, else the CUDA devices, else `cluster.num_gpu_workers`; for `cluster.address` without
 `num_gpus` only its syntax). With `--connect` and `cluster.address` set, it also connects to that scheduler and
 checks that its workers have the devices and resources the placement needs (nothing is submitted).
@@ -51,10 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: unknown flag(s) {sorted(unknown)}; use --show or --connect", file=sys.stderr)
         return 2
+    overrides = [a for a in argv if not a.startswith("--")]
     try:
-        cfg, _ = load_config([a for a in argv if not a.startswith("--")])
+        # the check path of pipelines.run (or of pipelines.record for a config that sets record.* keys)
+        from pipelines.config import command_for
+        command = command_for(overrides)
+        cfg, _ = load_config(overrides, command=command, require_teacher=False)
         from pipelines.cluster import check_placement
-        placement = check_placement(cfg)
+        placement = check_placement(cfg, command=command)
         if "--connect" in flags and cfg.cluster.address:
             from pipelines.cluster import ComponentPlacement, connect, plan_placement
             with connect(cfg.cluster.address, cfg.cluster.connect_timeout_s) as client:
@@ -66,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     if "--show" in flags:
         print(to_yaml(cfg))
     print("ok: " + describe(cfg, placement))
+    if command == "record":
+        print("  for: python -m pipelines.record" + ("" if cfg.record.teacher else
+                                                     " (record.teacher not set: pipelines.record needs it)"))
     return 0
 
 

@@ -63,21 +63,82 @@ def _plain(value: Any) -> Any:
     return value
 
 
+PARAM_KEY_COMMA = "/"  # a "," inside a config key (cluster.component_placement's "actor,env,rollout") in a param name
+PARAM_PART = ".__part"  # a value longer than MAX_PARAM_VALUE_LENGTH continues in `<name>.__part2`, `.__part3`, ...
+MAX_PARAM_NAME_LENGTH = 250  # mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH
+
+
+def param_name(path: Sequence[str], sep: str = ".") -> str:
+    """The MLflow param name of a config key given as its segments: segments joined by `sep`, a "," inside a
+    segment written as "/" (MLflow names allow alphanumerics, "_", "-", ".", " ", ":" and "/" only; config keys
+    never hold "/", so the mapping is reversible: `config_key`).
+
+    Raises:
+        ValueError: a segment with a character MLflow does not allow even after the mapping, or holding "/" or
+            `sep`, or a name longer than MLflow's 250 characters (no valid dagrl config has one).
+    """
+    import re
+    parts = []
+    for seg in map(str, path):
+        if PARAM_KEY_COMMA in seg or sep in seg or not re.fullmatch(r"[\w\- ,]+", seg):
+            raise ValueError(f"config key segment {seg!r} of {'.'.join(map(str, path))!r} cannot be an MLflow param "
+                             f"name (allowed: letters, digits, '_', '-', ' ', ',')")
+        parts.append(seg.replace(",", PARAM_KEY_COMMA))
+    name = sep.join(parts)
+    if len(name) > MAX_PARAM_NAME_LENGTH:
+        raise ValueError(f"param name {name[:60]!r}... is {len(name)} characters; MLflow allows {MAX_PARAM_NAME_LENGTH}")
+    return name
+
+
+def config_key(name: str) -> str:
+    """Inverse of `param_name` for dotted keys: 'cluster.component_placement.actor/env' -> '...actor,env'."""
+    return name.replace(PARAM_KEY_COMMA, ",")
+
+
 def flatten_config(d: Mapping[str, Any], prefix: str = "", sep: str = ".") -> dict[str, str]:
-    """Nested mapping -> ``{"a.b.c": "value"}``; lists/tuples as their JSON repr, empty mappings as ``"{}"``."""
+    """Nested mapping -> MLflow params ``{"a.b.c": "value"}`` that MLflow accepts for every valid config.
+
+    Names: `param_name` (a "," in a key -> "/", reversibly). Values: ``str()``; lists/tuples as their JSON repr,
+    empty mappings as ``"{}"``; a value longer than MLflow's 6000 characters is split into ``<name>`` (the first
+    6000) and ``<name>.__part2``, ``<name>.__part3``, ... (`unflatten_values` joins them back).
+
+    Raises:
+        ValueError: a key MLflow cannot name (see `param_name`).
+    """
     out: dict[str, str] = {}
+    path0 = [p for p in prefix.split(sep)] if prefix else []
+    for path, text in _leaf_items(d, path0):
+        name = param_name(path, sep)
+        for i in range(0, max(len(text), 1), MAX_PARAM_VALUE_LENGTH):
+            out[name if i == 0 else f"{name}{PARAM_PART}{i // MAX_PARAM_VALUE_LENGTH + 1}"] = \
+                text[i:i + MAX_PARAM_VALUE_LENGTH]
+    return out
+
+
+def _leaf_items(d: Mapping[str, Any], path: list[str]):
     for key, value in d.items():
-        name = f"{prefix}{sep}{key}" if prefix else str(key)
+        p = [*path, str(key)]
         if isinstance(value, Mapping):
             if len(value) == 0:
-                out[name] = "{}"
+                yield p, "{}"
             else:
-                out.update(flatten_config(value, name, sep))
+                yield from _leaf_items(value, p)
         elif isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
-            out[name] = json.dumps(_plain(value), default=str)
+            yield p, json.dumps(_plain(value), default=str)
         else:
-            out[name] = str(value)
-    return out
+            yield p, str(value)
+
+
+def unflatten_values(params: Mapping[str, str]) -> dict[str, str]:
+    """Params as logged (`flatten_config`) -> {config key: full value text}: parts joined, names mapped back
+    (`config_key`)."""
+    import re
+    parts: dict[str, dict[int, str]] = {}
+    for name, text in params.items():
+        m = re.fullmatch(rf"(.*){re.escape(PARAM_PART)}(\d+)", name)
+        base, i = (m.group(1), int(m.group(2))) if m else (name, 1)
+        parts.setdefault(base, {})[i] = text
+    return {config_key(b): "".join(v for _, v in sorted(p.items())) for b, p in parts.items()}
 
 
 class Tracker:

@@ -149,6 +149,10 @@ class RunnerConfig:
     resume: Optional[str] = None  # a run id or "latest"
     stop_on_eval_success: Optional[float] = None  # stop once eval/success_once reaches this value
     max_retries: int = 3  # retries of one step after losing a worker
+    # a placed worker alive without progress stalls the step (pipelines/recovery.py): paused for memory this long
+    pause_timeout_s: float = 60.0
+    stall_timeout_s: float = 900.0  # a task executing past max(this, 4x the longest of its kind), or a worker
+    # not heard from this long; then the step is retried on the healthy workers, or the run stops with a checkpoint
     max_staleness: int = 0  # asynchronous steps: rollouts in flight ahead of the update (k); the rollout of step
     # n+k runs on weights v(n) while update n runs, and the update corrects with decoupled PPO. 0: synchronous
     progress: bool = True
@@ -163,6 +167,7 @@ class ClusterConfig:
     memory_limit: str = "3GiB"
     dashboard_address: str = "127.0.0.1:8787"
     connect_timeout_s: float = 30.0
+    start_timeout_s: float = 120.0  # the embedded cluster: every worker up within this, else one-line error
     # RLinf-style placement of components on devices (GPU i = GPU worker i): keys are a component or a
     # comma-separated list of them, values "all", "N", "A-B", "A,B", "A-B,C"; e.g. {actor: "0-3", env: "0-1",
     # rollout: "2-3"} or {"actor,env,rollout": all}. Empty (or a component left out): actor on device 0, rollout
@@ -295,6 +300,12 @@ class Config:
             ("runner.keep_checkpoints", self.runner.keep_checkpoints, self.runner.keep_checkpoints >= 1,
              "must be >= 1"),
             ("runner.max_retries", self.runner.max_retries, self.runner.max_retries >= 0, "must be >= 0"),
+            ("runner.pause_timeout_s", self.runner.pause_timeout_s, self.runner.pause_timeout_s > 0,
+             "must be > 0 (seconds a placed worker may stay paused for memory)"),
+            ("runner.stall_timeout_s", self.runner.stall_timeout_s, self.runner.stall_timeout_s > 0,
+             "must be > 0 (seconds a task may execute, at least, before the step counts as stalled)"),
+            ("cluster.start_timeout_s", self.cluster.start_timeout_s, self.cluster.start_timeout_s > 0,
+             "must be > 0 (seconds for the embedded cluster's workers to start)"),
             ("algorithm.critic_lr", a.critic_lr, a.critic_lr is None or a.critic_lr > 0, "must be > 0 or null"),
             ("algorithm.critic_warmup_steps", a.critic_warmup_steps, a.critic_warmup_steps >= 0, "must be >= 0"),
             ("runner.stop_on_eval_success", self.runner.stop_on_eval_success,
@@ -465,6 +476,167 @@ def _positive(cfg: Config, keys: list[str]) -> None:
             obj = getattr(obj, part)
         if obj < 1:
             raise ConfigError(key, obj, "must be >= 1")
+
+
+# ----- keys that take no effect (every key a user sets takes effect, or is refused) -----
+COMMANDS = ("run", "record")  # pipelines.run (and validate of a training config), pipelines.record
+VLA_POLICIES = ("flow_vla", "token_vla")
+
+
+def config_value(cfg: Config, key: str):
+    """The value at dotted `key` ('a.b.c'; dict entries by their key, e.g. 'cluster.component_placement.actor').
+
+    Raises:
+        KeyError: no such key.
+    """
+    obj = cfg
+    for part in key.split("."):
+        if isinstance(obj, dict):
+            if part not in obj:
+                raise KeyError(key)
+            obj = obj[part]
+        elif hasattr(obj, part):
+            obj = getattr(obj, part)
+        else:
+            raise KeyError(key)
+    return obj
+
+
+def inert_keys(cfg: Config, command: str = "run", cuda_count: int = 0) -> list[tuple[str, str]]:
+    """The keys that do nothing for this config under `command`, each with why and the fix: (key, reason).
+
+    A key is a dotted key or a section prefix ('sft' covers 'sft.store', ...). Only keys a user SET (given on the
+    command line or in the experiment file; pipelines.config.given_keys) are refused for being here; schema
+    defaults are not. `cuda_count`: CUDA devices of the machine (the embedded cluster ignores
+    `cluster.num_gpu_workers` when there are some). Placement entries (`cluster.component_placement.*`) are
+    checked by pipelines.cluster.check_placement_effect, which knows the devices.
+    """
+    if command not in COMMANDS:
+        raise ValueError(f"command {command!r}: use one of {COMMANDS}")
+    e, p, a, r, c = cfg.env, cfg.policy, cfg.algorithm, cfg.rollout, cfg.cluster
+    out: list[tuple[str, str]] = []
+
+    def off(keys, why: str) -> None:
+        out.extend((k, why) for k in keys)
+
+    # ----- per command: what pipelines.record reads (the env of the recording, C, record.*, the cluster) -----
+    if command == "record":
+        why = ("is not read by pipelines.record (it reads env.*, policy.num_action_chunks, record.*, cluster.*, "
+               "runner.progress, experiment, run_root; the teacher's policy comes from its run): drop it")
+        off(["algorithm", "rollout", "sft", "tracking", "storage", "env.eval", "seed"], why)
+        off([f"runner.{k}" for k in RunnerConfig.__dataclass_fields__ if k != "progress"], why)
+        off([f"policy.{k}" for k in PolicyConfig.__dataclass_fields__ if k != "num_action_chunks"], why)
+        off(["env.auto_reset"], "a recording runs one whole episode per env and round (auto_reset is always off): "
+                                "drop it")
+    else:
+        off(["record"], "is read by `python -m pipelines.record` only: drop it, or record with pipelines.record")
+
+    # ----- env -----
+    if e.obs_mode != "rgb":
+        off(["env.image_size"], f"sizes the camera image of env.obs_mode=rgb; env.obs_mode={e.obs_mode} renders "
+                                f"none: drop it or set env.obs_mode=rgb")
+
+    # ----- policy -----
+    if command == "run":
+        if p.name != "mlp":
+            off(["policy.hidden_sizes", "policy.activation", "policy.init_logstd"],
+                f"is read by policy.name=mlp only (policy.name={p.name}): drop it")
+        if p.name not in VLA_POLICIES:
+            off(["policy.preset", "policy.sizes", "policy.use_state", "policy.max_prompt_len", "policy.value_head",
+                 "policy.value_detach", "policy.critic_state"],
+                f"is read by the VLAs only (policy.name=flow_vla|token_vla); policy.name={p.name}: drop it")
+        if p.name != "flow_vla":
+            off(["policy.num_denoise_steps", "policy.noise_method", "policy.noise_level", "policy.noise_std_min",
+                 "policy.noise_std_max"], f"is read by policy.name=flow_vla only (policy.name={p.name}): drop it")
+        elif p.noise_method == "flow_sde":
+            off(["policy.noise_std_min", "policy.noise_std_max"],
+                "bounds the learned std of policy.noise_method=flow_noise; flow_sde uses policy.noise_level: drop it "
+                "or set policy.noise_method=flow_noise")
+        else:
+            off(["policy.noise_level"], "is the noise scale of policy.noise_method=flow_sde; flow_noise learns its "
+                                        "std (policy.noise_std_min/max): drop it or set policy.noise_method=flow_sde")
+        if p.name != "token_vla":
+            off(["policy.action_bins"], f"is read by policy.name=token_vla only (policy.name={p.name}): drop it")
+        critic = (a.name == "ppo") or (a.name == "sft" and cfg.sft.value_coef > 0)
+        if p.name in VLA_POLICIES and not critic:
+            off(["policy.value_head", "policy.value_detach", "policy.critic_state"],
+                f"shapes the value head, which algorithm.name={a.name} does not train"
+                f"{' (critic-free)' if a.name == 'grpo' else ' (sft.value_coef=0: no value warm start)'}: drop it")
+
+    # ----- algorithm, rollout, runner, storage, sft -----
+    if command == "run":
+        rl = a.name != "sft"
+        if not rl:
+            why = ("is not read by algorithm.name=sft (behaviour cloning from sft.store: no rollouts, no PPO/GRPO "
+                   "loss; it reads algorithm.lr/max_grad_norm/critic_lr, sft.*, env.eval.* for evaluation): drop it")
+            off([f"algorithm.{k}" for k in ("adv_type", "group_size", "filter_rewards", "rewards_lower_bound",
+                                            "rewards_upper_bound", "gae_lambda", "reward_type", "logprob_type",
+                                            "clip_ratio_low", "clip_ratio_high", "dual_clip", "value_clip",
+                                            "entropy_coef", "value_coef", "update_epochs", "num_minibatches",
+                                            "normalize_advantages", "target_kl", "critic_warmup_steps",
+                                            "global_batch_size", "micro_batch_size")], why)
+            off(["rollout", "storage", "runner.max_env_steps", "env.num_envs", "env.auto_reset",
+                 "env.ignore_terminations", "env.seed"],
+                "is not read by algorithm.name=sft: SFT steps roll nothing out (the samples come from sft.store; "
+                "evaluation uses env.eval.*): drop it")
+            if not cfg.sft.value_coef > 0:
+                off(["algorithm.gamma", "algorithm.reward_scale", "algorithm.critic_lr"],
+                    "is read by the SFT value warm start only (sft.value_coef > 0), sft.value_coef=0: drop it")
+        else:
+            off(["sft"], f"is read by algorithm.name=sft only (algorithm.name={a.name}): drop it")
+        if a.name == "grpo":
+            off(["algorithm.gamma", "algorithm.gae_lambda", "algorithm.value_coef", "algorithm.value_clip",
+                 "algorithm.critic_lr", "algorithm.critic_warmup_steps", "algorithm.normalize_advantages"],
+                "is not read by algorithm.name=grpo: GRPO is critic-free (no value loss, no GAE) and its advantages "
+                "are normalised within each group: drop it")
+            if not a.filter_rewards:
+                off(["algorithm.rewards_lower_bound", "algorithm.rewards_upper_bound"],
+                    "bounds the group filter of algorithm.filter_rewards=true, which is off: drop it or set "
+                    "algorithm.filter_rewards=true")
+        elif a.name == "ppo":
+            off(["algorithm.group_size", "algorithm.filter_rewards", "algorithm.rewards_lower_bound",
+                 "algorithm.rewards_upper_bound"], "is read by algorithm.name=grpo only (algorithm.name=ppo): drop it")
+        if a.num_actor_ranks > 1 and a.global_batch_size is not None:
+            off(["algorithm.num_minibatches"], "with algorithm.num_actor_ranks > 1 and algorithm.global_batch_size "
+                                               "set, the optimizer steps come from global_batch_size: drop one")
+        if a.offload and p.device == "cpu":
+            off(["algorithm.offload"], "moves the actor and the rollout replicas off their CUDA device between the "
+                                       "phases; with policy.device=cpu there is nothing to move: drop it (or set "
+                                       "policy.device=cuda)")
+        if rl and r.inference == "colocated":
+            off(["rollout.pipeline_stage_num"], "splits disaggregated inference into stages; with "
+                                                "rollout.inference=colocated inference runs inside the env_step nodes: "
+                                                "drop it or set rollout.inference=disaggregated")
+        if rl and r.inference == "disaggregated":
+            off(["rollout.chunk_steps_per_node"], "sets the length of the colocated env_step nodes; with "
+                                                  "rollout.inference=disaggregated every chunk step is one env_step "
+                                                  "node: drop it or set rollout.inference=colocated")
+
+    # ----- cluster -----
+    if c.address:
+        off(["cluster.num_env_workers", "cluster.num_gpu_workers", "cluster.threads_per_worker",
+             "cluster.memory_limit", "cluster.dashboard_address"],
+            f"configures the embedded local cluster; with cluster.address={c.address} the existing cluster's workers "
+            f"are used as they were started: drop it (or drop cluster.address)")
+    else:
+        off(["cluster.connect_timeout_s"], "is the connect timeout of cluster.address, which is not set (the "
+                                           "embedded local cluster starts here): drop it")
+        if c.num_gpus is not None:
+            off(["cluster.num_gpu_workers"], f"cluster.num_gpus={c.num_gpus} sets the GPU workers: drop one")
+        elif cuda_count:
+            off(["cluster.num_gpu_workers"], f"the embedded cluster starts one GPU worker per CUDA device ({cuda_count}"
+                                             f" here); num_gpu_workers counts logical ones on CPU-only machines: use "
+                                             f"cluster.num_gpus to use fewer devices")
+    return out
+
+
+def inert_reason(key: str, inert: list[tuple[str, str]]) -> str | None:
+    """The reason of the first entry of `inert` (from `inert_keys`) that is `key` or a section above it, else None."""
+    for k, why in inert:
+        if key == k or key.startswith(k + "."):
+            return why
+    return None
+
 
 def check_grpo_episodes(cfg: Config) -> None:
     """GRPO scores each env's FIRST episode of a rollout against its group, so that episode must start at the

@@ -172,7 +172,12 @@ def test_cluster_address_that_never_answers_fails_fast(tmp_path, capsys):
                    "cluster.connect_timeout_s=2"])
         assert rc == 2 and time.monotonic() - t0 < 30
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith("error: cluster.address=") and "Traceback" not in err[0]
+        errors = [line for line in err if line.startswith("error:")]
+        assert len(errors) == 1 and err[-1] == errors[0] and errors[0].startswith("error: cluster.address=")
+        assert "Traceback" not in "".join(err)
+        # smoke.yaml's local-cluster keys are switched off by cluster.address: one note each, not silence
+        assert all(line.startswith("note: cluster.") and "conf/conf/smoke.yaml" in line for line in err[:-1])
+        assert len(err) == 3
         assert not any(tmp_path.iterdir())
     finally:
         srv.close()

@@ -144,7 +144,9 @@ def test_four_gpus_on_a_one_gpu_cluster_is_rejected_offline():
     with pytest.raises(ConfigError, match="needs 4 GPUs, the cluster has 1"):
         gpu_worker_specs(cfg, 0)
     # a remote cluster of unknown size: syntax only, the numbers once connected
-    assert check_placement(config({"actor": "0-3"}, address="tcp://10.0.0.1:8786"), cuda_count=0) is None
+    remote = config({"actor": "0-3"}, address="tcp://10.0.0.1:8786")
+    remote.algorithm.num_actor_ranks = 4  # (4 actor devices with one rank would leave 3 idle: refused, below)
+    assert check_placement(remote, cuda_count=0) is None
     with pytest.raises(ConfigError, match="runs backwards"):
         check_placement(config({"actor": "3-0"}, address="tcp://10.0.0.1:8786"), cuda_count=0)
 
