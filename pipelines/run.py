@@ -3,7 +3,9 @@
 Composes the Hydra config (conf/config.yaml + conf/conf/NAME.yaml + overrides), validates it completely before any
 worker starts, starts the local Dask cluster (or connects to `cluster.address`), prints the dashboard link, and
 trains. Exit codes: 0 done, 2 bad config or cluster (one line on stderr, nothing written), 1 a failure during
-training, 130 interrupted.
+training, 130 interrupted. The first SIGINT (Ctrl-C) or SIGTERM during training finishes the step in flight,
+writes a checkpoint and exits 130 (resume with `runner.resume=<run_id>` or `runner.resume=latest`); a second one
+exits at once.
 
 Extra flags: `--show` prints the resolved config and exits.
 """
@@ -75,13 +77,69 @@ def with_cluster(cfg, body) -> int:
         handle.close()
 
 
+class graceful_stop:
+    """While active (a context manager, main thread only): the first SIGINT/SIGTERM asks `runner` to stop after
+    the step in flight and write a checkpoint (`Runner.request_stop`); a second one raises KeyboardInterrupt at
+    once (no checkpoint). The previous handlers are restored on exit."""
+
+    SIGNALS = ("SIGINT", "SIGTERM")
+
+    def __init__(self, runner, *, out=sys.stderr):
+        self.runner, self.out, self._old = runner, out, {}
+
+    def handler(self, signum, frame) -> None:
+        import signal
+        name = signal.Signals(signum).name
+        if self.runner.stop_requested is not None:  # the second one: exit now
+            raise KeyboardInterrupt
+        self.runner.request_stop(name)
+        print(f"dagrl: {name}: stopping after the step in flight and writing a checkpoint (again to exit at once, "
+              f"without one)", file=self.out, flush=True)
+
+    def __enter__(self):
+        import signal
+        for name in self.SIGNALS:
+            sig = getattr(signal, name)
+            self._old[sig] = signal.signal(sig, self.handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def _ignore_sigint_in_workers(handle) -> None:
+    """A terminal's Ctrl-C reaches every process of its process group: local workers ignore SIGINT so that the
+    driver decides (finish the step, checkpoint). Best effort: a worker whose event loop is not on its main thread
+    keeps the default."""
+    def ignore() -> bool:
+        import signal
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            return True
+        except ValueError:
+            return False
+    try:
+        handle.client.run(ignore, on_error="ignore")
+    except Exception:  # noqa: BLE001 - never fail a run for this
+        pass
+
+
 def _train(cfg, handle) -> int:
     from pipelines.runner import Runner
     print(f"dagrl: experiment {cfg.experiment} | dashboard {handle.dashboard_link}", flush=True)
+    if cfg.cluster.address is None:
+        _ignore_sigint_in_workers(handle)
     runner = Runner(cfg, handle)
     print(f"dagrl: run {runner.state.run_id} | run dir {runner.run_dir} | MLflow {runner.tracking_uri} "
           f"(run {runner.tracker.run_id})", flush=True)
-    res = runner.run()
+    with graceful_stop(runner):
+        res = runner.run()
+    if res.interrupted is not None:
+        print(f"interrupted ({res.interrupted}) at step {res.steps}: checkpointed; resume with "
+              f"runner.resume={res.run_id}", file=sys.stderr)
+        return 130
     ev = res.last_eval
     print(f"dagrl: done: {res.steps} steps, {res.env_steps} env steps in {res.wall_s:.0f}s | "
           f"eval success_once {ev.get('eval/success_once', float('nan')):.3f} "

@@ -28,7 +28,7 @@ from pipelines.cluster import ClusterHandle, Placement, _host, cluster_rss_bytes
 from pipelines.config import to_dict, to_yaml
 from pipelines.recovery import Recovery
 from storage.checkpoints import latest_checkpoint, load_checkpoint, prune_checkpoints
-from storage.rundir import find_run_dir, new_run_dir, write_resolved_config
+from storage.rundir import find_run_dir, latest_started_run, new_run_dir, write_resolved_config
 from storage.tracking import Tracker, default_tracking_uri, flatten_config
 from storage.trajectories import FieldSpec, TrajectoryStore
 from tasks.config import Config, ConfigError
@@ -63,6 +63,7 @@ class RunResult:
     wall_s: float
     last_eval: dict
     peak_rss_gb: float
+    interrupted: str | None = None  # the stop request (e.g. "SIGINT") that ended the run early, with a checkpoint
 
 
 def new_run_id() -> str:
@@ -136,6 +137,8 @@ class Runner(Recovery):
             self._ahead: list[tuple[int, object, list]] = []  # async: submitted steps (step, graph, futures), in order
             self._stopping = False  # async: submit nothing more (the run is done; in-flight steps drain)
             self._tags = 0  # async: graphs built since the start (a run-wide unique retry tag after a recovery)
+            self.stop_requested: str | None = None  # request_stop(): end after the step in flight, checkpointed
+            self.after_step = None  # optional hook(runner) called after each step is accounted (tests, tools)
             self._reset_pipeline()
         except BaseException as exc:
             self.tracker.set_terminated("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
@@ -147,12 +150,16 @@ class Runner(Recovery):
         if resume is None:
             return RunState(run_id=new_run_id(), cursors=[None] * self.cfg.env.num_shards), None
         exp_dir = self.root / self.cfg.experiment
-        if resume == "latest":
-            runs = sorted((p for p in exp_dir.glob("*") if latest_checkpoint(p)), key=lambda p: p.stat().st_mtime) \
-                if exp_dir.is_dir() else []
-            if not runs:
-                raise ConfigError("runner.resume", resume, f"no run with a checkpoint under {exp_dir}")
-            run_dir = runs[-1]
+        if resume == "latest":  # the most recently STARTED run of the experiment, never an older one
+            run_dir = latest_started_run(exp_dir)
+            if run_dir is None:
+                raise ConfigError("runner.resume", resume, f"no run of experiment {self.cfg.experiment} under "
+                                                           f"{exp_dir}; start one without runner.resume")
+            if latest_checkpoint(run_dir) is None:
+                raise ConfigError("runner.resume", resume,
+                                  f"the most recently started run of experiment {self.cfg.experiment}, {run_dir.name} "
+                                  f"({run_dir}), has no complete checkpoint (it ended before its first one); "
+                                  f"start a new run, or resume an older run by its id (runner.resume=<run_id>)")
         else:
             try:
                 run_dir = find_run_dir(self.root, resume)
@@ -246,8 +253,17 @@ class Runner(Recovery):
                   f"continues in run {st.mlflow_run_id}")
 
     # ----- the loop -----
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """Ask the loop to stop cleanly: the step in flight (all steps in flight, asynchronous) finishes, an eval or
+        checkpoint under way completes, then a checkpoint of the current step is written, the MLflow run is set
+        KILLED and `run()` returns a RunResult with `interrupted=reason`. Safe to call from a signal handler (it
+        only sets a flag); pipelines.run calls it on the first SIGINT/SIGTERM."""
+        self.stop_requested = reason
+
     def _done(self, t_start: float) -> bool:
         r, s = self.cfg.runner, self.state
+        if self.stop_requested is not None:
+            return True
         if s.step >= r.max_steps:
             return True
         if r.max_env_steps is not None and s.env_steps >= r.max_env_steps:
@@ -488,6 +504,8 @@ class Runner(Recovery):
                 self.tracker.log_metrics(m, step=st.step)
                 if st.step % r.save_interval == 0:
                     last_ckpt = self.checkpoint(st.elapsed_s + time.perf_counter() - t_start)
+                if self.after_step is not None:
+                    self.after_step(self)
                 if bar is not None:
                     bar.update(1)
                     post = {"env_sps": f"{m['rollout/env_steps_per_s']:.0f}",
@@ -496,14 +514,20 @@ class Runner(Recovery):
                     if self.last_eval:
                         post["eval"] = f"{self.last_eval['eval/success_once']:.2f}"
                     bar.set_postfix(post)
-            if not self.last_eval or st.step % cfg.runner.val_check_interval:
-                self.tracker.log_metrics(self.evaluate(), step=st.step)
+            stopped = self.stop_requested
+            if stopped is None and (not self.last_eval or st.step % cfg.runner.val_check_interval):
+                self.tracker.log_metrics(self.evaluate(), step=st.step)  # an interrupted run skips the final eval
             elapsed = st.elapsed_s + time.perf_counter() - t_start
             if last_ckpt is None or st.step % cfg.runner.save_interval:
                 last_ckpt = self.checkpoint(elapsed)
-            self.tracker.log_text(str(last_ckpt), "final_checkpoint.txt")
-            self.tracker.log_artifact(Path(last_ckpt), "final_checkpoint")
-            status = "FINISHED"
+            if stopped is not None:
+                self.echo(f"dagrl: stopped ({stopped}) after step {st.step}: checkpoint {last_ckpt}; continue with "
+                          f"runner.resume={st.run_id} (or runner.resume=latest)")
+                status = "KILLED"
+            else:
+                self.tracker.log_text(str(last_ckpt), "final_checkpoint.txt")
+                self.tracker.log_artifact(Path(last_ckpt), "final_checkpoint")
+                status = "FINISHED"
         except KeyboardInterrupt:
             status = "KILLED"
             raise
@@ -513,4 +537,5 @@ class Runner(Recovery):
             self.tracker.set_terminated(status)
         return RunResult(st.run_id, self.run_dir, self.tracker.run_id, self.tracking_uri,
                          self.store.path if self.store is not None else None, st.step, st.env_steps,
-                         time.perf_counter() - t_start, self.last_eval, self.peak_rss / 2**30)
+                         time.perf_counter() - t_start, self.last_eval, self.peak_rss / 2**30,
+                         interrupted=self.stop_requested)

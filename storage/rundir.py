@@ -5,6 +5,8 @@ from __future__ import annotations
 import difflib
 import os
 import tempfile
+import time
+from datetime import datetime
 from pathlib import Path
 
 import yaml
@@ -18,13 +20,46 @@ def _check_name(what: str, name: str) -> None:
         raise ValueError(f"{what} {name!r} must be a single non-empty path component (no '/', not '.' or '..')")
 
 
+STARTED_FILE = ".started"  # the run's start time (ns since the epoch), written once when the run dir is created
+
+
 def new_run_dir(root: str | os.PathLike, experiment: str, run_id: str) -> Path:
-    """Create (or reuse, on resume) ``<root>/<experiment>/<run_id>/`` and return it."""
+    """Create (or reuse, on resume) ``<root>/<experiment>/<run_id>/`` and return it. A new directory gets
+    ``.started`` (its start time in ns), which :func:`latest_started_run` orders by; a resume keeps it."""
     _check_name("experiment", experiment)
     _check_name("run_id", run_id)
     path = Path(root) / experiment / run_id
     path.mkdir(parents=True, exist_ok=True)
+    marker = path / STARTED_FILE
+    if not marker.exists():
+        marker.write_text(str(time.time_ns()))
     return path
+
+
+def run_started_ns(run_dir: str | os.PathLike) -> int:
+    """When the run in ``run_dir`` was started (ns): its ``.started`` file; for run dirs made before that file
+    existed, the time in the run id (``%Y%m%d-%H%M%S-xxxx``), else the directory's ctime."""
+    run_dir = Path(run_dir)
+    try:
+        return int((run_dir / STARTED_FILE).read_text().strip())
+    except (OSError, ValueError):
+        pass
+    try:
+        stamp = datetime.strptime("-".join(run_dir.name.split("-")[:2]), "%Y%m%d-%H%M%S")
+        return int(stamp.timestamp() * 1e9)
+    except ValueError:
+        return int(run_dir.stat().st_ctime_ns)
+
+
+def latest_started_run(exp_dir: str | os.PathLike) -> Path | None:
+    """The most recently STARTED run directory under ``<root>/<experiment>`` (by :func:`run_started_ns`, then
+    name), whether or not it has a checkpoint; None when there is none. Only directories holding a
+    ``config.yaml`` (written at every run's start) count."""
+    exp_dir = Path(exp_dir)
+    if not exp_dir.is_dir():
+        return None
+    runs = [p for p in exp_dir.iterdir() if p.is_dir() and (p / CONFIG_FILE).is_file()]
+    return max(runs, key=lambda p: (run_started_ns(p), p.name), default=None)
 
 
 def find_run_dir(root: str | os.PathLike, run_id: str) -> Path:

@@ -119,12 +119,17 @@ def test_smoke_run_checkpoint_loads(smoke):
     assert (run_dir / "config.yaml").read_text().startswith("experiment: smoke")
 
 
-def test_resume_continues_the_same_run(smoke):
+def test_resume_continues_the_same_run_in_one_timeline(smoke):
     root, client, run, run_dir = smoke
     assert _run(root, "runner.resume=latest", "runner.max_steps=5") == 0
-    runs = client.search_runs([run.info.experiment_id])
-    assert [r.info.run_id for r in runs] == [run.info.run_id]  # the same MLflow run, no new one
-    rid = run.info.run_id
+    runs = client.search_runs([run.info.experiment_id])  # active runs only
+    # one active MLflow run holds the timeline: a new run continuing the checkpoint's (storage.tracking.fork),
+    # the original soft-deleted and linked
+    assert len(runs) == 1 and runs[0].info.run_id != run.info.run_id
+    rid = runs[0].info.run_id
+    assert runs[0].data.tags["dagrl.previous_run"] == run.info.run_id and runs[0].info.run_name == run.info.run_name
+    assert client.get_run(run.info.run_id).info.lifecycle_stage == "deleted"
+    assert client.get_run(run.info.run_id).data.tags["dagrl.superseded_by"] == rid
     assert client.get_run(rid).info.status == "FINISHED"
     assert [s for s, _ in _history(client, rid, "time/step")] == [1, 2, 3, 4, 5]
     assert [v for _, v in _history(client, rid, "train/weight_version")] == [1.0, 2.0, 3.0, 4.0, 5.0]
