@@ -170,7 +170,7 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
     for s, traj in enumerate(trajs):
         if store_path is not None:
             stores.append(g.add(f"store_s{s}-{tag}", _store, store_path, step, s, traj, deps=(traj,)))
-        advs.append(g.add(f"advantages_s{s}-{tag}", update.advantages, cfg, traj, deps=(traj,)))
+        advs.append(g.add(f"advantages_s{s}-{tag}", update.advantages, cfg, traj, s, deps=(traj,)))
     R = cfg.algorithm.num_actor_ranks
     if R == 1:
         fn = offload.actor_update_offload if cfg.algorithm.offload else update.actor_update
