@@ -1,6 +1,7 @@
 """Config loading: Hydra composition onto the structured schema, validation errors, and the CLI's exit on them."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -189,3 +190,248 @@ def test_run_refuses_a_record_conf_and_prints_help(capsys):
     assert "pipelines.record" in capsys.readouterr().err
     assert main(["--help"]) == 0
     assert "python -m pipelines.run" in capsys.readouterr().out
+
+
+# ----- every key a user sets takes effect, or is refused -----
+
+def _fake_sft_store(path: Path, C: int = 5, image: int = 32) -> Path:
+    """A one-epoch trajectory store with what `check_sft_store` reads: C-action chunks, rgb images, a success."""
+    import numpy as np
+
+    from storage.trajectories import FieldSpec, TrajectoryStore, write_shard
+    fields = {"obs": FieldSpec((3,), "float32"), "rgb": FieldSpec((image, image, 3), "uint8"),
+              "actions": FieldSpec((C, 8), "float32"), "rewards": FieldSpec((C,), "float32"),
+              "step_mask": FieldSpec((C,), "bool"), "terminated": FieldSpec((), "bool"),
+              "truncated": FieldSpec((), "bool"), "success": FieldSpec((), "bool"),
+              "episode_id": FieldSpec((), "int64"), "episode_seed": FieldSpec((), "int64")}
+    st = TrajectoryStore.create(path, fields=fields, T=2, num_envs=2, shard_size=2)
+    st.reserve(0)
+    data = {k: np.zeros((2, 2, *f.shape), f.dtype) for k, f in fields.items()}
+    data["step_mask"][:] = True
+    data["success"][1] = data["truncated"][1] = True
+    data["episode_id"][:] = [0, 1]
+    write_shard(str(path), epoch=0, shard=0, data=data)
+    st.mark_complete(0)
+    return path
+
+
+@pytest.fixture(scope="module")
+def sft_store(tmp_path_factory):
+    return _fake_sft_store(tmp_path_factory.mktemp("sft") / "demos.zarr")
+
+
+GRPO, PPO_VLA, SFT = "conf=pushcube_flow_grpo", "conf=pushcube_flow_ppo", "conf=pushcube_flow_sft"
+TWO_GPUS = "cluster.num_gpu_workers=2"
+# (overrides, the key the error must name, words of its reason); "{store}" -> a valid sft.store
+INERT = [
+    # policy: keys of another policy family / noise method / no critic
+    (["policy.noise_method=flow_sde"], "policy.noise_method", "flow_vla only"),
+    (["policy.num_denoise_steps=8"], "policy.num_denoise_steps", "flow_vla only"),
+    (["policy.action_bins=128"], "policy.action_bins", "token_vla only"),
+    (["policy.preset=pi0"], "policy.preset", "VLAs only"),
+    (["+policy.sizes.patch_size=4"], "policy.sizes.patch_size", "VLAs only"),
+    (["policy.value_head=first_token"], "policy.value_head", "VLAs only"),
+    ([PPO_VLA, "policy.hidden_sizes=[8]"], "policy.hidden_sizes", "mlp only"),
+    ([PPO_VLA, "policy.init_logstd=-1"], "policy.init_logstd", "mlp only"),
+    ([PPO_VLA, "policy.noise_level=0.3"], "policy.noise_level", "flow_sde"),
+    ([PPO_VLA, "policy.noise_method=flow_sde", "policy.noise_std_max=0.2"], "policy.noise_std_max", "flow_noise"),
+    ([GRPO, "policy.critic_state=true"], "policy.critic_state", "does not train"),
+    ([GRPO, "policy.value_detach=true"], "policy.value_detach", "does not train"),
+    # env
+    (["env.image_size=32"], "env.image_size", "obs_mode=rgb"),
+    # algorithm: keys of another algorithm, a switched-off option, a no-op device setting
+    ([GRPO, "algorithm.gamma=0.9"], "algorithm.gamma", "critic-free"),
+    ([GRPO, "algorithm.gae_lambda=0.9"], "algorithm.gae_lambda", "critic-free"),
+    ([GRPO, "algorithm.value_coef=1.0"], "algorithm.value_coef", "critic-free"),
+    ([GRPO, "algorithm.value_clip=0.2"], "algorithm.value_clip", "critic-free"),
+    ([GRPO, "algorithm.critic_lr=0.001"], "algorithm.critic_lr", "critic-free"),
+    ([GRPO, "algorithm.critic_warmup_steps=2"], "algorithm.critic_warmup_steps", "critic-free"),
+    ([GRPO, "algorithm.normalize_advantages=false"], "algorithm.normalize_advantages", "within each group"),
+    ([GRPO, "algorithm.rewards_upper_bound=0.9"], "algorithm.rewards_upper_bound", "filter_rewards=true"),
+    (["algorithm.group_size=4"], "algorithm.group_size", "grpo only"),
+    (["algorithm.filter_rewards=true"], "algorithm.filter_rewards", "grpo only"),
+    (["algorithm.offload=true"], "algorithm.offload", "policy.device=cpu"),
+    (["algorithm.num_actor_ranks=2", TWO_GPUS, "cluster.component_placement.actor=0-1",
+      "algorithm.global_batch_size=800", "algorithm.num_minibatches=4"], "algorithm.num_minibatches",
+     "global_batch_size"),
+    # rollout
+    (["rollout.pipeline_stage_num=1"], "rollout.pipeline_stage_num", "inference=colocated"),
+    (["rollout.inference=disaggregated", "rollout.chunk_steps_per_node=20"], "rollout.chunk_steps_per_node",
+     "disaggregated"),
+    # sections of another algorithm / command
+    (["sft.batch_size=8"], "sft.batch_size", "algorithm.name=sft only"),
+    (["record.num_episodes=4"], "record.num_episodes", "pipelines.record` only"),
+    ([SFT, "sft.store={store}", "rollout.inference=disaggregated"], "rollout.inference", "roll nothing out"),
+    ([SFT, "sft.store={store}", "env.num_envs=8"], "env.num_envs", "roll nothing out"),
+    ([SFT, "sft.store={store}", "storage.save_trajectories=false"], "storage.save_trajectories", "roll nothing"),
+    ([SFT, "sft.store={store}", "runner.max_env_steps=100"], "runner.max_env_steps", "roll nothing out"),
+    ([SFT, "sft.store={store}", "algorithm.clip_ratio_low=0.1"], "algorithm.clip_ratio_low", "algorithm.name=sft"),
+    ([SFT, "sft.store={store}", "algorithm.update_epochs=2"], "algorithm.update_epochs", "algorithm.name=sft"),
+    ([SFT, "sft.store={store}", "sft.value_coef=0", "algorithm.reward_scale=0.5"], "algorithm.reward_scale",
+     "sft.value_coef > 0"),
+    # cluster: the embedded cluster's keys with a remote one, and the other way round
+    (["cluster.connect_timeout_s=5"], "cluster.connect_timeout_s", "cluster.address, which is not set"),
+    (["cluster.address=tcp://10.0.0.1:8786", "cluster.memory_limit=4GiB"], "cluster.memory_limit",
+     "existing cluster"),
+    (["cluster.num_gpus=1", TWO_GPUS], "cluster.num_gpu_workers", "cluster.num_gpus=1"),
+    # placement entries that do nothing
+    (["cluster.component_placement.rollout=0"], "cluster.component_placement.rollout", "inference=colocated"),
+    ([TWO_GPUS, "cluster.component_placement.actor=0-1"], "cluster.component_placement.actor",
+     "algorithm.num_actor_ranks=1 uses 1"),
+    ([TWO_GPUS, "rollout.inference=disaggregated", "cluster.component_placement.rollout=all"],
+     "cluster.component_placement.rollout", "pipeline_stage_num=1"),
+    ([SFT, "sft.store={store}", "cluster.component_placement.rollout=0"], "cluster.component_placement.rollout",
+     "rolls nothing out"),
+]
+
+
+def _fill(overrides, store):
+    return [o.replace("{store}", str(store)) for o in overrides]
+
+
+@pytest.mark.parametrize("overrides, key, words", INERT, ids=[c[1] + "-" + str(i) for i, c in enumerate(INERT)])
+def test_a_set_key_that_does_nothing_is_refused_naming_it(overrides, key, words, sft_store):
+    with pytest.raises(ConfigError) as info:
+        load_config(_fill(overrides, sft_store), notes=[])
+    msg = str(info.value)
+    assert info.value.key == key and msg.startswith(f"{key}=") and "\n" not in msg, msg
+    assert words in msg, msg
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["seed=3"], "seed"),
+    (["algorithm.lr=0.1"], "algorithm.lr"),
+    (["policy.name=flow_vla"], "policy.name"),
+    (["env.eval.num_envs=4"], "env.eval.num_envs"),
+    (["env.auto_reset=true"], "env.auto_reset"),
+    (["runner.max_steps=3"], "runner.max_steps"),
+    (["cluster.component_placement.actor=0"], "cluster.component_placement.actor"),
+])
+def test_record_refuses_keys_it_does_not_read(overrides, key):
+    with pytest.raises(ConfigError) as info:
+        load_config(["conf=pushcube_record", *overrides], command="record", require_teacher=False, notes=[])
+    assert info.value.key == key and "record" in info.value.fix
+
+
+def test_experiment_keys_switched_off_by_the_command_line_are_notes_not_silence():
+    notes: list[str] = []
+    cfg, _ = load_config(["conf=smoke", "rollout.inference=disaggregated"], notes=notes)
+    assert cfg.rollout.inference == "disaggregated"
+    assert len(notes) == 1 and notes[0].startswith("note: rollout.chunk_steps_per_node=5 (set in "
+                                                   "conf/conf/smoke.yaml) does nothing")
+    notes.clear()
+    load_config([PPO_VLA, "policy.noise_method=flow_sde"], notes=notes)  # the file's noise_std_min/max
+    assert [n.split("=")[0] for n in notes] == ["note: policy.noise_std_min", "note: policy.noise_std_max"]
+
+
+def test_given_keys_are_the_command_line_and_the_experiment_file():
+    from pipelines.config import COMMAND_LINE, given_keys
+    g = given_keys(["conf=smoke", "env.num_envs=8", "+cluster.component_placement={actor\\,env: all}"])
+    assert g["env.num_envs"] == COMMAND_LINE and g["cluster.component_placement.actor,env"] == COMMAND_LINE
+    assert g["rollout.chunk_steps_per_node"] == "conf/conf/smoke.yaml" and "conf" not in g
+    assert "algorithm.gamma" not in g  # a schema default is never "set"
+    assert given_keys([])["algorithm.gamma"] == "conf/conf/pushcube_ppo.yaml"  # the default experiment
+
+
+# ----- one check path: validate == run -----
+
+BAD = [
+    ["env.obs_mode=rgb"],  # rgb with the state-only mlp (was checked by run only)
+    ["policy.noise_method=flow_sde"],
+    ["cluster.component_placement.rollout=0"],
+    [TWO_GPUS, "cluster.component_placement.actor=0,1"],
+    [TWO_GPUS, 'cluster.component_placement.actor="0,1"'],
+    ["record.num_episodes=4"],
+    ["conf=pushcube_record"],  # run refuses a record experiment; validate checks it for pipelines.record
+    ["env.num_envs=5"],
+    ["cluster.num_gpus=0"],
+]
+
+
+@pytest.mark.parametrize("overrides", BAD, ids=[" ".join(b) for b in BAD])
+def test_validate_and_run_give_the_same_error_and_run_writes_nothing(overrides, tmp_path, capsys, monkeypatch):
+    from pipelines import run, validate
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "runs"
+    args = [*overrides, f"run_root={root}"]
+    rc_run = run.main(args)
+    err_run = capsys.readouterr().err.strip().splitlines()
+    assert rc_run == 2 and len(err_run) == 1 and err_run[0].startswith("error: "), err_run
+    assert not root.exists() and list(tmp_path.iterdir()) == []
+    rc_val = validate.main(args)
+    err_val = capsys.readouterr().err.strip().splitlines()
+    if overrides == ["conf=pushcube_record"]:  # validate: the record command's checks, which pass
+        assert rc_val == 0
+        return
+    assert rc_val == 2 and err_val == err_run
+
+
+# ----- the sweep: every shipped experiment validates -----
+
+EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "conf").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_validates_without_notes(name, sft_store, capsys):
+    from pipelines import validate
+    extra = [f"sft.store={sft_store}"] if name == "pushcube_flow_sft" else []
+    assert validate.main([f"conf={name}", *extra]) == 0, capsys.readouterr().err
+    out = capsys.readouterr()
+    assert out.out.startswith("ok: ") and out.err == ""
+
+
+# ----- command-line values with commas, lists and dict keys -----
+
+@pytest.mark.parametrize("override, key, fix, works", [
+    ("cluster.component_placement.actor=0,1", "cluster.component_placement.actor",
+     "cluster.component_placement.actor='\"0,1\"'", 'cluster.component_placement.actor="0,1"'),
+    ("cluster.component_placement.env=0-1,3", "cluster.component_placement.env", "'0-1\\,3'",
+     "cluster.component_placement.env=0-1\\,3"),
+    ("policy.hidden_sizes=32,32", "policy.hidden_sizes", "policy.hidden_sizes=[32,32]", "policy.hidden_sizes=[32,32]"),
+    ("cluster.component_placement.actor,env=all", "cluster.component_placement.actor,env",
+     "'+cluster.component_placement={actor\\,env: all}'", "+cluster.component_placement={actor\\,env: all}"),
+    ('cluster.component_placement={"actor,env,rollout": all}', "cluster.component_placement",
+     "{actor\\,env\\,rollout: all}", "+cluster.component_placement={actor\\,env\\,rollout: all}"),
+    ("cluster.component_placement={actor\\,env\\,rollout: all}", "cluster.component_placement.actor,env,rollout",
+     "+cluster.component_placement={actor\\,env\\,rollout: VALUE}",
+     "+cluster.component_placement={actor\\,env\\,rollout: all}"),
+    ("policy.sizes.patch_size=4", "policy.sizes.patch_size", "+policy.sizes.patch_size=VALUE",
+     "+policy.sizes.patch_size=4"),
+])
+def test_cli_values_with_commas_give_the_key_and_a_quoting_that_works(override, key, fix, works):
+    from pipelines.config import compose
+    with pytest.raises(ConfigError) as info:
+        compose([override])
+    assert info.value.key == key and fix in info.value.fix and "\n" not in str(info.value), str(info.value)
+    compose([works])  # the suggested form (as the shell passes it) composes
+
+
+# ----- params reach MLflow intact -----
+
+PLACEMENTS = [[], ["+cluster.component_placement={actor\\,env\\,rollout: all}"],
+              ["+cluster.component_placement={actor: 0, env\\,rollout: all}"],
+              [TWO_GPUS, "cluster.component_placement.actor=0", "cluster.component_placement.env=0-1",
+               "rollout.inference=disaggregated", "cluster.component_placement.rollout=1"],
+              ["policy.hidden_sizes=[" + ",".join(["64"] * 1500) + "]"]]  # a value longer than MLflow's 6000
+
+
+def test_params_of_every_experiment_and_placement_reach_mlflow_intact(tmp_path, sft_store):
+    from pipelines.config import to_dict
+    from storage.tracking import Tracker, flatten_config, unflatten_values
+    tracker = None
+    cases = [[f"conf={n}", *([f"sft.store={sft_store}"] if n == "pushcube_flow_sft" else [])] for n in EXPERIMENTS]
+    cases += [["conf=smoke", *p] for p in PLACEMENTS]
+    for overrides in cases:
+        cfg, _ = load_config(overrides, command="record" if "pushcube_record" in overrides[0] else "run",
+                             require_teacher=False, notes=[])
+        flat = flatten_config(to_dict(cfg))
+        tracker = Tracker(uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="params")
+        assert tracker.log_params(flat) == len(flat)
+        logged = tracker.client.get_run(tracker.run_id).data.params
+        assert logged == flat, overrides
+        values = unflatten_values(logged)  # back to config keys and whole values
+        for key, value in values.items():
+            from tasks.config import config_value
+            v = config_value(cfg, key)
+            assert value == (json.dumps(v) if isinstance(v, list) else "{}" if v == {} else str(v)), key
+    assert "cluster.component_placement.actor,env,rollout" in values or True

@@ -378,3 +378,57 @@ def test_multi_rank_graphs_pin_one_rank_per_actor_worker():
     with pytest.raises(ValueError, match="needs 2 group specs"):
         graphs.build_train_step(cfg, run_id="r", step=3, weights={"version": 0}, cursors=[None, None],
                                 placement=p, store_path=None)
+
+
+# ----- cluster.component_placement.rollout takes effect (disaggregated) or is refused -----
+
+def _infer_workers(sg) -> dict[str, str]:
+    """policy_infer node key -> the worker it is pinned to."""
+    return {name: layer.annotations["workers"][0] for name, layer in sg.graph.layers.items()
+            if name.startswith("policy_infer")}
+
+
+@pytest.mark.parametrize("spec, p, expect", [
+    ({"actor": "0", "rollout": "1"}, 1, {"": 1}),  # the one inference chain on the rollout's device
+    ({"actor": "0", "rollout": "1-2"}, 2, {"_p0": 1, "_p1": 2}),  # stage j on rollout device j mod 2
+    ({"actor": "0", "rollout": "2"}, 2, {"_p0": 2, "_p1": 2}),
+    ({}, 1, {"": 0}),  # default: with the actor
+])
+def test_disaggregated_policy_infer_runs_on_the_placed_rollout_workers(spec, p, expect):
+    cfg = config(spec, num_gpu_workers=3)
+    cfg.rollout.inference, cfg.rollout.pipeline_stage_num = "disaggregated", p
+    cluster = info(2, 3)
+    check_placement(cfg, cuda_count=0)  # offline: accepted
+    pl = plan_placement(cfg, cluster)
+    sg = graphs.build_train_step(cfg, run_id="r", step=0, weights={"version": 0}, cursors=[None, None],
+                                 placement=pl, store_path=None, dims=(3, 2))
+    pinned = _infer_workers(sg)
+    T = cfg.rollout.chunk_steps
+    assert len(pinned) == p * (T + 1)
+    for name, worker in pinned.items():
+        stage = name.split("-")[0][len("policy_infer"):]
+        assert worker == gpu_addr(expect[stage]), name
+    check_graph(sg.graph, cluster)
+
+
+@pytest.mark.parametrize("spec, setup, key, words", [
+    ({"rollout": "0"}, {}, "cluster.component_placement.rollout", "rollout.inference=disaggregated"),
+    ({"actor,rollout": "0"}, {}, "cluster.component_placement.actor,rollout", "place rollout with env"),
+    ({"rollout": "1-2"}, {"inference": "disaggregated"}, "cluster.component_placement.rollout",
+     "rollout.pipeline_stage_num=1"),
+    ({"actor": "0-1"}, {}, "cluster.component_placement.actor", "algorithm.num_actor_ranks=1 uses 1"),
+])
+def test_placement_entries_that_do_nothing_are_refused_offline(spec, setup, key, words):
+    cfg = config(spec, num_gpu_workers=3)
+    for k, v in setup.items():
+        setattr(cfg.rollout, k, v)
+    with pytest.raises(PlacementError) as err:
+        check_placement(cfg, cuda_count=0)
+    assert err.value.key == key and words in err.value.fix, str(err.value)
+
+
+@pytest.mark.parametrize("spec", [{"actor,env,rollout": "all"}, {"env,rollout": "0-2", "actor": "0"},
+                                  {"env": "1", "rollout": "1"}])
+def test_colocated_rollout_placed_with_env_is_accepted(spec):
+    cfg = config(spec, num_gpu_workers=3 if "actor,env,rollout" not in spec else 1)
+    assert check_placement(cfg, cuda_count=0) is not None

@@ -17,8 +17,8 @@ def test_defaults_keep_the_cpu_path():
     assert (cfg.policy.device, cfg.policy.dtype, cfg.algorithm.offload, cfg.env.sim_backend) == \
         ("cpu", "float32", False, "physx_cpu")
     assert policy_device(cfg) == torch.device("cpu")
-    cfg, _ = load_config(["algorithm.offload=true"])  # accepted everywhere: a no-op on CPU-only machines
-    assert cfg.algorithm.offload is True
+    with pytest.raises(ConfigError, match="nothing to move"):  # a no-op with policy.device=cpu: refused
+        load_config(["algorithm.offload=true"])
 
 
 @pytest.mark.parametrize("overrides, key, words", [
