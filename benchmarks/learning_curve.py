@@ -3,8 +3,12 @@
     python benchmarks/learning_curve.py [--run-root runs] [--experiment pushcube_ppo] [--run-id MLFLOW_RUN_ID]
                                         [--png docs/pushcube_curve.png]
 
-Without --run-id it takes the latest run of the experiment. Prints a markdown table (the README's curve) and the
-first wall time at which eval/success_once reached 0.8.
+Without --run-id it takes the latest active run of the experiment. Prints a markdown table (the README's curve) and
+the first wall time at which eval/success_once reached 0.8.
+
+One timeline: a resumed or rolled-back run continues in a new MLflow run and the superseded one is soft-deleted
+(storage.tracking); a --run-id of a superseded run is followed (tag `dagrl.superseded_by`) to the run that holds
+the newest timeline. Runs logged before that (several values at one step) read the newest value per step.
 """
 from __future__ import annotations
 
@@ -23,16 +27,33 @@ def main() -> None:
     from mlflow.tracking import MlflowClient
     from storage.tracking import default_tracking_uri
     client = MlflowClient(default_tracking_uri(Path(args.run_root).resolve()))
+    from mlflow.entities import ViewType
     if args.run_id:
         run = client.get_run(args.run_id)
+        seen = {run.info.run_id}
+        while "dagrl.superseded_by" in run.data.tags:  # follow a resume/rollback to the newest timeline
+            run = client.get_run(run.data.tags["dagrl.superseded_by"])
+            if run.info.run_id in seen:
+                break
+            seen.add(run.info.run_id)
+        if run.info.run_id != args.run_id:
+            print(f"run {args.run_id} was superseded (resume/rollback); reading {run.info.run_id}")
     else:
         exp = client.get_experiment_by_name(args.experiment)
         if exp is None:
             raise SystemExit(f"error: no experiment {args.experiment!r} in {args.run_root}/mlflow.db")
-        run = client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"], max_results=1)[0]
+        runs = client.search_runs([exp.experiment_id], run_view_type=ViewType.ACTIVE_ONLY,
+                                  order_by=["attributes.start_time DESC"], max_results=1)
+        if not runs:
+            raise SystemExit(f"error: experiment {args.experiment!r} has no active run in {args.run_root}/mlflow.db")
+        run = runs[0]
 
     def hist(key):
-        return {m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
+        """{step: value}, one value per step: the newest point where a run logged a step twice."""
+        out = {}
+        for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.timestamp):
+            out[m.step] = m.value
+        return out
 
     step_time, env_steps = hist("time/step"), hist("rollout/env_steps_total")
     evals = {k: hist(f"eval/{k}") for k in ("success_once", "success_at_end", "return", "num_episodes")}
