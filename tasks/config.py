@@ -172,6 +172,10 @@ class ClusterConfig:
     # comma-separated list of them, values "all", "N", "A-B", "A,B", "A-B,C"; e.g. {actor: "0-3", env: "0-1",
     # rollout: "2-3"} or {"actor,env,rollout": all}. Empty (or a component left out): actor on device 0, rollout
     # with the actor, env shards round-robin over every env (CPU) worker. pipelines/cluster.py parses and plans it.
+    # On the command line: actor='"0,1"' (quoted: Hydra reads a bare comma as a sweep) and
+    # '+cluster.component_placement={actor\,env\,rollout: all}' (README "Commas, lists, dicts"). rollout is where
+    # disaggregated policy_infer nodes run (stage j on rollout device j mod n); with colocated inference it must be
+    # placed with env (inference runs inside env_step), else refused (pipelines.cluster.check_placement_effect).
     component_placement: dict[str, str] = field(default_factory=lambda: {"actor": "", "env": "", "rollout": ""})
     num_gpus: Optional[int] = None  # devices; None: the CUDA devices, on CPU-only machines num_gpu_workers logical ones
     COMPONENTS: ClassVar[tuple[str, ...]] = ("actor", "env", "rollout")
