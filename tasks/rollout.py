@@ -28,7 +28,9 @@ seeds and episode ids of every env are those of p = 1 and the shard's cursor is 
 Exploration noise: colocated, a shard's policy calls draw from the shard's own torch RNG stream
 (`EnvShard.policy_rng`), seeded at the shard's creation from (seed, shard part, episode counts) as before and
 carried in its cursor, so shards sharing a worker never share draws and a re-created shard continues its stream.
-Disaggregated `policy_infer` draws from its worker's global RNG (one batched draw over the group's shards).
+Disaggregated, `policy_infer` draws one batched sample over its group's shards inside a forked RNG seeded from
+(seed, each shard's first global env and life chunk-step count, `EnvShard.rng_key`): a function of the shards'
+cursors, so a resumed run draws the same noise, and the inference worker's own RNG (the update's) is untouched.
 
 Policies see observations as a dict of tensors ({"state", "rgb", "prompt"}, see tasks.policies); `policy_obs`
 builds it, tokenising the env task's instruction for VLAs once per replica.
@@ -46,7 +48,7 @@ from tasks.config import Config
 from tasks.device import autocast, policy_device, to_device, to_numpy
 from tasks.offload import module_device, move_module
 from tasks.envs import EnvShard, make_shard
-from tasks.envs.shard import join_cursors, split_cursor
+from tasks.envs.shard import join_cursors, seed_devices, split_cursor
 from tasks.policies import make_policy
 
 STEP_FIELDS = ("obs", "actions", "logprobs", "values", "final_values", "rewards", "terminated", "truncated",
@@ -351,7 +353,7 @@ def env_observe(cfg: Config, run_id: str, shard: int, cursor: dict | None, first
     if first:
         sh.begin_rollout()
     return {"obs": sh.current_obs(), "rgb": sh.current_rgb(), "truncated": np.zeros(sh.num_envs, bool),
-            "final_obs": None, "final_rgb": None, "instruction": sh.instruction}
+            "final_obs": None, "final_rgb": None, "instruction": sh.instruction, "rng_key": sh.rng_key()}
 
 
 def env_step_chunk(cfg: Config, run_id: str, shard: int, infer_out: list[dict], cursor: dict | None,
@@ -365,6 +367,7 @@ def env_step_chunk(cfg: Config, run_id: str, shard: int, infer_out: list[dict], 
                                         "final_obs", "final_rgb", "episode_seed", "episode_id", "episodes")}
     out["instruction"] = sh.instruction
     out["cursor"] = sh.state_dict()
+    out["rng_key"] = sh.rng_key()
     out["env_time"] = time.perf_counter() - t0
     return out
 
@@ -390,7 +393,13 @@ def policy_infer(cfg: Config, run_id: str, weights: dict, dims: tuple[int, int],
     instr = env_outs[0].get("instruction") or instruction(cfg)
     V = num_values(cfg)
     obs = policy_obs(rep.module, state, rgb, instr)
-    acts = _act(rep, obs) if sample else {"values": _values_np(rep, obs, len(state))}
+    if sample:
+        devs = _cuda_index(module_device(rep.module))
+        with torch.random.fork_rng(devices=devs):
+            seed_devices(infer_seed(cfg, [o.get("rng_key", ()) for o in env_outs]), devs)
+            acts = _act(rep, obs)
+    else:
+        acts = {"values": _values_np(rep, obs, len(state))}
     if not sample and cfg.algorithm.offload:  # the bootstrap: this group's last inference of the step
         rep.offload()
     moved = rep.take_moved()
@@ -411,6 +420,17 @@ def policy_infer(cfg: Config, run_id: str, weights: dict, dims: tuple[int, int],
         results.append(r)
         start += n
     return results
+
+
+def infer_seed(cfg: Config, keys: list) -> int:
+    """Seed of one `policy_infer` draw from `cfg.seed` and its shards' `EnvShard.rng_key`s (a hash: distinct
+    groups and chunk steps give unrelated streams)."""
+    words = [cfg.seed & 0xFFFFFFFF] + [int(x) & 0xFFFFFFFF for k in keys for x in k]
+    return int(np.random.SeedSequence(words).generate_state(2, np.uint64)[0] >> np.uint64(1))
+
+
+def _cuda_index(device: torch.device) -> list:
+    return [device.index or 0] if device.type == "cuda" else []
 
 
 def trajectory_disaggregated(cfg: Config, shard: int, first_obs: dict, *parts) -> dict:

@@ -314,12 +314,17 @@ class EnvShard:
             self.ep_actions[b] = list(acts)
 
     # ----- the policy's RNG -----
+    def rng_key(self) -> list[int]:
+        """[first global env, chunk steps of the shard's life]: identifies the shard's next chunk step across
+        resumes (disaggregated inference seeds its draw from the keys of its shards)."""
+        return [int(self.env_offset), int(self.chunk_steps)]
+
     def seed_rng(self, seed: int, device=None) -> None:
         """Set the shard's policy RNG to torch.manual_seed(seed)'s state (CPU, and `device` if CUDA)."""
         import torch
         devs = _cuda_devices(device)
         with torch.random.fork_rng(devices=devs):
-            torch.manual_seed(seed)
+            seed_devices(seed, devs)
             self.rng_state = _get_rng(devs)
         self.rng_fresh = True
 
@@ -444,6 +449,16 @@ def _cuda_devices(device) -> list:
     if device.type != "cuda":
         return []
     return [device.index if device.index is not None else torch.cuda.current_device()]
+
+
+def seed_devices(seed: int, devs: list) -> None:
+    """torch.manual_seed(seed)'s effect on the CPU generator and the CUDA devices `devs` only (not on every CUDA
+    device of the process, which may hold another component's stream)."""
+    import torch
+    torch.random.default_generator.manual_seed(seed)
+    for d in devs:
+        with torch.cuda.device(d):
+            torch.cuda.manual_seed(seed)
 
 
 def _get_rng(devs: list) -> dict:

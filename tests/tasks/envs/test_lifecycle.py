@@ -403,12 +403,14 @@ def test_batched_shard_restarts_open_episodes_from_reset():
         c.load_state_dict(_shard(False, False, False, batched=True)[0].state_dict())
 
 
+@pytest.mark.parametrize("path", ["colocated", "disaggregated", "stages"])
 @pytest.mark.parametrize("auto", [True, False])
 @pytest.mark.parametrize("fresh_worker", [True, False])
-def test_rollouts_resumed_from_cursors_equal_the_uninterrupted_ones(sim, auto, fresh_worker):
-    """env_step x3 == env_step, shards re-created from the cursor (and, fresh_worker, the replica too),
-    env_step x2: every field identical, the sampled actions included (MLP policy, per-shard RNG streams)."""
-    cfg = make_config(auto, False, 5, False, reward_type="chunk_level")
+def test_rollouts_resumed_from_cursors_equal_the_uninterrupted_ones(sim, auto, fresh_worker, path):
+    """3 rollouts == 1 rollout, shards re-created from its cursors (and, fresh_worker, the replica too), 2 more:
+    every field identical, the sampled actions included (MLP policy; colocated: per-shard RNG streams carried in
+    the cursor; disaggregated: draws seeded from the shards' cursors)."""
+    cfg = make_config(auto, False, 5, False, path, reward_type="chunk_level")
     w = update.actor_init(cfg, RUN, (3, 2))
     full = run_rollouts(cfg, 3, weights=w)
     resident.release("")
