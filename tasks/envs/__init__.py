@@ -1,6 +1,8 @@
 """Simulator adapters behind one registry, and the EnvShard that vectorises them.
 
 `make_shard(cfg, ...)` is the only entry point graph nodes use; callers never branch on the simulator name.
+The shard owns the episode lifecycle (tasks.envs.shard: the SAME_STEP / DISABLED mode table, `begin_rollout`,
+`chunk_step`, the exact-resume cursor `state_dict` / `load_state_dict`); callers make no reset decisions.
 """
 from __future__ import annotations
 
@@ -37,7 +39,8 @@ def make_single_env(cfg: EnvConfig) -> SingleEnv:
 def make_shard(cfg: EnvConfig, *, shard: int, num_shards: int, num_envs: int, auto_reset: bool,
                ignore_terminations: bool, base_seed: int, episode_count=None,
                seed_fn: Callable[[int, int], int] | None = None, group_size: int = 1) -> EnvShard:
-    """Create env shard `shard` of `num_shards` splitting `num_envs` envs evenly."""
+    """Create env shard `shard` of `num_shards` splitting `num_envs` envs evenly (`episode_count`: per-env counts
+    to continue; a full cursor is loaded afterwards with `EnvShard.load_state_dict`)."""
     size = num_envs // num_shards
     mod = _module(cfg.simulator)
     if cfg.sim_backend in getattr(mod, "BATCHED_BACKENDS", ()):  # one simulator instance holds the shard's envs
