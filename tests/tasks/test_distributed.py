@@ -3,8 +3,8 @@
 One spawn of 2 rank processes (module fixture, ~10-20 s on the shared 2-core machine) runs 4 updates on the same
 batch: calls 1-3 in generation 0 (one process group, reused), then generation 1 on a new port rebuilt from the
 full policy + optimizer state (`actor_state_rank`), as after a lost rank. The reference is
-`tasks.update.actor_update` (one process, no torch.distributed) with the same permutations
-(`permutation_seed`). Tolerance: parameters atol = rtol = 1e-5 (the split changes only the float summation order:
+`tasks.update.actor_update` (one process, no torch.distributed: the same loop, `tasks.update.run_update`, as a world
+of one), which draws the same permutations (`permutation_seed(cfg, version)`). Tolerance: parameters atol = rtol = 1e-5 (the split changes only the float summation order:
 2 ranks x 2 micro-batches of 4 samples vs one minibatch of 16); linear metrics rtol 1e-4, atol 1e-6.
 """
 from __future__ import annotations
@@ -118,7 +118,7 @@ def reference():
     weights, outs = _initial_weights(cfg), []
     with torch.random.fork_rng():
         for _ in range(CALLS):
-            torch.manual_seed(permutation_seed(cfg, weights["version"]))  # actor_update's torch.randperm(N)
+            torch.manual_seed(permutation_seed(cfg, weights["version"]))  # no effect: the update seeds its own draws
             weights = update.actor_update(cfg, "ref-dist", weights, *samples)
             outs.append(weights)
     resident.release("ref-dist/")
