@@ -111,17 +111,21 @@ class graceful_stop:
 
 def _ignore_sigint_in_workers(handle) -> None:
     """A terminal's Ctrl-C reaches every process of its process group: local workers ignore SIGINT so that the
-    driver decides (finish the step, checkpoint). Best effort: a worker whose event loop is not on its main thread
-    keeps the default."""
-    def ignore() -> bool:
-        import signal
-        try:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            return True
-        except ValueError:
-            return False
+    driver decides (finish the step, checkpoint). A worker plugin, so restarted workers (recovery) do too. Best
+    effort: a worker whose event loop is not on its main thread keeps the default."""
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    class IgnoreSigint(WorkerPlugin):
+        name = "dagrl-ignore-sigint"
+
+        def setup(self, worker) -> None:
+            import signal
+            try:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+            except ValueError:  # not the main thread
+                pass
     try:
-        handle.client.run(ignore, on_error="ignore")
+        handle.client.register_plugin(IgnoreSigint())
     except Exception:  # noqa: BLE001 - never fail a run for this
         pass
 

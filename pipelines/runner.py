@@ -253,6 +253,11 @@ class Runner(Recovery):
                   f"continues in run {st.mlflow_run_id}")
 
     # ----- the loop -----
+    def _eval_logged(self, step: int) -> bool:
+        """Whether the run's timeline already holds an eval at `step` (a resume copies the points up to its
+        checkpoint's step: evaluating again there would log a second value)."""
+        return any(s == step for s, _ in self.tracker.get_metric_history("eval/success_once"))
+
     def request_stop(self, reason: str = "stop requested") -> None:
         """Ask the loop to stop cleanly: the step in flight (all steps in flight, asynchronous) finishes, an eval or
         checkpoint under way completes, then a checkpoint of the current step is written, the MLflow run is set
@@ -487,7 +492,7 @@ class Runner(Recovery):
         last_ckpt = None
         status = "FAILED"
         try:
-            if cfg.runner.val_at_start and st.step == 0:
+            if cfg.runner.val_at_start and st.step == 0 and not self._eval_logged(0):
                 self.tracker.log_metrics(self.evaluate(), step=0)
                 self.echo(f"dagrl: eval before training: success_once {self.last_eval['eval/success_once']:.3f} "
                           f"over {self.last_eval['eval/num_episodes']:.0f} episodes")
@@ -515,7 +520,8 @@ class Runner(Recovery):
                         post["eval"] = f"{self.last_eval['eval/success_once']:.2f}"
                     bar.set_postfix(post)
             stopped = self.stop_requested
-            if stopped is None and (not self.last_eval or st.step % cfg.runner.val_check_interval):
+            if stopped is None and (not self.last_eval or st.step % cfg.runner.val_check_interval) \
+                    and not self._eval_logged(st.step):  # a resume at the end: the kept timeline has it
                 self.tracker.log_metrics(self.evaluate(), step=st.step)  # an interrupted run skips the final eval
             elapsed = st.elapsed_s + time.perf_counter() - t_start
             if last_ckpt is None or st.step % cfg.runner.save_interval:

@@ -243,3 +243,11 @@ def test_optimizer_state_of_another_layout_is_refused(run_id):
     saved["param_groups"][0]["params"] = saved["param_groups"][0]["params"][1:]
     with pytest.raises(ValueError, match="param_groups name other parameters"):
         load_optimizer_state(actor.policy, actor.optimizer, saved)
+
+
+def test_nonfinite_mode_is_checked_offline():
+    from tasks.config import ConfigError
+    cfg = Config()
+    cfg.algorithm.nonfinite = "ignore"
+    with pytest.raises(ConfigError, match=r"algorithm.nonfinite='ignore': use 'error' .* or 'mask'"):
+        cfg.validate()
