@@ -27,10 +27,15 @@ Cursor (`state_dict()` -> `load_state_dict()`; lists, ints, floats and bools onl
 per env `episode_count`, the current (or, idle, the last) episode's `seed`, `active`, the clipped `actions` executed
 in it so far, its `return` / `episode_len` / `success_once` accumulators; per shard (`parts`: one dict, one per stage
 group after `join_cursors`) `started`, `chunk_steps` (the shard's life) and `rng` (the torch RNG state of its
-policy calls, `policy_rng`). Loading re-simulates every env's episode (reset(seed) + the same actions; the CPU
-simulator is deterministic, /work/shared/MACHINE.md), rendering only the final frame, so a shard built from a
-cursor continues EXACTLY. A cursor holding only `episode_count` (the old format) starts fresh episodes at those
-counts. BatchedEnvShard (GPU physics, not deterministic) restarts open episodes from reset instead (warns).
+policy calls, `policy_rng`, as lists of ints). Loading re-simulates every env's episode (reset(seed) + the same
+actions; ManiSkill's CPU simulation is bit-identical for that, checked in tests/tasks/envs/test_lifecycle.py),
+rendering only the final frame, so a shard built from a cursor continues EXACTLY. A cursor holding only
+`episode_count` (the old format) starts fresh episodes at those counts. A simulator without that determinism
+would silently continue from a drifted state: its shard must override `_restore_episodes`, as BatchedEnvShard
+(GPU physics) does by restarting open episodes from their reset (same seeds; a warning names the envs).
+
+GRPO scores each env's first episode of a rollout, so its configs must use DISABLED, or SAME_STEP with episodes
+aligned to rollouts (tasks.config.check_grpo_episodes refuses the rest offline).
 
 Action chunks (shape [B, C, D]): the C actions are executed in order. When an episode ends at action c < C-1
 the remaining actions of that env are NOT executed (reward 0, `step_mask` False); the done flag is reported for
