@@ -372,7 +372,18 @@ def load_config(overrides: Sequence[str] = (), *, components: bool = True, comma
         check_placement(cfg, cuda, command=command)
         check_command(cfg, command, require_teacher=require_teacher)
     check_given(cfg, overrides, command, cuda, notes)
+    check_params(cfg)
     return cfg, dcfg
+
+
+def check_params(cfg: Config) -> None:
+    """The config as MLflow params (`storage.tracking.flatten_config`) is valid, so that no run is refused by MLflow
+    after its cluster started. Raises ConfigError naming the key."""
+    from storage.tracking import flatten_config
+    try:
+        flatten_config(to_dict(cfg))
+    except ValueError as exc:
+        raise ConfigError("config", None, f"cannot be logged as MLflow params: {exc}") from None
 
 
 def to_yaml(cfg: Config) -> str:

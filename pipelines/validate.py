@@ -18,9 +18,21 @@ import sys
 def describe(cfg, placement=None) -> str:
     """Human summary of the derived layout of one training step (`placement`: a cluster.ComponentPlacement)."""
     e, r, p, a = cfg.env, cfg.rollout, cfg.policy, cfg.algorithm
-    # per shard: env_step segments + trajectory + advantages + store; once: actor_update, weights_handle,
-    # update_handle, step_metrics (colocated inference, one actor rank)
-    nodes = e.num_shards * (cfg.num_segments + 3) + 4
+    S, T, R = e.num_shards, r.chunk_steps, a.num_actor_ranks
+    # once: weights_handle, update_handle, step_metrics + the R actor_update nodes; per shard: trajectory,
+    # advantages, store; the rollout: colocated, env_step segments per shard; disaggregated, per stage an
+    # env_observe per shard and per chunk step a policy_infer (+1 bootstrap) and an env_step per shard
+    if r.inference == "colocated":
+        rollout_nodes, per = S * cfg.num_segments, f"{cfg.num_segments} env_step nodes of {r.chunk_steps_per_node} " \
+                                                  f"chunk steps per shard"
+    else:
+        q = r.pipeline_stage_num
+        rollout_nodes = q * (S + (T + 1) + T * S)
+        per = f"{T} env_step nodes of 1 chunk step per shard and stage, {q * (T + 1)} policy_infer nodes"
+    nodes = rollout_nodes + S * (2 + cfg.storage.save_trajectories) + 3 + R
+    if a.name == "sft":
+        loaders = min(cfg.sft.num_loaders, cfg.sft.updates_per_step)
+        nodes, per = loaders + 2, f"{loaders} sft_load nodes, sft_update, step_metrics; no rollout"
     return "\n".join([
         f"experiment {cfg.experiment}: {e.simulator}:{e.env_id} obs={e.obs_mode} control={e.control_mode}",
         f"  envs {e.num_envs} in {e.num_shards} env shards of {e.shard_size}; eval {e.eval.num_envs} envs, "
@@ -29,8 +41,7 @@ def describe(cfg, placement=None) -> str:
         f"= {e.num_envs * r.chunk_steps * p.num_action_chunks} env steps per training step ({r.inference} inference)",
         f"  update: batch {cfg.batch_size} samples, {a.num_minibatches} minibatches of {cfg.minibatch_size}, "
         f"{a.update_epochs} epochs; reward {a.reward_type}, logprob {a.logprob_type}",
-        f"  graph: {nodes} nodes per step ({cfg.num_segments} env_step nodes of {r.chunk_steps_per_node} chunk steps "
-        f"per shard)",
+        f"  graph: {nodes} nodes per step ({per})",
         f"  cluster: " + (cfg.cluster.address or f"local, {cfg.cluster.num_env_workers} env workers (CPU) + "
                           f"{placement.num_devices if placement else cfg.cluster.num_gpu_workers} GPU workers"),
         f"  placement: " + (placement.describe() if placement is not None else

@@ -15,6 +15,13 @@ from tasks.config import Config, ConfigError
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def _cpu_only_machine(monkeypatch):
+    """The expectations here are those of a CPU-only machine (logical GPU workers: cluster.num_gpu_workers)."""
+    import pipelines.cluster
+    monkeypatch.setattr(pipelines.cluster, "_cuda_device_count", lambda: 0)
+
+
 def test_default_config_composes():
     cfg, dcfg = load_config([])
     assert isinstance(cfg, Config)
@@ -435,3 +442,34 @@ def test_params_of_every_experiment_and_placement_reach_mlflow_intact(tmp_path, 
             v = config_value(cfg, key)
             assert value == (json.dumps(v) if isinstance(v, list) else "{}" if v == {} else str(v)), key
     assert "cluster.component_placement.actor,env,rollout" in values or True
+
+
+def test_num_gpu_workers_is_refused_where_cuda_devices_decide():
+    """On a machine with CUDA devices the embedded cluster starts one GPU worker per device: a set
+    cluster.num_gpu_workers would do nothing there (cluster.num_gpus chooses fewer)."""
+    from tasks.config import inert_keys, inert_reason
+    cfg, _ = load_config(["cluster.num_gpu_workers=2"], components=False)  # CPU-only: logical GPU workers
+    assert inert_reason("cluster.num_gpu_workers", inert_keys(cfg, "run", cuda_count=0)) is None
+    why = inert_reason("cluster.num_gpu_workers", inert_keys(cfg, "run", cuda_count=1))
+    assert why is not None and "cluster.num_gpus" in why
+
+
+@pytest.mark.parametrize("overrides", [["conf=smoke"], ["conf=smoke", "rollout.inference=disaggregated"],
+                                       ["conf=smoke", "rollout.inference=disaggregated", "env.num_envs=8",
+                                        "rollout.pipeline_stage_num=2"], ["conf=smoke", "storage.save_trajectories=false"]])
+def test_validate_counts_the_nodes_the_step_graph_has(overrides):
+    """`pipelines.validate`'s node count is that of the graph `pipelines.graphs.build_train_step` builds (weights as
+    a key of a runner Future: with the weights_handle node)."""
+    import re
+
+    from pipelines import graphs
+    from pipelines.cluster import plan_placement
+    from pipelines.validate import describe
+    cfg, _ = load_config(overrides, components=False, notes=[])
+    cluster = {"workers": {"tcp://127.0.0.1:1": {"name": "env-0", "resources": {"CPU": 1}},
+                           "tcp://127.0.0.1:2": {"name": "gpu-0", "resources": {"GPU": 1}}}}
+    sg = graphs.build_train_step(cfg, run_id="r", step=0, weights="w0", cursors=[None] * cfg.env.num_shards,
+                                 placement=plan_placement(cfg, cluster), store_path=None if not
+                                 cfg.storage.save_trajectories else "/nonexistent.zarr", dims=(3, 2))
+    stated = int(re.search(r"graph: (\d+) nodes per step", describe(cfg)).group(1))
+    assert stated == len(sg.graph.layers)
