@@ -120,7 +120,8 @@ class AlgorithmConfig:
     micro_batch_size: Optional[int] = None  # samples per forward/backward on one rank; None: global / num_actor_ranks
     num_actor_ranks: int = 1  # actor_update ranks (one torch.distributed process group, FSDP2)
     offload: bool = False  # move the actor (model + optimizer state) to CPU memory after each update and back
-    # before the next, and rollout replicas off their device during the update (tasks.offload; a no-op on CPU)
+    # before the next, and rollout replicas off their device during the update (tasks.offload; with
+    # policy.device=cpu nothing moves: refused there, tasks.config.inert_keys)
     # ----- non-finite values reaching the advantages (tasks.update docstring; owner: the update) -----
     nonfinite: str = "error"  # error: a NaN/inf in a rollout field the update reads stops the step with one line
     # naming field, shard, env, chunk step; mask: those samples leave the loss mask, counted as rollout/nonfinite_*
@@ -578,7 +579,7 @@ def inert_keys(cfg: Config, command: str = "run", cuda_count: int = 0) -> list[t
                                             "clip_ratio_low", "clip_ratio_high", "dual_clip", "value_clip",
                                             "entropy_coef", "value_coef", "update_epochs", "num_minibatches",
                                             "normalize_advantages", "target_kl", "critic_warmup_steps",
-                                            "global_batch_size", "micro_batch_size")], why)
+                                            "global_batch_size", "micro_batch_size", "nonfinite")], why)
             off(["rollout", "storage", "runner.max_env_steps", "env.num_envs", "env.auto_reset",
                  "env.ignore_terminations", "env.seed"],
                 "is not read by algorithm.name=sft: SFT steps roll nothing out (the samples come from sft.store; "
@@ -619,7 +620,7 @@ def inert_keys(cfg: Config, command: str = "run", cuda_count: int = 0) -> list[t
     # ----- cluster -----
     if c.address:
         off(["cluster.num_env_workers", "cluster.num_gpu_workers", "cluster.threads_per_worker",
-             "cluster.memory_limit", "cluster.dashboard_address"],
+             "cluster.memory_limit", "cluster.dashboard_address", "cluster.start_timeout_s"],
             f"configures the embedded local cluster; with cluster.address={c.address} the existing cluster's workers "
             f"are used as they were started: drop it (or drop cluster.address)")
     else:

@@ -274,6 +274,9 @@ INERT = [
     ([SFT, "sft.store={store}", "runner.max_env_steps=100"], "runner.max_env_steps", "roll nothing out"),
     ([SFT, "sft.store={store}", "algorithm.clip_ratio_low=0.1"], "algorithm.clip_ratio_low", "algorithm.name=sft"),
     ([SFT, "sft.store={store}", "algorithm.update_epochs=2"], "algorithm.update_epochs", "algorithm.name=sft"),
+    ([SFT, "sft.store={store}", "algorithm.nonfinite=mask"], "algorithm.nonfinite", "algorithm.name=sft"),
+    (["cluster.address=tcp://10.0.0.1:8786", "cluster.start_timeout_s=30"], "cluster.start_timeout_s",
+     "existing cluster"),
     ([SFT, "sft.store={store}", "sft.value_coef=0", "algorithm.reward_scale=0.5"], "algorithm.reward_scale",
      "sft.value_coef > 0"),
     # cluster: the embedded cluster's keys with a remote one, and the other way round
