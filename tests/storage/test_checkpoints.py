@@ -186,7 +186,28 @@ def test_run_dirs(tmp_path):
     assert cfg == run / "config.yaml" and cfg.read_text() == "algo:\n  name: ppo\n"
     with pytest.raises(ValueError, match="not valid YAML"):
         write_resolved_config(run, "a: [1, 2\n")
-    assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
+    assert sorted(p.name for p in run.iterdir()) == [".started", "config.yaml"]
+
+
+def test_latest_started_run_orders_by_start_not_by_mtime(tmp_path):
+    from storage.rundir import latest_started_run, run_started_ns
+    exp = tmp_path / "exp"
+    assert latest_started_run(exp) is None
+    runs = []
+    for name in ("20261201-090000-aaaa", "20261201-080000-bbbb", "zz-no-stamp"):  # started in this order
+        runs.append(new_run_dir(tmp_path, "exp", name))
+        write_resolved_config(runs[-1], "a: 1\n")
+    assert [run_started_ns(r) for r in runs] == sorted(run_started_ns(r) for r in runs)
+    os.utime(runs[0], (2e9, 2e9))  # newest mtime: does not matter
+    (runs[1] / "checkpoints").mkdir()
+    assert latest_started_run(exp) == runs[2]
+    assert new_run_dir(tmp_path, "exp", runs[0].name) == runs[0]  # a resume keeps the start time
+    assert latest_started_run(exp) == runs[2]
+    (runs[2] / ".started").unlink()  # a run dir from before .started: the ctime (no time in its name)
+    (exp / "half-made").mkdir()  # no config.yaml: not a run
+    assert latest_started_run(exp) == runs[2]
+    (runs[0] / ".started").unlink()  # the time in the run id
+    assert run_started_ns(runs[0]) == int(__import__("datetime").datetime(2026, 12, 1, 9).timestamp() * 1e9)
 
 
 def _equal(a, b):
