@@ -45,7 +45,7 @@ How the graph uses it (pipelines.graphs, pipelines.runner with `algorithm.num_ac
     `client.submit(free_port, workers=[w0], pure=False)`), `generation` 0 at start.
   - Checkpoint: `actor_state_rank(run_id, cfg, group, weights, dims)` on every rank (a collective; one node per rank
     as above); rank 0 returns {"policy", "optimizer" (FQN-keyed full state,
-    `tasks.update.optimizer_state`: the one-rank update's format too, so a checkpoint moves between 1 and R
+    `tasks.optim_state.optimizer_state`: the one-rank update's format too, so a checkpoint moves between 1 and R
     ranks), "rng_torch", "weight_version"}.
     Restore: `initial_weights(cfg, dims, checkpoint)` gives weights={"version", "state_dict", "optimizer"} for a
     new generation; the group is rebuilt from them.
@@ -76,8 +76,9 @@ import torch
 
 from tasks import resident
 from tasks.config import Config, ConfigError
-from tasks.update import (_flatten, behaviour_version, load_optimizer_state, make_optimizer,  # noqa: F401
-                          nonfinite_metrics, optimizer_state, permutation_seed, run_update)
+from tasks.optim_state import load_optimizer_state, optimizer_state
+from tasks.update import (_flatten, behaviour_version, make_optimizer, nonfinite_metrics,  # noqa: F401
+                          permutation_seed, run_update)
 
 DEFAULT_TIMEOUT_S = 300.0  # process-group timeout: how long a rank waits in a collective for a lost peer
 _INITS = 0  # process groups this process has initialised (tests count them)
@@ -354,7 +355,7 @@ def initial_weights(cfg: Config, dims: tuple[int, int], checkpoint: dict | None 
     from a checkpoint written by the ranks (`actor_state_rank`): its policy, optimizer and weight version.
 
     Returns {"version": int, "state_dict": full CPU state dict[, "optimizer": FQN-keyed full optimizer state]}.
-    The optimizer state may be either format (`tasks.update.load_optimizer_state` maps a legacy one-rank,
+    The optimizer state may be either format (`tasks.optim_state.load_optimizer_state` maps a legacy one-rank,
     integer-keyed state by position when the group is built).
     """
     from tasks.policies import make_policy
