@@ -107,6 +107,14 @@ def base_overrides(args, run_root: str) -> list[str]:
             *args.set]
 
 
+def settings_overrides(base: list[str], setting: list[str]) -> list[str]:
+    """`base` + one setting's overrides; disaggregated settings drop rollout.chunk_steps_per_node (it sizes the
+    colocated env_step nodes only, and a key that does nothing is refused: pipelines.config.check_given)."""
+    if "rollout.inference=disaggregated" in setting:
+        base = [o for o in base if not o.startswith("rollout.chunk_steps_per_node=")]
+    return [*base, *setting]
+
+
 def measure(handle, overrides: list[str], args) -> dict:
     """Run warm-up + measured steps of one setting on the cluster; return its figures."""
     from pipelines.config import load_config
@@ -167,7 +175,7 @@ def main() -> None:
         try:
             for name in names:
                 t0 = time.perf_counter()
-                res[name] = r = measure(handle, base + SETTINGS[name], args)
+                res[name] = r = measure(handle, settings_overrides(base, SETTINGS[name]), args)
                 print(f"  {name:<16} step wall {r['wall']:6.2f} s | {r['sps']:7.1f} env steps/s | rollout "
                       f"{r['rollout']:5.2f} s, update {r['update']:5.2f} s | staleness {r['staleness']:.1f} | "
                       f"({time.perf_counter() - t0:.0f} s)", flush=True)

@@ -256,14 +256,15 @@ class Config:
                          "policy.num_action_chunks", "rollout.chunk_steps", "rollout.chunk_steps_per_node",
                          "algorithm.update_epochs", "algorithm.num_minibatches", "runner.max_steps",
                          "runner.val_check_interval", "runner.save_interval", "cluster.threads_per_worker"])
-        if e.num_envs % e.num_shards:
+        rl = a.name != "sft"  # SFT rolls nothing out: the training envs' and the rollout's shapes are unread
+        if rl and e.num_envs % e.num_shards:
             raise ConfigError("env.num_envs", e.num_envs,
                               f"must be divisible by env.num_shards={e.num_shards} (each env shard holds the same "
                               f"number of envs); e.g. env.num_envs={e.num_shards * max(1, e.num_envs // e.num_shards)}")
-        if r.chunk_steps % r.chunk_steps_per_node:
-            raise ConfigError("rollout.chunk_steps_per_node", r.chunk_steps_per_node,
+        if rl and r.inference == "colocated" and r.chunk_steps % r.chunk_steps_per_node:  # disaggregated: one
+            raise ConfigError("rollout.chunk_steps_per_node", r.chunk_steps_per_node,  # node per chunk step
                               f"must divide rollout.chunk_steps={r.chunk_steps}")
-        if self.batch_size % a.num_minibatches:
+        if rl and self.batch_size % a.num_minibatches:
             raise ConfigError("algorithm.num_minibatches", a.num_minibatches,
                               f"must divide the batch of rollout.chunk_steps*env.num_envs={self.batch_size} samples")
         if r.inference not in ("colocated", "disaggregated"):

@@ -476,3 +476,13 @@ def test_validate_counts_the_nodes_the_step_graph_has(overrides):
                                  cfg.storage.save_trajectories else "/nonexistent.zarr", dims=(3, 2))
     stated = int(re.search(r"graph: (\d+) nodes per step", describe(cfg)).group(1))
     assert stated == len(sg.graph.layers)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["conf=smoke", "rollout.inference=disaggregated", "rollout.chunk_steps=7"],  # chunk_steps_per_node unread
+    [SFT, "sft.store={store}", "env.num_shards=3", "env.eval.num_envs=3"],  # env.num_envs unread by SFT
+])
+def test_keys_that_do_nothing_are_not_validated_either(overrides, sft_store):
+    """A default the chosen mode never reads cannot make a config invalid (chunk_steps_per_node=5 does not divide
+    7, env.num_envs=16 is not divisible by 3: both unread here)."""
+    load_config(_fill(overrides, sft_store), notes=[])
