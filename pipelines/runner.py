@@ -12,6 +12,18 @@ eval or a checkpoint follows, nor beyond `max_steps`/`max_env_steps`: an eval or
 pipeline, so a checkpoint holds exactly what a synchronous one does (a resumed run refills the pipeline from v(n)).
 A run stopped by `max_wall_time_s` finishes the steps already in flight. A lost worker cancels every step in
 flight and takes the synchronous retry path (`_recover`); the pipeline then refills from the current weights.
+
+Resume and interruption: a resume (`runner.resume=RUN_ID|latest`: the most recently started run of the experiment,
+an error naming it when it has no checkpoint) restores the RunState from the newest checkpoint; with the cursors
+(open episodes, per-shard RNG), the actor's weights, optimizer and process RNG in the checkpoint, the resumed run
+equals the uninterrupted one step for step. `request_stop` (pipelines.run: the first SIGINT/SIGTERM) ends the loop
+after the step(s) in flight with a checkpoint of the current step.
+
+One timeline: a redone step never shows twice. A resume or a rollback (`_rollback`, after a lost actor) to step k
+marks the store's epochs >= k incomplete (each redone epoch is a new attempt, complete only once every shard wrote
+it) and continues MLflow in a NEW run holding a copy of every point with step <= k (`Tracker.continue_from` /
+`Tracker.fork`; MLflow's client cannot delete single points); the superseded run is tagged `dagrl.superseded_by`
+and soft-deleted. Metrics of a step are logged before its checkpoint, so the run a checkpoint records holds them.
 """
 from __future__ import annotations
 
