@@ -1,22 +1,181 @@
 """Recovery of a run from lost and stalled workers: the Runner's watch over its placed workers.
 
 `Recovery` is a mixin of `pipelines.runner.Runner` (it uses the runner's `cfg`, `client`, `placement`,
-`_placed_ids`, `state`, `ranks`, `run_dir`, `echo`, `_init_actor`). The runner's waits go through
-`_wait_or_lost` / `_fetch_or_lost`, which return the placed workers that left the cluster; `_recover` re-plans
-placement on the live workers and, if the actor was lost, rolls the run back to its last checkpoint.
+`_placed_ids`, `state`, `ranks`, `run_dir`, `echo`, `_init_actor`, `checkpoint`). Every wait of the driver on
+the cluster goes through `_wait_or_lost` / `_fetch_or_lost` (or `_result`, which raises instead of returning):
+they return the placed workers that left the cluster, or that are alive but make no progress, within a bound.
+
+What counts as no progress (checked once a second while waiting, from the scheduler's view of each placed worker):
+
+| worker state                                   | bound                                                   |
+|------------------------------------------------|---------------------------------------------------------|
+| `paused` (memory above its pause fraction)     | `runner.pause_timeout_s` without a break                 |
+| a task executing far past its expected time    | max(`runner.stall_timeout_s`, 4 x the longest finished   |
+| (blocked in a collective, a hung simulator)    | task of the same kind seen in this run)                 |
+| not heard from (event loop blocked)            | `runner.stall_timeout_s`                                 |
+
+A stall prints one line naming the worker, its state, its memory and the key to change, then `_recover`: a worker
+stuck in a task is restarted (its Nanny starts a fresh process; it then counts as lost), a paused one is left out
+of the new placement. If a placement on the healthy workers exists the step is retried on it; if not, the run
+stops (`RunStalled`, exit 1): with a checkpoint of the last finished step when the actor's workers are healthy
+(their weights are the last good ones), else naming the latest checkpoint on disk, and the command to resume.
+
+Driver calls outside the watch that could block (`client.run`, `restart_workers`, `wait_for_workers`) carry a
+bound (`bounded`, their own `timeout`).
 """
 from __future__ import annotations
 
+import re
+import threading
 import time
+from dataclasses import dataclass
 
-from pipelines.cluster import plan_placement
-from storage.checkpoints import latest_checkpoint, load_checkpoint
+from pipelines.cluster import PlacementError, pause_fraction, plan_placement, worker_health
+from storage.checkpoints import latest_checkpoint
 from tasks.config import ConfigError
 
 
-class Recovery:
-    """Lost-worker detection and recovery, mixed into `pipelines.runner.Runner`."""
+class RunStalled(RuntimeError):
+    """The run stopped because no healthy placement is left; the message says what to change and how to resume."""
 
+
+@dataclass
+class Stall:
+    """A placed worker that is alive but makes no progress.
+
+    kind: "paused" (left out of the next placement) | "stuck" (a task far past its time) | "silent" (not heard
+    from); the last two are restarted. line: the one-line description (worker, state, memory, what to change).
+    """
+
+    worker: str
+    kind: str
+    line: str
+
+
+def bounded(fn, *args, timeout: float, what: str, **kwargs):
+    """`fn(*args, **kwargs)` in a daemon thread, its result within `timeout` seconds.
+
+    Raises:
+        TimeoutError: naming `what` and the bound (the thread is left behind; it cannot keep the process alive).
+        Whatever `fn` raises.
+    """
+    box: dict = {}
+
+    def call():
+        try:
+            box["out"] = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["err"] = exc
+
+    t = threading.Thread(target=call, daemon=True, name=f"dagrl-{what[:20]}")
+    t.start()
+    t.join(timeout)
+    if "err" in box:
+        raise box["err"]
+    if "out" not in box:
+        raise TimeoutError(f"{what} did not answer within {timeout:.0f} s")
+    return box["out"]
+
+
+def _kind(key: str) -> str:
+    """Task kind of a key: its name up to the first dash, digits dropped (`env_step_s1-run-3-0` -> `env_step_s`)."""
+    return re.sub(r"\d+", "", str(key).split("-", 1)[0])
+
+
+def _gib(n) -> str:
+    return "unknown" if n is None else (f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB")
+
+
+class Recovery:
+    """Lost- and stalled-worker detection and recovery, mixed into `pipelines.runner.Runner`."""
+
+    CALL_TIMEOUT_S = 120.0  # bound of one driver call to the workers outside the watch (client.run, restarts)
+
+    # ----- the watch -----
+    def _placed(self) -> set[str]:
+        p = self.placement
+        return {*p.shard_workers, *p.actor_workers[:self.ranks], *p.rollout_workers}
+
+    def _watch_state(self) -> dict:
+        w = getattr(self, "_watch", None)
+        if w is None:
+            w = self._watch = {"paused_since": {}, "executing": {}, "longest": {}, "stalls": {},
+                               "t0": time.perf_counter()}  # first watched wait (the init graph): ~ the run's start
+        return w
+
+    def _start_watch(self) -> None:
+        """Called before each wait: forget the previous wait's stalls and pause clocks (kept: the longest task
+        durations, the expected times)."""
+        w = self._watch_state()
+        w["paused_since"], w["executing"], w["stalls"] = {}, {}, {}
+
+    def _stalled_workers(self) -> dict[str, Stall]:
+        """Placed workers alive but without progress beyond their bound (one scheduler query). Prints nothing."""
+        r, w = self.cfg.runner, self._watch_state()
+        now = time.monotonic()
+        health = worker_health(self.client, sorted(self._placed()))
+        out: dict[str, Stall] = {}
+        seen: dict[str, float] = {}
+        for addr, h in health.items():
+            for key, dur in h["executing"].items():
+                seen[key] = dur
+            if h["status"] == "paused":
+                since = w["paused_since"].setdefault(addr, now)
+                if now - since >= r.pause_timeout_s:
+                    out[addr] = Stall(addr, "paused", self._paused_line(addr, h, now - since))
+            else:
+                w["paused_since"].pop(addr, None)
+            if addr in out:
+                continue
+            for key, dur in h["executing"].items():
+                limit = max(r.stall_timeout_s, 4.0 * w["longest"].get(_kind(key), 0.0))
+                if dur > limit:
+                    out[addr] = Stall(addr, "stuck", self._stuck_line(addr, h, key, dur, limit))
+                    break
+            else:
+                if h["silent_s"] > r.stall_timeout_s:
+                    out[addr] = Stall(addr, "silent", self._silent_line(addr, h))
+        for key, dur in w["executing"].items():  # finished since the last look: their kind's expected time
+            if key not in seen:
+                w["longest"][_kind(key)] = max(w["longest"].get(_kind(key), 0.0), dur)
+        w["executing"] = seen
+        return out
+
+    def _paused_line(self, addr: str, h: dict, paused_s: float) -> str:
+        frac = pause_fraction(self.client, addr)
+        frac_s = "unknown" if frac is None else f"{frac:g}"
+        return (f"dagrl: worker {h['name']} ({addr}) paused for memory for {paused_s:.0f} s (runner.pause_timeout_s="
+                f"{self.cfg.runner.pause_timeout_s:g}): process memory {_gib(h['memory'])} of its "
+                f"{_gib(h['memory_limit'])} limit, pause fraction {frac_s}; raise cluster.memory_limit (now "
+                f"{self.cfg.cluster.memory_limit}) or the pause fraction (distributed.worker.memory.pause, env "
+                f"DASK_DISTRIBUTED__WORKER__MEMORY__PAUSE, default 0.8)")
+
+    def _stuck_line(self, addr: str, h: dict, key: str, dur: float, limit: float) -> str:
+        return (f"dagrl: worker {h['name']} ({addr}) has been executing {key} for {dur:.0f} s, past its bound "
+                f"{limit:.0f} s (runner.stall_timeout_s={self.cfg.runner.stall_timeout_s:g}, or 4x the longest "
+                f"{_kind(key)}* task seen), status {h['status']}, process memory {_gib(h['memory'])} of "
+                f"{_gib(h['memory_limit'])} (a rank blocked in a collective, a hung simulator); raise "
+                f"runner.stall_timeout_s if such a task is legitimately this slow")
+
+    def _silent_line(self, addr: str, h: dict) -> str:
+        return (f"dagrl: worker {h['name']} ({addr}) not heard from for {h['silent_s']:.0f} s (runner.stall_timeout_s"
+                f"={self.cfg.runner.stall_timeout_s:g}), status {h['status']}, last process memory "
+                f"{_gib(h['memory'])} of {_gib(h['memory_limit'])}: its event loop is blocked")
+
+    def _check(self) -> set[str]:
+        """One look: lost placed workers, else stalled ones (recorded, their line printed once). Empty: all fine."""
+        lost = self._lost_workers()
+        if lost:
+            return lost
+        stalls = self._stalled_workers()
+        if stalls:
+            w = self._watch_state()
+            w["stalls"] = stalls
+            self.echo("; ".join(s.line for s in stalls.values()))
+            return set(stalls)
+        return set()
+
+    # ----- waiting -----
     def _worker_ids(self) -> dict[str, str]:
         """address -> worker id (a restarted worker can come back on the same address with a new id and no state)"""
         return {a: w.get("id", a) for a, w in self.client.scheduler_info(n_workers=-1)["workers"].items()}
@@ -36,23 +195,25 @@ class Recovery:
         return lost
 
     def _wait_or_lost(self, futures) -> set[str]:
-        """Wait for `futures`; return the placed worker addresses that left the cluster meanwhile (empty: done).
+        """Wait for `futures`; return the placed worker addresses that left the cluster or stalled meanwhile
+        (empty: done). Stalls are recorded for `_recover` and printed (one line).
 
-        A task pinned to a worker that died would wait forever in `no-worker`, so the set of live workers is
-        checked every second while waiting.
+        A task pinned to a worker that died would wait forever in `no-worker`, and one pinned to a paused worker
+        forever in `processing`, so the placed workers are checked every second while waiting.
         """
         from distributed import wait
+        self._start_watch()
         while True:
             try:
                 wait(futures, timeout=1.0)
                 return set()
             except TimeoutError:
-                lost = self._lost_workers()
-                if lost:
-                    return lost
+                bad = self._check()
+                if bad:
+                    return bad
 
     def _fetch_or_lost(self, futures) -> list | set[str]:
-        """Results of finished futures, or the set of lost placed workers if fetching stalls on one."""
+        """Results of finished futures, or the set of lost (or stalled) placed workers if fetching stalls on one."""
         out = []
         for f in futures:
             while True:
@@ -60,9 +221,9 @@ class Recovery:
                     out.append(f.result(timeout=1.0))
                     break
                 except TimeoutError:
-                    lost = self._lost_workers()
-                    if lost:
-                        return lost
+                    bad = self._check()
+                    if bad:
+                        return bad
                 except Exception:  # a task that failed because its worker restarted under it: retry, not fail
                     lost = self._lost_workers()
                     # a rank fails as soon as a peer's connection drops, which can be before the scheduler has
@@ -76,6 +237,41 @@ class Recovery:
                     raise
         return out
 
+    def _result(self, futures: list, what: str) -> list:
+        """Results of `futures` under the watch, for waits without a retry path (the init graph).
+
+        Raises:
+            RunStalled: a placed worker was lost or stalled (the line was printed), with what to do next.
+        """
+        self._start_watch()
+        bad = self._wait_or_lost(futures)
+        results = bad if bad else self._fetch_or_lost(futures)
+        if isinstance(results, list):
+            return results
+        ckpt = latest_checkpoint(self.run_dir) if getattr(self, "run_dir", None) is not None else None
+        raise RunStalled(f"{what}: placed worker(s) {sorted(results)} lost or stalled (see above); "
+                         + self._resume_hint(ckpt))
+
+    def _resume_hint(self, ckpt) -> str:
+        st = self.state
+        if ckpt is None:
+            return "no checkpoint of this run exists yet: fix the cause above and start it again"
+        return (f"fix the cause above and resume from {ckpt} with `python -m pipelines.run conf=<this config> "
+                f"runner.resume={st.run_id}`")
+
+    # ----- recovery -----
+    def _drop(self, futures) -> None:
+        """Give up a failed attempt's futures: release them (the scheduler forgets every node of the graph that
+        nobody else wants; a node executing on a live worker finishes there and is discarded).
+
+        Not `client.cancel`: it cancels each key's dependents as well and asserts that someone wants each of them,
+        which an inner node (`update_handle` between `actor_update` and `step_metrics`) does not: the assertion
+        fails in the scheduler's handler of this client's stream, the scheduler drops the client and with it every
+        future it holds, the current weights included (the retry then fails with "lost dependencies").
+        """
+        for f in futures:
+            f.release()
+
     def _busy_rank_workers(self, graph) -> set[str]:
         """Actor rank workers processing one of `graph`'s rank nodes (actor_update_r*, actor_state_r*) now."""
         if self.ranks == 1:
@@ -88,61 +284,146 @@ class Recovery:
             return set(ranks)
         return {w for w, keys in processing.items() if w in ranks and mine & {str(k) for k in keys}}
 
+    def _restart(self, workers: list[str]) -> list[str]:
+        """Restart `workers` through their Nannies (bounded); returns those that could not be restarted."""
+        if not workers:
+            return []
+        try:
+            status = self.client.restart_workers(workers, timeout=self.CALL_TIMEOUT_S, raise_for_error=False)
+        except Exception as exc:  # noqa: BLE001 - reported, and the caller treats them as unhealthy
+            status = {w: repr(exc) for w in workers}
+        return [w for w in workers if status.get(w) != "OK"]
+
+    def _run_on(self, fn, *args, workers: list[str] | None = None, what: str) -> None:
+        """`client.run(fn, *args)` on `workers` (errors ignored), bounded by CALL_TIMEOUT_S."""
+        try:
+            bounded(self.client.run, fn, *args, workers=workers, on_error="ignore",
+                    timeout=self.CALL_TIMEOUT_S, what=what)
+        except TimeoutError as exc:
+            self.echo(f"dagrl: {exc}; going on without it")
+
     def _release_groups(self, workers: list[str], restart: set[str] = frozenset()) -> None:
         """Free the actor process groups on `workers`: restart those in `restart` (a thread blocked in a collective
         cannot be interrupted; the Nanny starts a fresh process), destroy the group on the others."""
         from tasks.distributed import release_group
         restart = [w for w in workers if w in restart]
         if restart:
-            status = self.client.restart_workers(restart, timeout=120, raise_for_error=False)
-            failed = [w for w, s in status.items() if s != "OK"]
+            failed = self._restart(restart)
             if failed:  # no nanny: the blocked rank raises after its group's timeout (distributed.DEFAULT_TIMEOUT_S)
-                self.echo(f"dagrl: could not restart actor worker(s) {failed} ({status}); their ranks stay blocked "
+                self.echo(f"dagrl: could not restart actor worker(s) {failed}; their ranks stay blocked "
                           f"until the process group's timeout")
         rest = [w for w in workers if w not in restart]
         if rest:
-            self.client.run(release_group, self.state.run_id, workers=rest, on_error="ignore")
+            self._run_on(release_group, self.state.run_id, workers=rest, what="releasing the actor process groups")
         self.echo(f"dagrl: actor process group (generation {self.state.actor_generation}) dropped: restarted "
                   f"{restart or 'no worker'}, released on {rest or 'no worker'}")
 
+    def _wait_for_workers(self, n: int, timeout: float) -> int:
+        """Wait up to `timeout` s for `n` workers in any state; returns how many there are. (Not
+        `client.wait_for_workers`: it counts running workers only and would wait out its timeout beside a paused
+        one.)"""
+        deadline = time.monotonic() + timeout
+        while True:
+            have = len(self.client.scheduler_info(n_workers=-1)["workers"])
+            if have >= n or time.monotonic() > deadline:
+                return have
+            time.sleep(0.5)
+
+    def _healthy_placement(self, exclude: set[str]):
+        """`plan_placement` on the live, running workers not in `exclude`; retried for up to 120 s while restarted
+        workers come back. Raises PlacementError when none exists."""
+        deadline = time.monotonic() + 120.0
+        while True:
+            info = self.client.scheduler_info(n_workers=-1)
+            live = info["workers"]
+            healthy = {a: w for a, w in live.items() if a not in exclude and w.get("status", "running") == "running"}
+            try:
+                return plan_placement(self.cfg, {**info, "workers": healthy})
+            except ConfigError:
+                # no waiting when the live workers could hold it: then the unhealthy ones are why
+                if time.monotonic() > deadline or (exclude and self._placeable(info)):
+                    raise
+                time.sleep(1.0)
+
+    def _placeable(self, info: dict) -> bool:
+        try:
+            plan_placement(self.cfg, info)
+            return True
+        except ConfigError:
+            return False
+
+    def _stop(self, why: str, actor_healthy: bool) -> None:
+        """Stop the run: checkpoint the last finished step when the actor is healthy, raise RunStalled."""
+        st = self.state
+        ckpt = None
+        if actor_healthy:
+            self._stopping_stalled = True
+            t_start = getattr(self, "_t_start", None) or self._watch_state()["t0"]  # Runner.run's, if it sets one
+            elapsed = st.elapsed_s + time.perf_counter() - t_start
+            try:
+                ckpt = self.checkpoint(elapsed)
+            except Exception as exc:  # noqa: BLE001 - say so; the latest checkpoint on disk is named instead
+                self.echo(f"dagrl: could not write a checkpoint at step {st.step}: {exc}")
+        if ckpt is None:
+            ckpt = latest_checkpoint(self.run_dir)
+        else:
+            self.echo(f"dagrl: wrote checkpoint {ckpt} (step {st.step}, the last finished step)")
+        raise RunStalled(f"stopped at step {st.step}: {why}; " + self._resume_hint(ckpt))
+
     def _recover(self, lost: set[str], step: int, busy: set[str] = frozenset()) -> None:
-        """Re-plan placement on the live workers and drop resident env shards so that every shard is re-created
-        from the step's seed cursor. If the actor's worker was lost (its weights and optimizer with it), roll the
-        run back to the latest checkpoint (or to a fresh actor when there is none yet).
+        """Re-plan placement on the healthy workers and drop resident env shards so that every shard is re-created
+        from the step's seed cursor. If the actor's worker was lost or stalled (its weights and optimizer with
+        it), roll the run back to the latest checkpoint (or to a fresh actor when there is none yet).
+
+        Stalled workers (`_wait_or_lost`): stuck or silent ones are restarted and then count as lost; paused ones
+        are left out of the placement. No placement on the healthy workers: `_stop` (RunStalled).
 
         Multi-rank actor: the loss of any rank's worker, or any loss while rank nodes were running (`busy`: a
         cancelled rank may be blocked in a collective, and a retry must not pair with it), breaks the group:
         the surviving rank workers are restarted (busy) or their groups destroyed, the run rolls back to the last
         checkpoint and the group is rebuilt in the next generation on a new port."""
         cfg, st = self.cfg, self.state
+        if getattr(self, "_stopping_stalled", False):
+            raise RunStalled(f"workers {sorted(lost)} lost or stalled while stopping at step {st.step}; "
+                             + self._resume_hint(latest_checkpoint(self.run_dir)))
+        stalls = self._watch_state()["stalls"]
+        self._watch_state()["stalls"] = {}
+        paused = {a for a in lost if a in stalls and stalls[a].kind == "paused"}
+        stuck = [a for a in sorted(lost) if a in stalls and stalls[a].kind != "paused"]
+        paused |= set(self._restart(stuck))  # a stuck worker that cannot be restarted stays out of the placement
         ranks = self.placement.actor_workers[:self.ranks]
         actor_lost = bool(lost & set(ranks)) or bool(busy)
-        self.echo(f"dagrl: worker(s) {sorted(lost)} lost during step {step}; "
-                  f"{'restoring the actor from the last checkpoint and ' if actor_lost else ''}retrying")
         if actor_lost and self.ranks > 1:
-            self._release_groups([w for w in ranks if w not in lost], restart=busy)
+            self._release_groups([w for w in ranks if w not in lost], restart=set(busy) - paused)
         n = cfg.cluster.num_env_workers + cfg.cluster.num_gpu_workers if cfg.cluster.address is None else 1
-        self.client.wait_for_workers(n, timeout=max(120.0, cfg.cluster.connect_timeout_s))
-        deadline = time.monotonic() + 120.0
-        while True:
-            try:
-                self.placement = plan_placement(cfg, self.client)
-                self._placed_ids = self._worker_ids()
-                break
-            except ConfigError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(1.0)
+        wait_s = max(120.0, cfg.cluster.connect_timeout_s)
+        have = self._wait_for_workers(n, wait_s)
+        if have < n:
+            self._stop(f"only {have} of the cluster's {n} workers are back {wait_s:.0f} s after losing "
+                       f"{sorted(lost)}", actor_healthy=not actor_lost)
+        try:
+            placement = self._healthy_placement(paused)
+        except ConfigError as exc:
+            live = self.client.scheduler_info(n_workers=-1)["workers"]
+            paused |= {a for a, w in live.items() if w.get("status", "running") != "running"}
+            why = (f"no healthy placement without the paused worker(s) {sorted(paused)} ({exc.fix})" if paused
+                   else f"no placement on the live workers after losing {sorted(lost)} ({exc.fix})")
+            self.echo(f"dagrl: {why}")
+            self._stop(why, actor_healthy=not actor_lost)
+        self.echo(f"dagrl: worker(s) {sorted(lost)} {'lost or stalled' if stalls else 'lost'} during step {step}; "
+                  f"{'restoring the actor from the last checkpoint and ' if actor_lost else ''}retrying"
+                  + (f" without {sorted(paused)}" if paused else ""))
+        self.placement = placement
+        self._placed_ids = self._worker_ids()
         from tasks import resident
-        self.client.run(resident.release, f"{st.run_id}/shard/", on_error="ignore")
+        self._run_on(resident.release, f"{st.run_id}/shard/", what="releasing the env shards")
         if actor_lost:
             ckpt = latest_checkpoint(self.run_dir)
-            if ckpt is not None:
-                saved = load_checkpoint(ckpt)["run"]["runner"]
-                st.step, st.env_steps, st.cursors = saved["step"], saved["env_steps"], saved["cursors"]
-            else:
-                st.step, st.env_steps, st.cursors = 0, 0, [None] * cfg.env.num_shards
+            self._rollback(ckpt)  # Runner: RunState from the checkpoint (or fresh), one timeline in store/MLflow
             if self.ranks > 1:
                 st.actor_generation += 1
             tag = f"r{step}" + (f"-g{st.actor_generation}" if self.ranks > 1 else "")
             self.weights, _ = self._init_actor({"path": str(ckpt)} if ckpt else None, tag=tag)
+
+
+__all__ = ["Recovery", "RunStalled", "Stall", "bounded", "PlacementError"]

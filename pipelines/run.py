@@ -53,6 +53,7 @@ def with_cluster(cfg, body) -> int:
     cannot start or a ConfigError raised by `body` (one line on stderr), 130 when interrupted (SIGTERM too)."""
     import signal
     from pipelines.cluster import start_cluster
+    from pipelines.recovery import RunStalled
     from tasks.config import ConfigError
     from tasks.envs.vulkan import VulkanMissingError
     try:
@@ -70,6 +71,9 @@ def with_cluster(cfg, body) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RunStalled as exc:  # no healthy placement left (pipelines.recovery): one line, with how to resume
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

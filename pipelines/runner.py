@@ -220,12 +220,13 @@ class Runner(Recovery):
                                  checkpoint_path=ckpt["path"] if ckpt else None, tag=tag)
         if self.ranks == 1:
             dims_f, w_f = self.client.get(init.graph, [init.dims, init.weights], sync=False)
-            return w_f, dims_f.result()
+            return w_f, self._result([dims_f], "the init graph")[0]  # watched: no silent wait (pipelines.recovery)
         dims_f, w_f, full_f, port_f = self.client.get(
             init.graph, [init.dims, init.weights, init.actor_weights, init.port], sync=False)
         self.actor_weights = full_f
-        self.group = {"master_addr": _host(self.placement.actor_workers[0]), "master_port": int(port_f.result())}
-        return w_f, dims_f.result()
+        dims, port = self._result([dims_f, port_f], "the init graph")
+        self.group = {"master_addr": _host(self.placement.actor_workers[0]), "master_port": int(port)}
+        return w_f, dims
 
     def _group_specs(self) -> list[dict] | None:
         """Each rank's process-group spec of the current generation (None with one rank)."""
@@ -402,7 +403,7 @@ class Runner(Recovery):
         the later steps that depend on them (its update, its last env nodes) are gone. The last env nodes' futures
         are only dropped: their dependents are their own graph's inner nodes."""
         for _, _, futs in reversed(self._ahead):
-            self.client.cancel(futs)
+            self._drop(futs)  # pipelines.recovery: release, not cancel (an inner node's assertion, see there)
         self._ahead, self._after = [], None
 
     def _train_step_async(self) -> dict:
@@ -452,7 +453,7 @@ class Runner(Recovery):
                     return futs[:keep], results
                 lost = results
             busy = self._busy_rank_workers(graph)  # before cancelling: cancelled tasks leave the scheduler's view
-            self.client.cancel(futs)
+            self._drop(futs)  # pipelines.recovery: release, not cancel (see there)
             if attempt < self.cfg.runner.max_retries:
                 self._recover(lost, self.state.step, busy)
         raise RuntimeError(f"{what} at step {self.state.step}: placed workers lost {self.cfg.runner.max_retries + 1} "
