@@ -22,6 +22,7 @@ from storage.trajectories import TrajectoryStore
 SMALL_ENV = ["env.num_envs=4", "env.num_shards=2", "env.image_size=16", "env.max_episode_steps=10",
              "env.eval.num_envs=2", "env.eval.num_episodes=2", "cluster.dashboard_address=127.0.0.1:0",
              "runner.progress=false"]
+RECORD_ENV = [o for o in SMALL_ENV if not o.startswith("env.eval.")]  # pipelines.record does not evaluate
 
 
 def _metric(root, experiment, key):
@@ -38,7 +39,7 @@ def recipe(tmp_path_factory):
     teacher = next(p for p in (root / "smoke").iterdir() if p.is_dir())
     store = root / "demos.zarr"
     assert record_cli.main(["conf=pushcube_record", f"run_root={root}", f"record.teacher={teacher}",
-                            f"record.out={store}", "record.num_episodes=8", *SMALL_ENV]) == 0
+                            f"record.out={store}", "record.num_episodes=8", *RECORD_ENV]) == 0
     assert run_main(["conf=pushcube_flow_sft", f"run_root={root}", f"sft.store={store}", "sft.only_success=false",
                      "sft.updates_per_step=3", "sft.batch_size=8", "runner.max_steps=2", "runner.save_interval=2",
                      "runner.val_check_interval=2", *(o for o in SMALL_ENV if not o.startswith("env.num_envs="))]) == 0
@@ -136,7 +137,7 @@ def test_artifacts_that_do_not_fit_the_config_are_rejected_offline(recipe):
     # record: the teacher must be a state mlp run, and an existing store is never overwritten
     vla_run = next(p for p in (root / "pushcube_flow_ppo").iterdir() if p.is_dir())
     assert record_cli.main(["conf=pushcube_record", f"run_root={root}", f"record.teacher={vla_run}",
-                            f"record.out={root / 'x.zarr'}", *SMALL_ENV]) == 2
+                            f"record.out={root / 'x.zarr'}", *RECORD_ENV]) == 2
     assert record_cli.main(["conf=pushcube_record", f"run_root={root}", f"record.teacher={vla_run.parent.parent}"
-                            "/smoke", f"record.out={store}", *SMALL_ENV]) == 2
+                            "/smoke", f"record.out={store}", *RECORD_ENV]) == 2
     assert not (root / "x.zarr").exists()
