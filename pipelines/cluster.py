@@ -390,10 +390,37 @@ def start_cluster(cfg: Config) -> ClusterHandle:
             **common, "name": name, "resources": {"GPU": 1},
             "env": {**_worker_env(device, "none"), "OMP_NUM_THREADS": str(actor_threads)}}}
     scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": c.dashboard_address}}
-    cluster = SpecCluster(scheduler=scheduler, workers=workers, silence_logs=logging.ERROR)
+    fix = (f"raise cluster.start_timeout_s (now {c.start_timeout_s:g}) on a loaded machine, or start fewer workers "
+           f"(cluster.num_env_workers)")
+    # death_timeout bounds each Nanny's wait for its worker process (None: a worker hanging at start-up, e.g. in a
+    # driver's initialisation, would block SpecCluster forever; also bounds a restart during recovery)
+    for spec in workers.values():
+        spec["options"]["death_timeout"] = c.start_timeout_s
+    try:
+        cluster = SpecCluster(scheduler=scheduler, workers=workers, silence_logs=logging.ERROR)
+    except (TimeoutError, OSError) as exc:
+        raise ConnectionError(f"cluster.start_timeout_s={c.start_timeout_s:g}: a worker of the embedded cluster did "
+                              f"not start ({type(exc).__name__}: {exc}); {fix}") from None
     client = Client(cluster)
-    client.wait_for_workers(len(workers), timeout=120)
+    have = wait_for_workers(client, len(workers), c.start_timeout_s)
+    if have < len(workers):
+        ClusterHandle(client, cluster, "").close()
+        raise ConnectionError(f"cluster.start_timeout_s={c.start_timeout_s:g}: only {have} of the embedded cluster's "
+                              f"{len(workers)} workers registered within {c.start_timeout_s:g} s; {fix}")
     return ClusterHandle(client, cluster, client.dashboard_link)
+
+
+def wait_for_workers(client, n: int, timeout: float) -> int:
+    """Wait up to `timeout` s for `n` workers registered with the scheduler, in any state; returns how many there
+    are. (Not `Client.wait_for_workers`: it counts running workers only, so a worker paused for memory makes it wait
+    out its timeout and raise.)"""
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        have = len(client.scheduler_info(n_workers=-1)["workers"])
+        if have >= n or time.monotonic() > deadline:
+            return have
+        time.sleep(0.5)
 
 
 def connect(address: str, timeout_s: float):

@@ -87,6 +87,7 @@ def record(cfg, handle, *, echo=print) -> dict:
 
     from pipelines.cluster import plan_placement
     from pipelines.graphs import GraphBuilder
+    from pipelines.recovery import Watcher
     from pipelines.runner import trajectory_fields
     from storage.trajectories import TrajectoryStore
     from tasks import demos
@@ -98,7 +99,9 @@ def record(cfg, handle, *, echo=print) -> dict:
     out = output_path(cfg)
     client = handle.client
     placement = plan_placement(cfg, client)
-    dims = client.submit(env_dims, cfg, workers=[placement.shard_workers[0]], pure=False).result()
+    watch = Watcher(cfg, client, placement)  # every wait watched: a lost or stalled worker ends it (RunStalled)
+    dims = watch.results([client.submit(env_dims, cfg, workers=[placement.shard_workers[0]], pure=False)],
+                         "the env_dims task")[0]
     fields = {k: v for k, v in trajectory_fields(cfg, *dims).items()
               if k not in ("logprobs", "values", "final_values")}
     T = demos.chunk_steps_per_episode(cfg)
@@ -124,7 +127,7 @@ def record(cfg, handle, *, echo=print) -> dict:
         g = GraphBuilder()
         keys = [g.add(f"record_s{s}-{cfg.experiment}-{r}", demos.record_round, cfg, tcfg, str(ckpt), s, r, str(out),
                       worker=placement.shard_workers[s], resources={"CPU": 1}) for s in range(cfg.env.num_shards)]
-        results = client.get(g.graph(), keys)
+        results = watch.results(client.get(g.graph(), keys, sync=False), f"record round {r}")
         store.mark_complete(r, global_step=r)
         new = [e for res in results for e in res["episodes"]]
         episodes += new

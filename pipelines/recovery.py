@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from pipelines.cluster import PlacementError, pause_fraction, plan_placement, worker_health
+from pipelines.cluster import PlacementError, pause_fraction, plan_placement, wait_for_workers, worker_health
 from storage.checkpoints import latest_checkpoint
 from tasks.config import ConfigError
 
@@ -318,17 +318,6 @@ class Recovery:
         self.echo(f"dagrl: actor process group (generation {self.state.actor_generation}) dropped: restarted "
                   f"{restart or 'no worker'}, released on {rest or 'no worker'}")
 
-    def _wait_for_workers(self, n: int, timeout: float) -> int:
-        """Wait up to `timeout` s for `n` workers in any state; returns how many there are. (Not
-        `client.wait_for_workers`: it counts running workers only and would wait out its timeout beside a paused
-        one.)"""
-        deadline = time.monotonic() + timeout
-        while True:
-            have = len(self.client.scheduler_info(n_workers=-1)["workers"])
-            if have >= n or time.monotonic() > deadline:
-                return have
-            time.sleep(0.5)
-
     def _healthy_placement(self, exclude: set[str]):
         """`plan_placement` on the live, running workers not in `exclude`; retried for up to 120 s while restarted
         workers come back. Raises PlacementError when none exists."""
@@ -397,7 +386,7 @@ class Recovery:
             self._release_groups([w for w in ranks if w not in lost], restart=set(busy) - paused)
         n = cfg.cluster.num_env_workers + cfg.cluster.num_gpu_workers if cfg.cluster.address is None else 1
         wait_s = max(120.0, cfg.cluster.connect_timeout_s)
-        have = self._wait_for_workers(n, wait_s)
+        have = wait_for_workers(self.client, n, wait_s)  # any state: paused ones count (not Client's)
         if have < n:
             self._stop(f"only {have} of the cluster's {n} workers are back {wait_s:.0f} s after losing "
                        f"{sorted(lost)}", actor_healthy=not actor_lost)
@@ -426,4 +415,20 @@ class Recovery:
             self.weights, _ = self._init_actor({"path": str(ckpt)} if ckpt else None, tag=tag)
 
 
-__all__ = ["Recovery", "RunStalled", "Stall", "bounded", "PlacementError"]
+
+class Watcher(Recovery):
+    """The same watch for drivers without a Runner and without a retry path (`pipelines.record`): `results(futures,
+    what)` waits for them, and a placed worker lost or stalled meanwhile ends the wait with RunStalled (after the
+    one line naming it) instead of a silent hang."""
+
+    def __init__(self, cfg, client, placement, echo=print):
+        self.cfg, self.client, self.placement, self.echo = cfg, client, placement, echo
+        self.ranks, self.run_dir, self.state = 1, None, None
+        self._placed_ids = self._worker_ids()
+
+    def results(self, futures, what: str) -> list:
+        """Results of `futures`, in order. Raises RunStalled (see `Recovery._result`)."""
+        return self._result(list(futures), what)
+
+
+__all__ = ["Recovery", "RunStalled", "Stall", "Watcher", "bounded", "PlacementError"]

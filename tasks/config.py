@@ -528,9 +528,11 @@ def inert_keys(cfg: Config, command: str = "run", cuda_count: int = 0) -> list[t
     # ----- per command: what pipelines.record reads (the env of the recording, C, record.*, the cluster) -----
     if command == "record":
         why = ("is not read by pipelines.record (it reads env.*, policy.num_action_chunks, record.*, cluster.*, "
-               "runner.progress, experiment, run_root; the teacher's policy comes from its run): drop it")
+               "runner.progress, runner.pause_timeout_s, runner.stall_timeout_s, experiment, run_root; the "
+               "teacher's policy comes from its run): drop it")
         off(["algorithm", "rollout", "sft", "tracking", "storage", "env.eval", "seed"], why)
-        off([f"runner.{k}" for k in RunnerConfig.__dataclass_fields__ if k != "progress"], why)
+        off([f"runner.{k}" for k in RunnerConfig.__dataclass_fields__
+             if k not in ("progress", "pause_timeout_s", "stall_timeout_s")], why)  # record's waits are watched too
         off([f"policy.{k}" for k in PolicyConfig.__dataclass_fields__ if k != "num_action_chunks"], why)
         off(["env.auto_reset"], "a recording runs one whole episode per env and round (auto_reset is always off): "
                                 "drop it")
