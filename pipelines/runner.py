@@ -199,8 +199,13 @@ class Runner(Recovery):
         flat = flatten_config(to_dict(self.cfg))
         if self.state.mlflow_run_id is None:
             return flat, {}
+        from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
-        existing = MlflowClient(uri).get_run(self.state.mlflow_run_id).data.params
+        try:
+            existing = MlflowClient(uri).get_run(self.state.mlflow_run_id).data.params
+        except MlflowException:
+            raise ConfigError("tracking.uri", uri, f"the checkpoint's MLflow run {self.state.mlflow_run_id} is not in "
+                                                   f"this tracking store; resume with the run's tracking.uri") from None
         changed = {k: v for k, v in flat.items() if k in existing and existing[k] != str(v)[:6000]}
         for k in changed:
             if not k.startswith(("runner.", "cluster.", "tracking.")):
