@@ -1,0 +1,62 @@
+"""Layer contracts (pyproject's [tool.importlinter]) and the absence of import cycles between our modules."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_import_contracts_kept():
+    lint = Path(sys.executable).with_name("lint-imports")
+    res = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def _cycles(graph, modules: set[str]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), imports inside functions included."""
+    adj = {m: set(graph.find_modules_directly_imported_by(m)) & modules for m in modules}
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in adj[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for m in sorted(modules):
+        if m not in index:
+            visit(m)
+    return out
+
+
+def test_cycle_finder_finds_a_cycle():
+    class G:  # a -> b -> c -> a, c -> d
+        edges = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
+
+        def find_modules_directly_imported_by(self, m):
+            return self.edges[m]
+    assert _cycles(G(), {"a", "b", "c", "d"}) == [["a", "b", "c"]]
+
+
+def test_config_imports_nothing_else_of_tasks():
+    import grimp
+    g = grimp.build_graph("tasks")
+    assert {m for m in g.find_modules_directly_imported_by("tasks.config") if m.startswith("tasks")} == set()
