@@ -11,6 +11,17 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
 
+# policy.device / policy.dtype values (tasks.device re-exports them; it computes with them)
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "bfloat16")
+
+
+def cuda_available() -> bool:
+    """torch.cuda.is_available() (tasks.device re-exports it)."""
+    import torch
+    return torch.cuda.is_available()
+
+
 class ConfigError(ValueError):
     """A config value that cannot work. The message is one line: key, value, fix."""
 
@@ -321,7 +332,6 @@ class Config:
             if not ok:
                 raise ConfigError(key, val, fix)
         if a.num_actor_ranks != 1 or a.global_batch_size is not None or a.micro_batch_size is not None:
-            from tasks.distributed import batch_plan
             batch_plan(self)  # the RLinf divisibility rules, with the numbers
             if a.num_actor_ranks == 1:  # the one-rank update (tasks.update.actor_update) takes num_minibatches
                 key = "algorithm.global_batch_size" if a.global_batch_size is not None else "algorithm.micro_batch_size"
@@ -431,7 +441,6 @@ class Config:
 
     def _check_device(self) -> None:
         """policy.device / policy.dtype and algorithm.offload (env.sim_backend: the env adapter's check_config)."""
-        from tasks.device import DEVICES, DTYPES, cuda_available
         p, a = self.policy, self.algorithm
         if p.device not in DEVICES:
             raise ConfigError("policy.device", p.device, f"use one of {list(DEVICES)}")
@@ -669,3 +678,69 @@ def check_grpo_episodes(cfg: Config) -> None:
                       "start mid-episode: set env.auto_reset=false (every rollout starts new episodes; open ones "
                       "are cut), or align episodes with rollouts: env.ignore_terminations=true, env.max_episode_steps"
                       f"=k*policy.num_action_chunks (C={C}) and rollout.chunk_steps (={T}) a multiple of k")
+
+
+# ----- batch sizes of the actor update (offline checks; tasks.distributed re-exports them) -----
+@dataclass(frozen=True)
+class BatchPlan:
+    """Resolved batch sizes of one distributed update (all in samples = chunk steps)."""
+
+    batch_size: int  # B: samples per training step
+    num_ranks: int  # R
+    global_batch_size: int  # G: samples per optimizer step over all ranks
+    micro_batch_size: int  # M: samples per forward/backward on one rank
+
+    @property
+    def per_rank_batch_size(self) -> int:
+        return self.global_batch_size // self.num_ranks
+
+    @property
+    def grad_accum(self) -> int:
+        """Micro-batches per rank per optimizer step."""
+        return self.per_rank_batch_size // self.micro_batch_size
+
+    @property
+    def num_minibatches(self) -> int:
+        """Optimizer steps per update epoch."""
+        return self.batch_size // self.global_batch_size
+
+
+def check_batch_sizes(batch_size: int, num_ranks: int, global_batch_size: int, micro_batch_size: int) -> BatchPlan:
+    """Check RLinf's divisibility rules and return the plan.
+
+    Rules: all >= 1; `batch_size % global_batch_size == 0` (whole optimizer steps per epoch);
+    `global_batch_size % (micro_batch_size * num_ranks) == 0` (each rank runs whole micro-batches).
+
+    Raises:
+        ConfigError: naming the key (algorithm.global_batch_size / micro_batch_size / num_actor_ranks), the value and
+            the numbers that do not divide.
+    """
+    for key, val in (("batch_size", batch_size), ("algorithm.num_actor_ranks", num_ranks),
+                     ("algorithm.global_batch_size", global_batch_size),
+                     ("algorithm.micro_batch_size", micro_batch_size)):
+        if int(val) != val or val < 1:
+            raise ConfigError(key, val, "must be an integer >= 1")
+    if batch_size % global_batch_size:
+        step = micro_batch_size * num_ranks
+        divisors = [d for d in range(step, batch_size + 1, step) if batch_size % d == 0]
+        hint = f"; e.g. {min(divisors, key=lambda d: abs(d - global_batch_size))}" if divisors else ""
+        raise ConfigError("algorithm.global_batch_size", global_batch_size,
+                          f"must divide the batch of {batch_size} samples (rollout.chunk_steps*env.num_envs): "
+                          f"an update epoch is batch/global optimizer steps{hint}")
+    if global_batch_size % (micro_batch_size * num_ranks):
+        raise ConfigError("algorithm.micro_batch_size", micro_batch_size,
+                          f"micro_batch_size*num_actor_ranks = {micro_batch_size}*{num_ranks} = "
+                          f"{micro_batch_size * num_ranks} must divide algorithm.global_batch_size="
+                          f"{global_batch_size} (each rank runs global/(micro*ranks) micro-batches per step)")
+    return BatchPlan(batch_size, num_ranks, global_batch_size, micro_batch_size)
+
+
+def batch_plan(cfg: Config, batch_size: int | None = None, num_ranks: int | None = None) -> BatchPlan:
+    """The plan for `cfg` (defaults: batch_size = cfg.batch_size, num_ranks = algorithm.num_actor_ranks,
+    global = batch / algorithm.num_minibatches, micro = global / ranks). Raises ConfigError (check_batch_sizes)."""
+    a = cfg.algorithm
+    B = cfg.batch_size if batch_size is None else batch_size
+    R = a.num_actor_ranks if num_ranks is None else num_ranks
+    G = a.global_batch_size if a.global_batch_size is not None else max(B // a.num_minibatches, 1)
+    M = a.micro_batch_size if a.micro_batch_size is not None else max(G // max(R, 1), 1)
+    return check_batch_sizes(B, R, G, M)

@@ -7,8 +7,7 @@ import contextlib
 
 import torch
 
-DEVICES = ("cpu", "cuda")
-DTYPES = ("float32", "bfloat16")
+from tasks.config import DEVICES, DTYPES, cuda_available  # noqa: F401  (the config's vocabulary; defined there)
 
 
 def policy_device(cfg) -> torch.device:
@@ -39,6 +38,3 @@ def to_numpy(t: torch.Tensor):
         t = t.float()
     return t.cpu().numpy()
 
-
-def cuda_available() -> bool:
-    return torch.cuda.is_available()
