@@ -96,11 +96,59 @@ class PolicyConfig:
     dtype: str = "float32"  # float32 | bfloat16 (autocast on CUDA; needs policy.device=cuda)
 
 
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """What an advantage estimator needs from the rollout and the config, and how its advantages are normalised.
+
+    `algorithm.name` selects one (`ESTIMATORS`; `sft` is the one algorithm without an estimator). This is the part
+    the offline checks read, so it is declared here (tasks/config.py imports nothing else of tasks); the math is
+    registered under the same name in `tasks.algorithms.estimators` (`register_estimator`, which refuses a name
+    without a spec here). Callers ask the spec (`AlgorithmConfig.spec`) or the estimator, never the name.
+    """
+
+    name: str  # the algorithm.name that selects it
+    advantage: str  # the estimator's own name (gae, grpo): what a saved config's former algorithm.adv_type said
+    label: str  # for messages: "PPO", "GRPO"
+    summary: str  # one clause for messages: what it needs and how it normalises
+    critic: bool  # trains a value function: value loss, and reads values / final_values / bootstrap_values
+    groups: bool  # envs in groups of algorithm.group_size sharing every reset seed, scored against each other
+    whole_episodes: bool  # scores each env's first episode from the rollout's first chunk step (check_whole_episodes)
+    normalisation: str  # "batch": over the update's whole batch when algorithm.normalize_advantages; "group": inside
+    # the estimator, per group (normalize_advantages is not read)
+    keys: tuple[str, ...]  # the algorithm.* keys it reads among those some estimator does not (ESTIMATOR_KEYS)
+
+
+ESTIMATORS: dict[str, EstimatorSpec] = {s.name: s for s in (
+    EstimatorSpec(name="ppo", advantage="gae", label="PPO",
+                  summary="PPO trains a critic and normalises GAE advantages over the whole batch",
+                  critic=True, groups=False, whole_episodes=False, normalisation="batch",
+                  keys=("gamma", "gae_lambda", "value_coef", "value_clip", "critic_lr", "critic_warmup_steps",
+                        "normalize_advantages")),
+    EstimatorSpec(name="grpo", advantage="grpo", label="GRPO",
+                  summary="GRPO is critic-free (no value loss, no GAE) and its advantages are normalised within "
+                          "each group",
+                  critic=False, groups=True, whole_episodes=True, normalisation="group",
+                  keys=("group_size", "filter_rewards", "rewards_lower_bound", "rewards_upper_bound")),
+)}
+ESTIMATOR_KEYS: tuple[str, ...] = tuple(sorted({k for s in ESTIMATORS.values() for k in s.keys}))
+NORMALISATIONS = ("batch", "group")
+
+
+def estimator_spec(name: str) -> EstimatorSpec:
+    """The spec of `algorithm.name` = `name`. Raises ConfigError (key algorithm.name) listing the known names."""
+    try:
+        return ESTIMATORS[name]
+    except KeyError:
+        raise ConfigError("algorithm.name", name, f"known: {[*ESTIMATORS, 'sft']} ('sft': behaviour cloning from "
+                                                  f"sft.store, no estimator)") from None
+
+
 @dataclass
 class AlgorithmConfig:
     """PPO with GAE (ManiSkill's PPO baseline defaults for state-based tasks)."""
 
-    name: str = "ppo"  # ppo (actor-critic with GAE) | grpo (critic-free, group-relative advantages)
+    name: str = "ppo"  # selects the advantage estimator (ESTIMATORS): ppo (actor-critic, GAE) | grpo (critic-free,
+    # group-relative advantages); or sft (behaviour cloning from sft.store, no estimator)
     adv_type: str = "gae"  # gae | grpo
     group_size: int = 1  # grpo: envs per group sharing a reset state; groups never straddle env shards
     filter_rewards: bool = False  # grpo: mask out of the loss the groups whose mean score is outside the bounds
@@ -136,6 +184,11 @@ class AlgorithmConfig:
     # ----- non-finite values reaching the advantages (tasks.update docstring; owner: the update) -----
     nonfinite: str = "error"  # error: a NaN/inf in a rollout field the update reads stops the step with one line
     # naming field, shard, env, chunk step; mask: those samples leave the loss mask, counted as rollout/nonfinite_*
+
+    @property
+    def spec(self) -> Optional[EstimatorSpec]:
+        """The estimator `name` selects (ESTIMATORS); None for sft. Raises ConfigError for an unknown name."""
+        return None if self.name == "sft" else estimator_spec(self.name)
 
 
 @dataclass
