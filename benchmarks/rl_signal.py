@@ -42,6 +42,7 @@ from tasks.algorithms import grpo_advantages  # noqa: E402
 from tasks.envs import make_shard  # noqa: E402
 from tasks.policies import make_policy  # noqa: E402
 from tasks.rollout import instruction, policy_obs  # noqa: E402
+from tasks.seeding import eval_episode_seed, rl_signal_batch_seeds  # noqa: E402
 
 FIELDS = ("obs", "rgb", "actions", "chain", "rewards", "terminated", "truncated", "step_mask", "success")
 
@@ -106,9 +107,10 @@ def main(argv=None) -> None:
     grads, t0 = [], time.perf_counter()
     params = None
     for i in range(args.batches):
-        torch.manual_seed(1000 + i)
+        torch_seed, base_seed = rl_signal_batch_seeds(cfg.env.seed, i)
+        torch.manual_seed(torch_seed)
         shard = make_shard(cfg.env, shard=0, num_shards=1, num_envs=args.envs, auto_reset=False,
-                           ignore_terminations=True, base_seed=cfg.env.seed + 100_000 * (i + 1), group_size=G)
+                           ignore_terminations=True, base_seed=base_seed, group_size=G)
         batch = rollout(policy, shard, instr, T)
         shard.close()
         res = grpo_advantages(rewards=torch.from_numpy(batch["rewards"]).sum(-1),
@@ -136,7 +138,7 @@ def main(argv=None) -> None:
         print(f"  {100 * s:5.1f}% of |g|^2  {n} ({k} parameters)")
 
     ev = make_shard(cfg.env, shard=0, num_shards=1, num_envs=args.eval_episodes, auto_reset=False,
-                    ignore_terminations=True, base_seed=0, seed_fn=lambda e, k: cfg.env.eval.seed + e)
+                    ignore_terminations=True, base_seed=0, seed_fn=lambda e, k: eval_episode_seed(cfg.env.eval.seed, e))
     theta0 = [p.detach().clone() for p in params]
 
     def set_params(vec: torch.Tensor) -> None:

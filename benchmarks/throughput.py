@@ -79,13 +79,14 @@ def _raw_worker(rank: int, n_envs: int, warmup: int, steps: int, overrides: list
     import torch
     torch.set_num_threads(1)
     from tasks.envs import make_single_env
+    from tasks.seeding import raw_env_seed
     cfg = _config(overrides)
     ignore_term = cfg.env.ignore_terminations
     envs = [make_single_env(cfg.env).env for _ in range(n_envs)]  # the gym env inside ManiSkillEnv
     rng = np.random.default_rng(rank)
-    seed = 1000 * rank
+    seed = 0  # resets so far in this process (tasks.seeding.raw_env_seed)
     for e in envs:
-        e.reset(seed=seed)
+        e.reset(seed=raw_env_seed(rank, seed))
         seed += 1
     D = envs[0].action_space.shape[-1]
 
@@ -97,7 +98,7 @@ def _raw_worker(rank: int, n_envs: int, warmup: int, steps: int, overrides: list
                 a = torch.from_numpy(rng.uniform(-1, 1, (1, D)).astype(np.float32))
                 _, _, term, trunc, _ = e.step(a)
                 if bool(trunc[0]) or (bool(term[0]) and not ignore_term):
-                    e.reset(seed=seed)
+                    e.reset(seed=raw_env_seed(rank, seed))
                     seed += 1
                     resets += 1
         return resets
@@ -160,6 +161,7 @@ def phase_baseline(args) -> dict:
     import torch
     from tasks.envs.vulkan import ensure_vulkan
     from tasks.policies import make_policy
+    from tasks.seeding import episode_seed, model_init_seed
 
     ensure_vulkan()  # before the forkserver starts: the env subprocesses inherit VK_ICD_FILENAMES
     cfg = _config(bench_overrides(args))
@@ -172,10 +174,10 @@ def phase_baseline(args) -> dict:
     t_start = time.perf_counter()
     fns = [partial(_make_cpu_env, e.env_id, kwargs, e.ignore_terminations) for _ in range(B)]
     envs = gym.vector.AsyncVectorEnv(fns, context="forkserver", autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    obs, _ = envs.reset(seed=[e.seed + i for i in range(B)])
+    obs, _ = envs.reset(seed=[episode_seed(e.seed, i, 0, B) for i in range(B)])  # episode 0 of each env
     t_envs = time.perf_counter() - t_start
     O, D = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
-    policy = make_policy(cfg.policy, obs_dim=O, action_dim=D, seed=cfg.seed)
+    policy = make_policy(cfg.policy, obs_dim=O, action_dim=D, seed=model_init_seed(cfg.seed))
     opt = torch.optim.Adam(policy.parameters(), lr=a.lr, eps=1e-5)
     obs = torch.as_tensor(obs, dtype=torch.float32)
 

@@ -45,7 +45,7 @@ from typing import Any
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from pipelines.cluster import Placement
-from tasks import distributed, offload, rollout, update, weights as weights_mod
+from tasks import distributed, offload, rollout, seeding, update, weights as weights_mod
 from tasks.config import Config
 
 
@@ -370,7 +370,7 @@ def build_sft_step(cfg: Config, *, run_id: str, step: int, weights, placement: P
     tag = f"{run_id}-{step}" + (f"-retry{attempt}" if attempt else "")
     n, L = cfg.sft.updates_per_step, cfg.sft.num_loaders
     shares = [n // L + (1 if r < n % L else 0) for r in range(L)]
-    loads = [g.add(f"sft_load_r{r}-{tag}", demos.sft_load, cfg, cfg.seed * 1_000_003 + step * 101 + r, k,
+    loads = [g.add(f"sft_load_r{r}-{tag}", demos.sft_load, cfg, seeding.sft_load_seed(cfg.seed, step, r), k,
                    worker=placement.shard_workers[r % len(placement.shard_workers)], resources={"CPU": 1})
              for r, k in enumerate(shares) if k]
     upd = g.add(f"sft_update-{tag}", demos.sft_update, cfg, run_id, weights, *loads, deps=tuple(loads),

@@ -92,6 +92,7 @@ def record(cfg, handle, *, echo=print) -> dict:
     from storage.trajectories import TrajectoryStore
     from tasks import demos
     from tasks.rollout import env_dims
+    from tasks.seeding import RECORD_SEED_RULE
 
     check_record(cfg)
     run_dir, ckpt = resolve_teacher(cfg.record.teacher, cfg.run_root)
@@ -113,7 +114,7 @@ def record(cfg, handle, *, echo=print) -> dict:
                                           "reward_mode": cfg.env.reward_mode, "base_seed": cfg.env.seed,
                                           "sim_backend": cfg.env.sim_backend, "auto_reset": False,
                                           "ignore_terminations": cfg.env.ignore_terminations,
-                                          "seed_rule": "episode k of global env g: base_seed + g + k * num_envs",
+                                          "seed_rule": RECORD_SEED_RULE,
                                           "num_action_chunks": cfg.policy.num_action_chunks,
                                           "max_episode_steps": cfg.env.max_episode_steps,
                                           "teacher_run": str(run_dir), "teacher_checkpoint": str(ckpt),

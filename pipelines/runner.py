@@ -45,6 +45,7 @@ from storage.tracking import Tracker, default_tracking_uri, flatten_config
 from storage.trajectories import FieldSpec, TrajectoryStore
 from tasks.config import Config, ConfigError
 from tasks.rollout import group_size, num_values
+from tasks.seeding import TRAIN_SEED_RULE
 
 
 
@@ -139,8 +140,7 @@ class Runner(Recovery):
                            "reward_mode": cfg.env.reward_mode, "base_seed": cfg.env.seed,
                            "sim_backend": cfg.env.sim_backend, "auto_reset": cfg.env.auto_reset,
                            "ignore_terminations": cfg.env.ignore_terminations,
-                           "seed_rule": "episode k of global env g: base_seed + g // group_size + k * (num_envs // "
-                                        "group_size)", "group_size": group_size(cfg),
+                           "seed_rule": TRAIN_SEED_RULE, "group_size": group_size(cfg),
                            "num_action_chunks": cfg.policy.num_action_chunks,
                            "max_episode_steps": cfg.env.max_episode_steps})
                 self.store.invalidate_from(self.state.step)  # a resume: later epochs are a superseded timeline

@@ -31,6 +31,7 @@ carried in its cursor, so shards sharing a worker never share draws and a re-cre
 Disaggregated, `policy_infer` draws one batched sample over its group's shards inside a forked RNG seeded from
 (seed, each shard's first global env and life chunk-step count, `EnvShard.rng_key`): a function of the shards'
 cursors, so a resumed run draws the same noise, and the inference worker's own RNG (the update's) is untouched.
+The seed formulas are tasks.seeding's (`shard_policy_seed`, `infer_seed`, `eval_torch_seed`: its table).
 
 Policies see observations as a dict of tensors ({"state", "rgb", "prompt"}, see tasks.policies); `policy_obs`
 builds it, tokenising the env task's instruction for VLAs once per replica.
@@ -43,12 +44,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tasks import resident
+from tasks import resident, seeding
 from tasks.config import Config
 from tasks.device import autocast, policy_device, to_device, to_numpy
 from tasks.offload import module_device, move_module
 from tasks.envs import EnvShard, make_shard
-from tasks.envs.shard import join_cursors, seed_devices, split_cursor
+from tasks.envs.shard import join_cursors, split_cursor
 from tasks.policies import make_policy
 
 STEP_FIELDS = ("obs", "actions", "logprobs", "values", "final_values", "rewards", "terminated", "truncated",
@@ -175,7 +176,7 @@ def get_shard(cfg: Config, run_id: str, shard: int, cursor: dict | None, stage: 
                         group_size=group_size(cfg))
         # every worker process starts with torch's same default seed: without this, shards on different workers
         # would draw identical exploration noise
-        sh.seed_rng(cfg.seed * 100_003 + part * 7_919 + int(sum(counts or [])), policy_device(cfg))
+        sh.seed_rng(seeding.shard_policy_seed(cfg.seed, part, counts), policy_device(cfg))
         if cursor is not None:
             sh.load_state_dict(cursor)  # its RNG state, when it has one, replaces the seeded one
         return sh
@@ -330,7 +331,7 @@ def evaluate(cfg: Config, run_id: str, shard: int, weights: dict) -> list[dict]:
     # deterministic policies may still draw (a flow model's initial noise): the same draws at every evaluation,
     # independent of the worker's training RNG
     with torch.random.fork_rng():
-        torch.manual_seed(ev.seed + 7_919 * shard)
+        torch.manual_seed(seeding.eval_torch_seed(ev.seed, shard))
         for _ in range(rounds):
             sh.begin_rollout()
             state, rgb = sh.current_obs(), sh.current_rgb()
@@ -395,8 +396,7 @@ def policy_infer(cfg: Config, run_id: str, weights: dict, dims: tuple[int, int],
     obs = policy_obs(rep.module, state, rgb, instr)
     if sample:
         devs = _cuda_index(module_device(rep.module))
-        with torch.random.fork_rng(devices=devs):
-            seed_devices(infer_seed(cfg, [o.get("rng_key", ()) for o in env_outs]), devs)
+        with seeding.forked(seeding.infer_seed(cfg.seed, [o.get("rng_key", ()) for o in env_outs]), devs):
             acts = _act(rep, obs)
     else:
         acts = {"values": _values_np(rep, obs, len(state))}
@@ -420,13 +420,6 @@ def policy_infer(cfg: Config, run_id: str, weights: dict, dims: tuple[int, int],
         results.append(r)
         start += n
     return results
-
-
-def infer_seed(cfg: Config, keys: list) -> int:
-    """Seed of one `policy_infer` draw from `cfg.seed` and its shards' `EnvShard.rng_key`s (a hash: distinct
-    groups and chunk steps give unrelated streams)."""
-    words = [cfg.seed & 0xFFFFFFFF] + [int(x) & 0xFFFFFFFF for k in keys for x in k]
-    return int(np.random.SeedSequence(words).generate_state(2, np.uint64)[0] >> np.uint64(1))
 
 
 def _cuda_index(device: torch.device) -> list:

@@ -23,7 +23,7 @@ Non-finite values (`algorithm.nonfinite`: error | mask; `advantages` is where ro
     steps (NaN when none was applied: MLflow shows it).
 
 Randomness (exact resume without saved update state): every draw of the update on weights version v is a function
-of (cfg.seed, v, rank) only. Minibatch permutations come from `torch.Generator().manual_seed(permutation_seed(cfg,
+of (cfg.seed, v, rank) only (the formulas: tasks.seeding). Minibatch permutations come from `torch.Generator().manual_seed(permutation_seed(cfg,
 v))` (identical on every rank, each rank takes its slice); any other torch draw inside the update (a policy's
 sampling in its loss, e.g. the flow VLA's `sft_loss`) comes from the default generators forked for the update
 (`update_rng`) and seeded with `update_seed(cfg, v, rank)`, so the process's own streams (rollout sampling on the
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tasks import resident
+from tasks import resident, seeding
 from tasks.algorithms import (aggregate_rewards, critic_loss, decoupled_ppo_actor_loss, entropy_bonus,
                               expand_advantages, from_action_level, get_advantage, loss_mask_for, masked_mean,
                               normalize_advantages, ppo_actor_loss, reduce_logprobs, to_action_level)
@@ -247,7 +247,7 @@ class Actor:
 def _build_actor(cfg: Config, obs_dim: int, action_dim: int, load: bool = True) -> Actor:
     """The actor on `policy.device` (tasks.device.policy_device), float32 master weights (bf16 is autocast)."""
     policy = make_policy(cfg.policy, obs_dim=obs_dim, action_dim=action_dim, num_values=num_values(cfg),
-                         seed=cfg.seed, image_size=image_size(cfg), load=load)
+                         seed=seeding.model_init_seed(cfg.seed), image_size=image_size(cfg), load=load)
     policy.to(policy_device(cfg))
     return Actor(policy, make_optimizer(cfg, policy))
 
@@ -280,7 +280,7 @@ def split_critic(policy: torch.nn.Module) -> tuple[list[torch.nn.Parameter], lis
 def actor_init(cfg: Config, run_id: str, dims: tuple[int, int], checkpoint: dict | None = None) -> dict:
     """Create the resident actor for env dims (obs_dim, action_dim): fresh (seeded by `cfg.seed`) or from a
     loaded checkpoint dict with keys `policy`, `optimizer`, `run.weight_version`; return its versioned weights."""
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(seeding.model_init_seed(cfg.seed))
     actor = _build_actor(cfg, *dims, load=checkpoint is None)  # a checkpoint overrides policy.model_path
     if checkpoint is not None:
         actor.policy.load_state_dict(checkpoint["policy"])
@@ -450,13 +450,15 @@ def behaviour_version(weights: dict, samples: tuple[dict, ...]) -> int:
 
 # ---------------------------------------------------------------- randomness of the update (module docstring)
 def permutation_seed(cfg: Config, version: int) -> int:
-    """Seed of the minibatch permutations of the update on weights `version` (identical on every rank)."""
-    return (int(cfg.seed) * 1_000_003 + int(version)) % (2 ** 62)
+    """Seed of the minibatch permutations of the update on weights `version` (identical on every rank):
+    `tasks.seeding.permutation_seed(cfg.seed, version)`."""
+    return seeding.permutation_seed(cfg.seed, version)
 
 
 def update_seed(cfg: Config, version: int, rank: int = 0) -> int:
-    """Seed of the default torch generators inside the update on weights `version` at `rank` (`update_rng`)."""
-    return (int(cfg.seed) * 1_000_033 + int(version) * 8_191 + 131_071 * (int(rank) + 1)) % (2 ** 62)
+    """Seed of the default torch generators inside the update on weights `version` at `rank` (`update_rng`):
+    `tasks.seeding.update_seed(cfg.seed, version, rank)`."""
+    return seeding.update_seed(cfg.seed, version, rank)
 
 
 @contextlib.contextmanager
@@ -465,12 +467,7 @@ def update_rng(cfg: Config, version: int, rank: int = 0, device: torch.device | 
     on exit the process's streams are as they were before (torch.random.fork_rng)."""
     device = torch.device(device)
     cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda):
-        seed = update_seed(cfg, version, rank)
-        torch.random.default_generator.manual_seed(seed)
-        if cuda:
-            with torch.cuda.device(cuda[0]):
-                torch.cuda.manual_seed(seed)
+    with seeding.forked(update_seed(cfg, version, rank), cuda):
         yield
 
 

@@ -19,9 +19,9 @@ never executed in an episode other than the one whose observation it was chosen 
 group (same episode_count) share every reset seed. `ignore_terminations` drops the simulator's `terminated`
 (episodes end only by truncation); `terminated` and `truncated` are never both set.
 
-Seeds: episode k of global env g gets reset seed `seed_fn(g, k)`; the default is
+Seeds: episode k of global env g gets reset seed `seed_fn(g, k)`; the default is `tasks.seeding.episode_seed`,
 `base_seed + g // group_size + k * (num_envs_total // group_size)`, so every (env, episode) pair has a unique,
-replayable seed (GRPO groups share theirs).
+replayable seed (GRPO groups share theirs); its id is `tasks.seeding.episode_id`, `g + k * num_envs_total`.
 
 Cursor (`state_dict()` -> `load_state_dict()`; lists, ints, floats and bools only, JSON- and pickle-friendly):
 per env `episode_count`, the current (or, idle, the last) episode's `seed`, `active`, the clipped `actions` executed
@@ -54,6 +54,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
+
+from tasks.seeding import episode_id, episode_seed, forked, seed_devices  # noqa: F401 (seed_devices re-exported)
 
 # per-env cursor fields (lists of B) and per-shard ones (in `parts`)
 CURSOR_ENV_FIELDS = ("episode_count", "seed", "active", "actions", "return", "episode_len", "success_once")
@@ -169,7 +171,7 @@ class EnvShard:
         self.env_offset, self.num_envs_total = env_offset, num_envs_total
         self.auto_reset, self.ignore_terminations = auto_reset, ignore_terminations
         self.group_size = group_size
-        self.seed_fn = seed_fn or (lambda g, k: base_seed + g // group_size + k * (num_envs_total // group_size))
+        self.seed_fn = seed_fn or (lambda g, k: episode_seed(base_seed, g, k, num_envs_total, group_size))
         self.episode_count = np.zeros(self.num_envs, np.int64) if episode_count is None \
             else np.asarray(episode_count, np.int64).copy()
         if self.episode_count.shape != (self.num_envs,):
@@ -193,7 +195,7 @@ class EnvShard:
 
     # ----- episodes -----
     def _episode_id(self, b: int) -> int:
-        return int((self.env_offset + b) + self.episode_count[b] * self.num_envs_total)
+        return episode_id(self.env_offset + b, int(self.episode_count[b]), self.num_envs_total)
 
     def _where(self, b: int, field_: str) -> str:
         """One line naming shard, env, chunk step and field (non-finite value errors)."""
@@ -326,10 +328,8 @@ class EnvShard:
 
     def seed_rng(self, seed: int, device=None) -> None:
         """Set the shard's policy RNG to torch.manual_seed(seed)'s state (CPU, and `device` if CUDA)."""
-        import torch
         devs = _cuda_devices(device)
-        with torch.random.fork_rng(devices=devs):
-            seed_devices(seed, devs)
+        with forked(seed, devs):
             self.rng_state = _get_rng(devs)
         self.rng_fresh = True
 
@@ -454,16 +454,6 @@ def _cuda_devices(device) -> list:
     if device.type != "cuda":
         return []
     return [device.index if device.index is not None else torch.cuda.current_device()]
-
-
-def seed_devices(seed: int, devs: list) -> None:
-    """torch.manual_seed(seed)'s effect on the CPU generator and the CUDA devices `devs` only (not on every CUDA
-    device of the process, which may hold another component's stream)."""
-    import torch
-    torch.random.default_generator.manual_seed(seed)
-    for d in devs:
-        with torch.cuda.device(d):
-            torch.cuda.manual_seed(seed)
 
 
 def _get_rng(devs: list) -> dict:
