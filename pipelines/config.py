@@ -188,15 +188,17 @@ def check_components(cfg: Config) -> None:
     """
     from tasks.envs import check_env_config
     from tasks.policies import check_policy_config
-    from tasks.algorithms import advantage_names
+    from tasks.algorithms import get_estimator
     sizes = check_policy_config(cfg.policy)
     if sizes and cfg.env.obs_mode == "rgb" and cfg.env.image_size % sizes.get("patch_size", 1):
         raise ConfigError("env.image_size", cfg.env.image_size,
                           f"must be a multiple of the {cfg.policy.preset} preset's patch_size={sizes['patch_size']} "
                           f"(or override policy.sizes.patch_size)")
-    if cfg.algorithm.adv_type not in (*advantage_names(), "grpo"):  # grpo: tasks.algorithms.grpo_advantages
-        raise ConfigError("algorithm.adv_type", cfg.algorithm.adv_type,
-                          f"known estimators: {[*advantage_names(), 'grpo']}")
+    if cfg.algorithm.spec is not None:  # an RL algorithm: its estimator's math is registered (not only its spec)
+        try:
+            get_estimator(cfg.algorithm.name)
+        except ValueError as exc:
+            raise ConfigError("algorithm.name", cfg.algorithm.name, f"{exc} (tasks.algorithms.estimators)") from None
     check_env_config(cfg.env)
     if cfg.policy.model_path:
         check_model_path(cfg)

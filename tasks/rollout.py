@@ -186,8 +186,10 @@ def get_shard(cfg: Config, run_id: str, shard: int, cursor: dict | None, stage: 
 
 
 def group_size(cfg: Config) -> int:
-    """Envs per reset-state group: algorithm.group_size with GRPO, else 1."""
-    return cfg.algorithm.group_size if cfg.algorithm.adv_type == "grpo" else 1
+    """Envs per reset-state group: algorithm.group_size when the estimator scores groups (EstimatorSpec.groups),
+    else 1 (also for sft, which has no estimator)."""
+    spec = cfg.algorithm.spec
+    return cfg.algorithm.group_size if spec is not None and spec.groups else 1
 
 
 def _values_np(rep: Replica, obs: dict, n: int) -> np.ndarray:

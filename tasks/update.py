@@ -47,8 +47,8 @@ import torch
 
 from tasks import resident, seeding
 from tasks.algorithms import (aggregate_rewards, critic_loss, decoupled_ppo_actor_loss, entropy_bonus,
-                              expand_advantages, from_action_level, get_advantage, loss_mask_for, masked_mean,
-                              normalize_advantages, ppo_actor_loss, reduce_logprobs, to_action_level)
+                              expand_advantages, get_estimator, loss_mask_for, masked_mean, normalize_advantages,
+                              ppo_actor_loss, reduce_logprobs)
 from tasks.config import Config
 from tasks.device import autocast, policy_device, to_device
 from tasks.optim_state import load_optimizer_state, optimizer_state  # noqa: F401 (re-exported)
@@ -69,14 +69,14 @@ def _nonfinite_inputs(cfg: Config, traj: dict, shard: int | None) -> tuple[np.nd
     final_values and bootstrap_values act through the advantages instead), {field: [T, B] bool (bootstrap_values:
     [B]) chunk steps with a non-finite entry of that field}). Raises NonFiniteError with algorithm.nonfinite=error.
     """
-    grpo = cfg.algorithm.adv_type == "grpo"
+    critic = get_estimator(cfg.algorithm.name).spec.critic  # values and bootstrap values are read with a critic
     executed = np.asarray(traj["step_mask"])  # [T, B, C]
     active = executed.any(-1)  # [T, B]
     T, B = active.shape
     ended = np.asarray(traj["truncated"]) & ~np.asarray(traj["terminated"])  # [T, B] V(final_obs) read there
     fields: list[tuple[str, np.ndarray]] = [("rewards", executed), ("obs", active), ("actions", executed),
                                             ("logprobs", executed)]
-    if not grpo:
+    if critic:
         fields += [("values", active), ("final_values", ended), ("bootstrap_values", np.ones(B, bool))]
     fields += [(k, active) for k in traj if k.startswith("extras/")]
     bad_steps = np.zeros((T, B), bool)
@@ -122,7 +122,8 @@ def _nonfinite_report(found: dict[str, np.ndarray], dropped: np.ndarray) -> dict
 
 
 def advantages(cfg: Config, traj: dict, shard: int | None = None) -> dict:
-    """GAE or GRPO advantages on one shard's trajectory (envs are independent and GRPO groups never straddle
+    """The advantages of one shard's trajectory by the estimator `algorithm.name` selects
+    (tasks.algorithms.estimators: GAE per env, GRPO per group; envs are independent and groups never straddle
     shards, so shards are too). `shard` only names the shard in errors.
 
     Returns the sample fields [T, B, ...] (advantages/returns [T, B] for chunk-level rewards, [T, B, C] for
@@ -133,60 +134,16 @@ def advantages(cfg: Config, traj: dict, shard: int | None = None) -> dict:
     Raises:
         NonFiniteError: a NaN/inf where the math reads it, with algorithm.nonfinite=error (module docstring).
     """
-    a = cfg.algorithm
     bad_steps, found = _nonfinite_inputs(cfg, traj, shard)
-    if found:  # mask mode: nothing non-finite goes further; the chunk steps are dropped below
+    if found:  # mask mode: nothing non-finite goes further; the chunk steps are dropped by the estimator
         traj = {k: (_finite(v) if isinstance(v, np.ndarray) else v) for k, v in traj.items()}
-    if a.adv_type == "grpo":
-        return _grpo(cfg, traj, bad_steps, found)
-    t = {k: torch.from_numpy(np.asarray(traj[k])) for k in ("rewards", "values", "final_values",
-                                                             "terminated", "truncated", "step_mask")}
-    boot = torch.from_numpy(traj["bootstrap_values"])  # [B, V]
-    values = torch.cat([t["values"], boot[None]])  # [T, B, V] + [1, B, V] -> [T+1, B, V]
-    raw = {k: torch.from_numpy(np.asarray(v)) for k, v in found.items()}  # (mask mode) where inputs were bad
-    gae_rewards = t["rewards"]
-    if "rewards" in found or "values" in found or "final_values" in found or "bootstrap_values" in found:
-        # GAE on NaN at the bad inputs, so that exactly the advantages they make undefined come out non-finite
-        nan = torch.tensor(float("nan"))
-        if "rewards" in raw:
-            gae_rewards = torch.where(raw["rewards"].unsqueeze(-1) & t["step_mask"], nan, gae_rewards)
-        if "values" in raw:
-            values[:-1] = torch.where(raw["values"].unsqueeze(-1), nan, values[:-1])
-        if "final_values" in raw:
-            t["final_values"] = torch.where(raw["final_values"].unsqueeze(-1), nan, t["final_values"])
-        if "bootstrap_values" in raw:
-            values[-1] = torch.where(raw["bootstrap_values"].unsqueeze(-1), nan, values[-1])
-    # rewards of actions that were not executed are never read (0 there)
-    step_rewards = torch.where(t["step_mask"], gae_rewards, torch.zeros_like(gae_rewards))
-    rewards = aggregate_rewards(step_rewards * a.reward_scale, reward_type=a.reward_type)
-    est = get_advantage(a.adv_type)
-    if a.reward_type == "chunk_level":  # [T, B] rewards, [T+1, B, 1] -> [T+1, B] values
-        adv, ret = est(rewards=rewards, values=values[..., 0], terminated=t["terminated"],
-                       truncated=t["truncated"], final_values=t["final_values"][..., 0], gamma=a.gamma,
-                       lam=a.gae_lambda)
-    else:  # per-action time axis [T*C, B], back to [T, B, C]
-        # V(final_obs) bootstraps the episode's last executed action: the value at position 0 of the next state
-        flat = to_action_level(rewards=rewards, values=values, terminated=t["terminated"],
-                               truncated=t["truncated"], final_values=t["final_values"][..., 0],
-                               step_mask=t["step_mask"])
-        adv, ret = est(**flat, gamma=a.gamma, lam=a.gae_lambda)
-        C = cfg.policy.num_action_chunks
-        adv, ret = from_action_level(adv, num_action_chunks=C), from_action_level(ret, num_action_chunks=C)
-    loss_mask = traj["step_mask"].any(-1)  # [T, B]
-    dropped = np.zeros_like(loss_mask)
-    if found:  # mask mode: the chunk steps with bad inputs or an undefined advantage / return leave the loss
-        undefined = ~(torch.isfinite(adv) & torch.isfinite(ret))
-        undefined = undefined.reshape(*undefined.shape[:2], -1).any(-1).numpy()  # [T, B]
-        dropped = loss_mask & (bad_steps | undefined)
-        loss_mask = loss_mask & ~dropped
-        adv = torch.where(torch.isfinite(adv), adv, torch.zeros_like(adv))
-        ret = torch.where(torch.isfinite(ret), ret, torch.zeros_like(ret))
+    res = get_estimator(cfg.algorithm.name).advantages(traj=traj, algorithm=cfg.algorithm,
+                                                       num_action_chunks=cfg.policy.num_action_chunks,
+                                                       bad_steps=bad_steps, bad_inputs=found)
     out = _passthrough(traj)
-    out.update(advantages=adv.numpy(), returns=ret.numpy(), loss_mask=loss_mask)
-    out["stats"] = {"rollout/reward_mean": float(t["rewards"].sum(-1).mean()),
-                    "rollout/value_mean": float(t["values"].mean()),
-                    "rollout/advantage_mean": float(adv.mean()), "rollout/return_mean": float(ret.mean())}
-    out["nonfinite"] = _nonfinite_report(found, dropped)
+    out.update(advantages=res["advantages"], returns=res["returns"], loss_mask=res["loss_mask"])
+    out["stats"] = res["stats"]
+    out["nonfinite"] = _nonfinite_report(found, res["dropped"])
     return out
 
 
@@ -194,39 +151,6 @@ def _passthrough(traj: dict) -> dict:
     """The trajectory fields the update consumes unchanged (and the rollout's `weight_version`, when known)."""
     return {k: traj[k] for k in traj if k in ("obs", "rgb", "actions", "logprobs", "values", "step_mask",
                                                "weight_version") or k.startswith("extras/")}
-
-
-def _grpo(cfg: Config, traj: dict, bad_steps: np.ndarray, found: dict[str, np.ndarray]) -> dict:
-    """GRPO (critic-free): group-relative episode scores broadcast over each env's first episode in the rollout
-    (tasks.algorithms.grpo_advantages); `returns` are zeros (no critic is trained). Mask mode: an env whose scored
-    episode holds a non-finite reward leaves its group (`env_mask`); chunk steps with other bad inputs leave the
-    loss."""
-    from tasks.algorithms import grpo_advantages
-    a = cfg.algorithm
-    done = traj["terminated"] | traj["truncated"]  # [T, B]
-    first_episode = (np.cumsum(done, 0) - done) == 0  # [T, B] up to and including the first done
-    bad_env = (found["rewards"] & first_episode).any(0) if "rewards" in found else np.zeros(done.shape[1], bool)
-    rewards = aggregate_rewards(torch.from_numpy(traj["rewards"]) * a.reward_scale, reward_type=a.reward_type)
-    res = grpo_advantages(rewards=rewards, terminated=torch.from_numpy(traj["terminated"]),
-                          truncated=torch.from_numpy(traj["truncated"]),
-                          step_mask=torch.from_numpy(traj["step_mask"]), group_size=a.group_size,
-                          filter_rewards=a.filter_rewards, rewards_lower_bound=a.rewards_lower_bound,
-                          rewards_upper_bound=a.rewards_upper_bound, env_mask=torch.from_numpy(~bad_env))
-    adv, loss_mask = res["advantages"], res["loss_mask"].numpy()
-    in_loss = first_episode & traj["step_mask"].any(-1)  # [T, B] what would be trained on without non-finite values
-    dropped = in_loss & (bad_env[None] | bad_steps)
-    if bad_steps.any():
-        loss_mask = loss_mask & ~bad_steps
-        zero = torch.from_numpy(bad_steps).view(*bad_steps.shape, *([1] * (adv.dim() - 2)))
-        adv = torch.where(zero, torch.zeros_like(adv), adv)
-    out = _passthrough(traj)
-    out.update(advantages=adv.numpy(), returns=np.zeros_like(adv.numpy()), loss_mask=loss_mask)
-    out["nonfinite"] = _nonfinite_report(found, dropped)
-    out["stats"] = {"rollout/reward_mean": float(traj["rewards"].sum(-1).mean()),
-                    "rollout/score_mean": float(res["scores"].mean()),
-                    "rollout/advantage_mean": float(adv.mean()),
-                    "rollout/groups_filtered": float(res["filtered"].float().mean())}
-    return out
 
 
 @dataclass
@@ -364,26 +288,28 @@ def prepare_update(cfg: Config, data: dict[str, torch.Tensor]) -> dict[str, torc
 
     Returns `step_mask` [N, C] bool (GRPO masks steps after the first done), `old_lp` (old log-probs reduced to
     `logprob_type`: [N], [N, C] or [N, C, D]), `lp_mask` (same shape, bool), `adv` (normalised over the whole batch
-    unless GRPO, expanded to the log-prob shape), `returns` and `old_values` ([N] or [N, C]), `v_mask` (same shape,
-    bool) and `critic` (False for GRPO).
+    when the estimator's normalisation is "batch" and algorithm.normalize_advantages, expanded to the log-prob
+    shape), `returns` and `old_values` ([N] or [N, C]), `v_mask` (same shape, bool) and `critic` (the estimator
+    trains a critic: EstimatorSpec.critic).
 
     Raises:
         ValueError: a non-finite advantage inside the loss mask (normalize_advantages; `advantages` drops them
             first with algorithm.nonfinite=mask, and raises NonFiniteError with =error).
     """
     a, C = cfg.algorithm, cfg.policy.num_action_chunks
+    spec = get_estimator(a.name).spec
     D = data["actions"].shape[-1]
     step_mask = data["step_mask"] & data["loss_mask"][:, None]  # [N, C]; GRPO masks steps after the first done
     old_lp = reduce_logprobs(data["logprobs"], step_mask=step_mask, logprob_type=a.logprob_type)
     lp_mask = loss_mask_for(step_mask, logprob_type=a.logprob_type, action_dim=D)
     adv = data["advantages"]  # [N] or [N, C]
     adv_mask = step_mask.any(-1) if adv.dim() == 1 else step_mask
-    if a.normalize_advantages and a.adv_type != "grpo":  # global normalisation (GRPO's are already normalised per group)
+    if a.normalize_advantages and spec.normalisation == "batch":  # global ("group": normalised by the estimator)
         adv = normalize_advantages(adv, adv_mask)
     adv = expand_advantages(adv, logprob_type=a.logprob_type, num_action_chunks=C, action_dim=D)
     old_values = data["values"] if num_values(cfg) > 1 else data["values"][:, 0]  # [N, V] -> [N] or [N, C]
     return {"step_mask": step_mask, "old_lp": old_lp, "lp_mask": lp_mask, "adv": adv, "returns": data["returns"],
-            "old_values": old_values, "v_mask": adv_mask, "critic": a.adv_type != "grpo"}
+            "old_values": old_values, "v_mask": adv_mask, "critic": spec.critic}
 
 
 def minibatch_loss(cfg: Config, policy: torch.nn.Module, data: dict[str, torch.Tensor], prep: dict,

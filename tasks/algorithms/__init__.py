@@ -1,14 +1,8 @@
-"""Pure RL math (plain torch, no Dask): advantage estimators (GAE, GRPO), granularity helpers, PPO losses."""
+"""Pure RL math (plain torch, no Dask): the advantage estimator registry (GAE, GRPO: `estimators`), granularity
+helpers, PPO losses."""
 
-from tasks.algorithms.advantages import (
-    AdvantageFn,
-    advantage_names,
-    from_action_level,
-    gae,
-    get_advantage,
-    register_advantage,
-    to_action_level,
-)
+from tasks.algorithms.advantages import from_action_level, gae, to_action_level
+from tasks.algorithms.estimators import Estimator, estimator_names, get_estimator, register_estimator
 from tasks.algorithms.granularity import (
     LOGPROB_TYPES,
     REWARD_TYPES,
@@ -31,12 +25,12 @@ from tasks.algorithms.losses import (
 )
 
 __all__ = [
-    "AdvantageFn",
-    "advantage_names",
+    "Estimator",
+    "estimator_names",
+    "get_estimator",
+    "register_estimator",
     "from_action_level",
     "gae",
-    "get_advantage",
-    "register_advantage",
     "to_action_level",
     "check_groups",
     "grpo_advantages",

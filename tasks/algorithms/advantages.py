@@ -1,71 +1,23 @@
-"""Advantage estimators and the chunk-level <-> action-level time-axis conversion.
+"""GAE and the chunk-level <-> action-level time-axis conversion.
 
 Shapes: T = chunk steps, B = envs, C = actions per chunk (num_action_chunks).
 
 ``terminated`` and ``truncated`` stay separate: a terminated step bootstraps from 0, a truncated step
 bootstraps from ``V(final_obs)`` (``final_values``). Both end the GAE recursion.
 
-Estimators live in a registry with one uniform keyword-only signature::
-
-    fn(*, rewards, values, terminated, truncated, final_values, gamma, lam) -> (advantages, returns)
-
-so callers look one up by name (``get_advantage(cfg.adv_type)``) and never branch on it.
+``gae`` is the math of the ``ppo`` estimator; the estimator registry (what each one needs, how it normalises,
+one signature) is ``tasks.algorithms.estimators``.
 """
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
 __all__ = [
-    "AdvantageFn",
-    "register_advantage",
-    "get_advantage",
-    "advantage_names",
     "gae",
     "to_action_level",
     "from_action_level",
 ]
-
-AdvantageFn = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]
-
-_ADVANTAGES: dict[str, AdvantageFn] = {}
-
-
-def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Decorator registering an advantage estimator under ``name``.
-
-    The estimator must take the uniform keyword-only signature
-    ``fn(*, rewards, values, terminated, truncated, final_values, gamma, lam) -> (advantages, returns)``.
-    Raises ValueError when ``name`` is already registered (listing the known names).
-    """
-
-    def decorator(fn: AdvantageFn) -> AdvantageFn:
-        if name in _ADVANTAGES:
-            raise ValueError(
-                f"advantage estimator {name!r} is already registered; "
-                f"known: {sorted(_ADVANTAGES)}; pick another name"
-            )
-        _ADVANTAGES[name] = fn
-        return fn
-
-    return decorator
-
-
-def get_advantage(name: str) -> AdvantageFn:
-    """Return the estimator registered as ``name``; ValueError listing the known names if unknown."""
-    try:
-        return _ADVANTAGES[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown advantage estimator {name!r}; known: {sorted(_ADVANTAGES)}"
-        ) from None
-
-
-def advantage_names() -> list[str]:
-    """Sorted names of the registered estimators."""
-    return sorted(_ADVANTAGES)
 
 
 def _check_shape(name: str, x: torch.Tensor, shape: tuple[int, ...]) -> None:
@@ -83,7 +35,6 @@ def _check_float(name: str, x: torch.Tensor) -> None:
         raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
 
 
-@register_advantage("gae")
 def gae(
     *,
     rewards: torch.Tensor,

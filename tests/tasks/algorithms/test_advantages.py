@@ -1,16 +1,14 @@
-"""Tests for tasks.algorithms.advantages: GAE, the registry, and the action-level time axis."""
+"""Tests for tasks.algorithms.advantages: GAE and the action-level time axis (the estimator registry:
+test_estimators.py)."""
 
 import math
 
 import pytest
 import torch
 
-import tasks.algorithms.advantages as adv_mod
 from tasks.algorithms.advantages import (
     from_action_level,
     gae,
-    get_advantage,
-    register_advantage,
     to_action_level,
 )
 
@@ -145,22 +143,6 @@ def test_gae_rejects_shape_and_dtype_mismatch(field, bad):
 def test_gae_rejects_bad_gamma():
     with pytest.raises(ValueError, match="gamma"):
         gae(**_random_rollout(T=2, B=2, seed=0), gamma=1.5, lam=0.95)
-
-
-def test_registry_lookup_unknown_and_duplicate(monkeypatch):
-    monkeypatch.setattr(adv_mod, "_ADVANTAGES", dict(adv_mod._ADVANTAGES))
-    assert get_advantage("gae") is gae
-    with pytest.raises(ValueError, match="gae"):  # lists the known names
-        get_advantage("grpo_typo")
-    with pytest.raises(ValueError, match="already registered"):
-        register_advantage("gae")(lambda **kw: None)
-
-    @register_advantage("dummy")
-    def dummy(**kw):
-        return kw
-
-    assert get_advantage("dummy") is dummy
-    assert adv_mod.advantage_names() == ["dummy", "gae"]
 
 
 def _chunk_rollout(T, B, C, seed):
