@@ -129,10 +129,13 @@ def _grammar_error(key: str, value: str) -> ConfigError:
 
 def _config_error(exc: Exception, overrides: Sequence[str]) -> ConfigError:
     msg = " ".join(str(exc).split())
-    if "in group conf" in msg or "Could not find 'conf/" in msg:
-        names = sorted(p.stem for p in (CONF_DIR / "conf").glob("*.yaml"))
-        given = next((o.split("=", 1)[1] for o in overrides if o.startswith("conf=")), "?")
-        return ConfigError("conf", given, f"no conf/conf/{given}.yaml; available: {names}")
+    for group in ("conf", *GROUPS):
+        if f"in group {group}" in msg or f"Could not find '{group}/" in msg:
+            names = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+            given = next((o.split("=", 1)[1] for o in overrides if o.startswith(f"{group}=")), None)
+            if given is None:  # chosen by the experiment file's defaults list
+                given = msg.split(f"Could not find '{group}/", 1)[-1].split("'", 1)[0] if f"'{group}/" in msg else "?"
+            return ConfigError(group, given, f"no conf/{group}/{given}.yaml; available: {names}")
     cause = exc.__cause__ or exc
     key = getattr(cause, "full_key", None) or getattr(exc, "full_key", None)
     detail = str(cause).splitlines()[0]
@@ -273,22 +276,81 @@ def _leaves(value, prefix: str) -> list[str]:
     return [prefix]
 
 
-def given_keys(overrides: Sequence[str] = ()) -> dict[str, str]:
-    """Every key SET for this composition -> where: "the command line" or "conf/conf/NAME.yaml".
+GROUPS = ("env", "policy", "algorithm", "cluster")  # config groups: conf/GROUP/NAME.yaml, package GROUP
 
-    Command-line keys win over the experiment file's. A dict value counts as its leaf keys (`+a={b: 1}` sets
-    `a.b`); `conf=` itself is not a key. Raises ConfigError for an override Hydra cannot parse.
+
+def _group_choice(entry) -> tuple[str, str | None] | None:
+    """(group, choice) of an experiment's defaults-list entry `override /GROUP: NAME`, else None."""
+    if not isinstance(entry, (dict, DictConfig)) or len(entry) != 1:
+        return None
+    (key, choice), = entry.items()
+    group = str(key).replace("override", "").strip().lstrip("/")
+    return (group, choice) if group in GROUPS else None
+
+
+def _file_keys(path: Path, package: str) -> list[str]:
+    """Dotted keys a conf file sets under `package` ("" for `_global_`): its own leaves and, first, those of the
+    files of the same group its defaults list includes (`- NAME`); `defaults` itself is not a key."""
+    node = OmegaConf.load(path)
+    keys: list[str] = []
+    for entry in node.get("defaults", []) if package else []:
+        if isinstance(entry, str) and entry != "_self_":
+            keys += _file_keys(path.parent / f"{entry}.yaml", package)
+    body = {k: v for k, v in node.items() if k != "defaults"}
+    return keys + (_leaves(body, package) if body else [])
+
+
+def group_choices(overrides: Sequence[str] = ()) -> dict[str, tuple[str, str]]:
+    """The config group files of this composition: group -> (choice, who chose it: "the command line" or
+    "conf/conf/NAME.yaml"). A command-line `GROUP=NAME` wins over the experiment's `override /GROUP: NAME`; groups
+    nobody chose (null in conf/config.yaml) are absent. Raises ConfigError for an override Hydra cannot parse."""
+    name = experiment_name(overrides)
+    path = CONF_DIR / "conf" / f"{name}.yaml"
+    out: dict[str, tuple[str, str]] = {}
+    if path.is_file():
+        for entry in OmegaConf.load(path).get("defaults", []):
+            gc = _group_choice(entry)
+            if gc is not None and gc[1] is not None:
+                out[gc[0]] = (str(gc[1]), f"conf/conf/{name}.yaml")
+    for ov in parse_overrides(overrides):
+        if ov.key_or_group in GROUPS and not ov.is_delete() and not isinstance(ov.value(), (dict, list)):
+            if ov.value() is None:
+                out.pop(ov.key_or_group, None)
+            else:
+                out[ov.key_or_group] = (str(ov.value()), COMMAND_LINE)
+    return out
+
+
+def given_keys(overrides: Sequence[str] = ()) -> dict[str, str]:
+    """Every key SET for this composition -> where: "the command line", "conf/conf/NAME.yaml", or for a group file
+    "conf/GROUP/CHOICE.yaml (chosen by conf/conf/NAME.yaml)" / "conf/GROUP/CHOICE.yaml (chosen on the command line)".
+
+    A group file's keys count as set by whoever chose it (the experiment, or the command line for `GROUP=CHOICE`:
+    `from_command_line`).
+    Later sources win, as in Hydra's merge: group files, then the experiment file, then command-line keys. A dict
+    value counts as its leaf keys (`+a={b: 1}` sets `a.b`); `conf=` and `GROUP=` themselves are not keys. Raises
+    ConfigError for an override Hydra cannot parse.
     """
     name = experiment_name(overrides)
     out: dict[str, str] = {}
+    for group, (choice, who) in group_choices(overrides).items():
+        gpath = CONF_DIR / group / f"{choice}.yaml"
+        if gpath.is_file():  # an unknown choice is compose's error
+            where = f"conf/{group}/{choice}.yaml ({'chosen on ' if who == COMMAND_LINE else 'chosen by '}{who})"
+            out.update({k: where for k in _file_keys(gpath, group)})
     path = CONF_DIR / "conf" / f"{name}.yaml"
     if path.is_file():
-        out.update({k: f"conf/conf/{name}.yaml" for k in _leaves(OmegaConf.load(path), "")})
+        out.update({k: f"conf/conf/{name}.yaml" for k in _file_keys(path, "")})
     for ov in parse_overrides(overrides):
-        if ov.key_or_group == "conf" or ov.is_delete():
+        if ov.key_or_group == "conf" or ov.is_delete() or ov.key_or_group in GROUPS:
             continue
         out.update({k: COMMAND_LINE for k in _leaves(ov.value(), ov.key_or_group)})
     return out
+
+
+def from_command_line(where: str) -> bool:
+    """Whether a `given_keys` location is the command line: a key given there, or a group file chosen there."""
+    return where == COMMAND_LINE or where.endswith(f"(chosen on {COMMAND_LINE})")
 
 
 def check_given(cfg: Config, overrides: Sequence[str] = (), command: str = "run", cuda_count: int = 0,
@@ -314,8 +376,8 @@ def check_given(cfg: Config, overrides: Sequence[str] = (), command: str = "run"
             value = config_value(cfg, key)
         except KeyError:
             value = None
-        if where == COMMAND_LINE:
-            raise ConfigError(key, value, why)
+        if from_command_line(where):
+            raise ConfigError(key, value, why if where == COMMAND_LINE else f"(set in {where}) {why}")
         if file_inert is None:  # the experiment as its file writes it, without the command line
             name = experiment_name(overrides)
             file_inert = inert_keys(to_config(compose([f"conf={name}"]), validate=False), command,
@@ -348,7 +410,7 @@ def command_for(overrides: Sequence[str] = ()) -> str:
     """The command an experiment is for, as `pipelines.validate` infers it: "record" when its experiment file sets
     `record.*` keys (conf=pushcube_record), else "run" (then `record.*` on the command line is refused as by run)."""
     where = given_keys(overrides)
-    return "record" if any(k.startswith("record.") and w != COMMAND_LINE for k, w in where.items()) else "run"
+    return "record" if any(k.startswith("record.") and not from_command_line(w) for k, w in where.items()) else "run"
 
 
 def load_config(overrides: Sequence[str] = (), *, components: bool = True, command: str = "run",

@@ -90,9 +90,9 @@ class InitGraph:
     port: str | None  # key of a free port on rank 0's worker (the group's master_port); None with one rank
 
 
-def _store(path: str, epoch: int, shard: int, traj: dict) -> dict:
+def _store(path: str, step: int, shard: int, traj: dict) -> dict:
     from storage.trajectories import write_shard
-    return write_shard(path, epoch=epoch, shard=shard, data={k: traj[k] for k in (*rollout.STEP_FIELDS, "rgb") if k in traj})
+    return write_shard(path, step=step, shard=shard, data={k: traj[k] for k in (*rollout.STEP_FIELDS, "rgb") if k in traj})
 
 
 def step_metrics(update_out: dict, *parts: dict) -> dict:

@@ -28,7 +28,7 @@ both are <= TOLERANCE (1e-5) and all flags agree. ManiSkill's CPU simulation rep
 seed + actions (MACHINE.md), so both are expected to be exactly 0.
 
 Which steps belong to an episode: the store's `episode_id` per chunk step and env (episode k of global env g has
-id g + k * num_envs); only complete epochs (`TrajectoryStore.complete_epochs()`) are read. An episode is complete
+id g + k * num_envs); only complete epochs (`TrajectoryStore.complete_steps()`) are read. An episode is complete
 when its last stored chunk step has `terminated` or `truncated`, else partial (cut by the end of the store, or by a
 missing epoch, after which it cannot be replayed). Its start must be in the store: the first stored chunk step is
 the reset when it is the run's first chunk step, when the env's previous chunk step ended another episode, or when
@@ -187,7 +187,7 @@ class Episode:
 
 
 def load_index(store) -> StoreIndex:
-    epochs = store.complete_epochs()
+    epochs = store.complete_steps()
     T, B = store.T, store.num_envs
     data = {f: store.read(f, epochs) for f in _INDEX_FIELDS}
     P = len(epochs) * T
@@ -540,7 +540,7 @@ def replay(store_path: Path, *, episode_ids: list[int] | None = None, num_episod
                 "max_episode_steps": cfg.max_episode_steps, "ignore_terminations": cfg.ignore_terminations},
         "layout": {"T": store.T, "num_envs": store.num_envs, "num_action_chunks": store.fields["actions"].shape[0],
                    "complete_epochs": _ranges([int(e) for e in idx.epochs]),
-                   "num_complete_epochs": len(idx.epochs), "epochs_allocated": store.num_epochs},
+                   "num_complete_epochs": len(idx.epochs), "epochs_allocated": store.num_steps},
         "tolerance": TOLERANCE, "replay_seconds": round(time.perf_counter() - t0, 2),
         "episodes": rows, "skipped": skipped, "notes": notes,
         "all_verified": all(r["verified"] for r in rows),

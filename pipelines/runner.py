@@ -1,7 +1,7 @@
 """The training loop: weight versions, one graph per step, eval, checkpoints, metrics, resume.
 
-Only this module and pipelines.run hold a Dask client. Per step: reserve the zarr epoch, build and submit the
-step graph, wait for `step_metrics` and the store writes, mark the epoch complete, log one MLflow batch, advance
+Only this module and pipelines.run hold a Dask client. Per step: reserve the store's step, build and submit the
+step graph, wait for `step_metrics` and the store writes, mark the step complete, log one MLflow batch, advance
 the progress bar; every `val_check_interval` steps an eval graph; every `save_interval` steps a checkpoint.
 
 Asynchronous steps (`runner.max_staleness` = k > 0): the runner keeps up to k step graphs submitted ahead of the one
@@ -20,7 +20,7 @@ equals the uninterrupted one step for step. `request_stop` (pipelines.run: the f
 after the step(s) in flight with a checkpoint of the current step.
 
 One timeline: a redone step never shows twice. A resume or a rollback (`_rollback`, after a lost actor) to step k
-marks the store's epochs >= k incomplete (each redone epoch is a new attempt, complete only once every shard wrote
+marks the store's steps >= k incomplete (each redone step is a new attempt, complete only once every shard wrote
 it) and continues MLflow in a NEW run holding a copy of every point with step <= k (`Tracker.continue_from` /
 `Tracker.fork`; MLflow's client cannot delete single points); the superseded run is tagged `dagrl.superseded_by`
 and soft-deleted. Metrics of a step are logged before its checkpoint, so the run a checkpoint records holds them.
@@ -143,7 +143,7 @@ class Runner(Recovery):
                            "seed_rule": TRAIN_SEED_RULE, "group_size": group_size(cfg),
                            "num_action_chunks": cfg.policy.num_action_chunks,
                            "max_episode_steps": cfg.env.max_episode_steps})
-                self.store.invalidate_from(self.state.step)  # a resume: later epochs are a superseded timeline
+                self.store.invalidate_from(self.state.step)  # a resume: later steps are a superseded timeline
             self.peak_rss = 0
             self.last_eval: dict = {}
             self._ahead: list[tuple[int, object, list]] = []  # async: submitted steps (step, graph, futures), in order
@@ -250,7 +250,7 @@ class Runner(Recovery):
 
         Restores every RunState field that describes training progress from the checkpoint's runner meta (step,
         env_steps, env cursors, best eval, and any field added later; not run_id, the MLflow run, the wall time
-        spent, the actor group generation), marks the store's epochs >= the restored step incomplete
+        spent, the actor group generation), marks the store's steps >= the restored step incomplete
         (`TrajectoryStore.invalidate_from`) and continues MLflow in a new run holding the points with step <= the
         restored step (`Tracker.fork`; the old run is soft-deleted), so every reader sees one timeline. The actor
         itself is not touched: the caller re-runs the init graph from the same checkpoint (`_init_actor`).
@@ -340,7 +340,7 @@ class Runner(Recovery):
         return self._finish_step(step, upd_f, out, store_out, retries, t0)
 
     def _finish_step(self, step: int, upd_f, out: dict, store_out: list, retries: int, t0: float) -> dict:
-        """Account a finished training step: weights, store epoch, cursors, counters; return its metrics."""
+        """Account a finished training step: weights, store step, cursors, counters; return its metrics."""
         cfg, st = self.cfg, self.state
         version = int(out["metrics"]["train/weight_version"])
         if self.ranks > 1:  # the group lives on with the weights; a rebuild comes with a new init's weights

@@ -1,32 +1,38 @@
-"""Zarr v3 trajectory store: one group per run, one array per field.
+"""Zarr v3 trajectory store: one group per run, one array per field, indexed by training step.
 
-Layout of a store at ``path`` (a directory)::
+Layout of a store at ``path`` (a directory), schema version 2::
 
     path/                      group; attributes: schema_version, created_at, layout, + caller attrs
-      fields/<name>            [E, T, B, *shape]  chunks (1, T, shard_size, *shape)
-      epochs/complete          [E] bool           set by the driver once every shard of epoch e's latest attempt
+      fields/<name>            [N, T, B, *shape]  chunks (1, T, shard_size, *shape)
+      steps/complete           [N] bool           set by the driver once every shard of step n's latest attempt
                                                   was written (cleared by a new attempt and by `invalidate_from`)
-      epochs/attempt           [E] int64          the epoch's latest attempt id (0: never reserved for writing)
-      epochs/shard_attempt     [E, S] int64       the attempt each shard last wrote (-1: never); chunks (1, 1)
-      epochs/<scalar>          [E]                per-epoch scalars (weight_version, global_step, ...)
+      steps/attempt            [N] int64          the step's latest attempt id (0: never reserved for writing)
+      steps/shard_attempt      [N, S] int64       the attempt each shard last wrote (-1: never); chunks (1, 1)
+      steps/<scalar>           [N]                per-step scalars (weight_version, global_step, ...)
 
-``E`` is the rollout epoch (= training step index), ``T`` the chunk steps, ``B`` the envs, ``S`` the shards.
+``N`` is the training step (a store written by ``pipelines.record``: the recording round), ``T`` the chunk steps,
+``B`` the envs, ``S`` the shards. The field names, shapes and meanings of a training run's store are the stored
+fields of ``tasks.trajectory`` (the one spec; README "Trajectory fields").
+
+Schema versions: 2 (this layout) is written; 1 (the same arrays, the per-step group named ``epochs`` and its
+docs calling a training step a rollout "epoch") is read, and a resumed run keeps writing a version-1 store in its
+own layout. Every API takes and returns training steps for both.
 
 Attempts (data shown once, and only when whole): a step that is redone (a retry after a lost worker, a rollback
-to a checkpoint, a resume) calls :meth:`TrajectoryStore.reserve` again, which starts a new attempt of the epoch
-(``attempt[e] += 1``, ``complete[e] = False``). :func:`write_shard` records the attempt it wrote; an epoch is
-complete (:meth:`TrajectoryStore.complete_epochs`, the one reader API: replay, SFT's ``sft.store``, the episode
-index) only when ``complete[e]`` is set AND every shard's ``shard_attempt`` equals ``attempt[e]``, so a half-rewritten
-epoch (shard 0 new, shard 1 old) is never shown. A rollback or resume to step k calls
-:meth:`TrajectoryStore.invalidate_from` (k): epochs >= k are not complete until they are redone.
-Stores written before attempts existed (no ``epochs/attempt``) read as before: ``complete[e]`` alone.
+to a checkpoint, a resume) calls :meth:`TrajectoryStore.reserve` again, which starts a new attempt of the step
+(``attempt[n] += 1``, ``complete[n] = False``). :func:`write_shard` records the attempt it wrote; a step is
+complete (:meth:`TrajectoryStore.complete_steps`, the one reader API: replay, SFT's ``sft.store``, the episode
+index) only when ``complete[n]`` is set AND every shard's ``shard_attempt`` equals ``attempt[n]``, so a
+half-rewritten step (shard 0 new, shard 1 old) is never shown. A rollback or resume to step k calls
+:meth:`TrajectoryStore.invalidate_from` (k): steps >= k are not complete until they are redone.
+Stores written before attempts existed (no ``attempt`` array) read as before: ``complete[n]`` alone.
 
 Concurrency (zarr 3 loses data when two writers touch one chunk, and on concurrent resizes):
 
-* the driver alone creates the store, grows ``E`` with :meth:`TrajectoryStore.reserve` and flips
-  ``epochs/complete`` with :meth:`TrajectoryStore.mark_complete`;
-* workers call :func:`write_shard` inside Dask tasks; shard ``s`` of epoch ``e`` covers exactly the chunk
-  ``(e, 0, s, 0...)`` of every field array, so no two tasks ever write the same chunk.
+* the driver alone creates the store, grows ``N`` with :meth:`TrajectoryStore.reserve` and flips
+  ``steps/complete`` with :meth:`TrajectoryStore.mark_complete`;
+* workers call :func:`write_shard` inside Dask tasks; shard ``s`` of step ``n`` covers exactly the chunk
+  ``(n, 0, s, 0...)`` of every field array, so no two tasks ever write the same chunk.
 """
 
 from __future__ import annotations
@@ -45,16 +51,18 @@ from typing import Any
 import numpy as np
 import zarr
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1: the per-step group is named "epochs"
 
 _RESERVED_ATTRS = ("schema_version", "created_at", "layout")
 _FIELDS_GROUP = "fields"
-_EPOCHS_GROUP = "epochs"
+_STEPS_GROUP = "steps"
+_STEPS_GROUP_V1 = "epochs"
 _COMPLETE = "complete"
 _ATTEMPT = "attempt"
 _SHARD_ATTEMPT = "shard_attempt"
-_BOOKKEEPING = (_COMPLETE, _ATTEMPT, _SHARD_ATTEMPT)  # epoch arrays that are not per-epoch scalars
-_EPOCH_CHUNK = 1024
+_BOOKKEEPING = (_COMPLETE, _ATTEMPT, _SHARD_ATTEMPT)  # per-step arrays that are not per-step scalars
+_STEP_CHUNK = 1024
 _ARRAY_CONFIG = {"write_empty_chunks": True}
 
 
@@ -138,12 +146,17 @@ def _open_group(path: Path, mode: str = "r+") -> zarr.Group:
     version = group.attrs.get("schema_version")
     if version is None or "layout" not in group.attrs:
         raise ValueError(f"{path} is a zarr group but not a dagrl trajectory store (no schema_version/layout attrs)")
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_VERSIONS:
         raise ValueError(
-            f"trajectory store at {path} has schema_version {version}, this dagrl reads {SCHEMA_VERSION}; "
-            "read it with a matching dagrl version or start a new run directory"
+            f"trajectory store at {path} has schema_version {version}, this dagrl reads versions "
+            f"{list(READABLE_VERSIONS)}; read it with a matching dagrl version or start a new run directory"
         )
     return group
+
+
+def _steps_group(group: zarr.Group) -> str:
+    """Name of the per-step group of an opened store: ``steps`` (schema 2), ``epochs`` (schema 1)."""
+    return _STEPS_GROUP_V1 if group.attrs["schema_version"] == 1 else _STEPS_GROUP
 
 
 class TrajectoryStore:
@@ -152,6 +165,7 @@ class TrajectoryStore:
     def __init__(self, path: str | os.PathLike, group: zarr.Group):
         self._path = Path(path)
         self._group = group
+        self._steps = _steps_group(group)  # "steps", or "epochs" in a schema-1 store
         attrs = group.attrs.asdict()
         layout = attrs["layout"]
         self._T = int(layout["T"])
@@ -171,7 +185,7 @@ class TrajectoryStore:
         shard_size: int,
         attrs: Mapping[str, Any] | None = None,
     ) -> TrajectoryStore:
-        """Create a store with ``E = 0`` epochs, or reopen an identical one at ``path`` (resume).
+        """Create a store with ``N = 0`` steps, or reopen an identical one at ``path`` (resume).
 
         Reopening keeps the stored attributes; caller attrs not yet stored are added.
         """
@@ -226,8 +240,8 @@ class TrajectoryStore:
                 fill_value=0,
                 config=_ARRAY_CONFIG,
             )
-        eg = group.create_group(_EPOCHS_GROUP)
-        eg.create_array(_COMPLETE, shape=(0,), chunks=(_EPOCH_CHUNK,), dtype="bool", fill_value=False)
+        eg = group.create_group(_STEPS_GROUP)
+        eg.create_array(_COMPLETE, shape=(0,), chunks=(_STEP_CHUNK,), dtype="bool", fill_value=False)
         _ensure_attempt_arrays(group, num_envs // shard_size)
         return cls(path, group)
 
@@ -262,17 +276,17 @@ class TrajectoryStore:
         return self._num_envs // self._shard_size
 
     @property
-    def num_epochs(self) -> int:
-        """Allocated epochs ``E`` (complete or not)."""
-        return int(self._epoch_array(_COMPLETE).shape[0])
+    def num_steps(self) -> int:
+        """Allocated training steps ``N`` (complete or not)."""
+        return int(self._step_array(_COMPLETE).shape[0])
 
     @property
     def attrs(self) -> dict[str, Any]:
         return zarr.open_group(str(self._path), mode="r").attrs.asdict()
 
     @property
-    def epoch_scalar_names(self) -> list[str]:
-        return sorted(n for n in self._group[_EPOCHS_GROUP].array_keys() if n not in _BOOKKEEPING)
+    def step_scalar_names(self) -> list[str]:
+        return sorted(n for n in self._group[self._steps].array_keys() if n not in _BOOKKEEPING)
 
     # ---- driver-side writes ----------------------------------------------------------------------------
     def update_attrs(self, **attrs: Any) -> None:
@@ -280,90 +294,90 @@ class TrajectoryStore:
         _check_json_attrs(attrs)
         self._group.attrs.update(attrs)
 
-    def reserve(self, epoch: int) -> int:
-        """Start a new attempt at writing ``epoch``: grow ``E`` so that ``E >= epoch + 1`` (never shrinks), bump
-        ``attempt[epoch]`` and clear ``complete[epoch]`` (a redone step's epoch is not shown until every shard of
+    def reserve(self, step: int) -> int:
+        """Start a new attempt at writing ``step``: grow ``N`` so that ``N >= step + 1`` (never shrinks), bump
+        ``attempt[step]`` and clear ``complete[step]`` (a redone step is not shown until every shard of
         the new attempt is written). Writes no field data. Driver only.
 
         Returns:
-            the epoch's new attempt id (int >= 1); :func:`write_shard` records it per shard.
+            the step's new attempt id (int >= 1); :func:`write_shard` records it per shard.
         Raises:
-            ValueError: a negative epoch.
+            ValueError: a negative step.
         """
-        epoch = int(epoch)
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
-        need = epoch + 1
-        if need > self.num_epochs:
+        step = int(step)
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        need = step + 1
+        if need > self.num_steps:
             arrays = [self._field_array(n) for n in self._fields]
-            arrays += [self._epoch_array(n) for n in [*self.epoch_scalar_names, _SHARD_ATTEMPT, _ATTEMPT, _COMPLETE]
-                       if n in self._group[_EPOCHS_GROUP]]  # `complete` last: it defines E
+            arrays += [self._step_array(n) for n in [*self.step_scalar_names, _SHARD_ATTEMPT, _ATTEMPT, _COMPLETE]
+                       if n in self._group[self._steps]]  # `complete` last: it defines N
             for arr in arrays:
                 if arr.shape[0] < need:
                     arr.resize((need, *arr.shape[1:]))
-        self._epoch_array(_COMPLETE)[epoch] = False  # first: a reader never sees the epoch complete mid-attempt
+        self._step_array(_COMPLETE)[step] = False  # first: a reader never sees the step complete mid-attempt
         if not self._has_attempts():
             return 1
-        att = self._epoch_array(_ATTEMPT)
-        new = int(att[epoch]) + 1
-        att[epoch] = new
+        att = self._step_array(_ATTEMPT)
+        new = int(att[step]) + 1
+        att[step] = new
         return new
 
-    def attempt(self, epoch: int) -> int:
-        """The latest attempt id of ``epoch`` (0: never reserved; 1 for stores written before attempts existed)."""
+    def attempt(self, step: int) -> int:
+        """The latest attempt id of ``step`` (0: never reserved; 1 for stores written before attempts existed)."""
         if not self._has_attempts():
             return 1
-        return int(self._epoch_array(_ATTEMPT)[int(epoch)])
+        return int(self._step_array(_ATTEMPT)[int(step)])
 
-    def invalidate_from(self, epoch: int) -> list[int]:
-        """A rollback or resume to training step ``epoch``: epochs ``>= epoch`` stop being complete (their data
+    def invalidate_from(self, step: int) -> list[int]:
+        """A rollback or resume to training step ``step``: steps ``>= step`` stop being complete (their data
         belongs to a superseded timeline and is shown again only once redone). Driver only.
 
         Returns:
-            the epochs that were complete and are not any more.
+            the steps that were complete and are not any more.
         """
-        epoch = max(0, int(epoch))
-        E = self.num_epochs
-        if epoch >= E:
+        step = max(0, int(step))
+        E = self.num_steps
+        if step >= E:
             return []
-        done = self._epoch_array(_COMPLETE)
-        was = np.flatnonzero(done[epoch:E]) + epoch
+        done = self._step_array(_COMPLETE)
+        was = np.flatnonzero(done[step:E]) + step
         if was.size:
-            done[epoch:E] = False
+            done[step:E] = False
         return [int(e) for e in was]
 
-    def shards_written(self, epoch: int) -> np.ndarray:
-        """Bool ``[S]``: whether each shard has written the latest attempt of ``epoch``."""
-        epoch = int(epoch)
+    def shards_written(self, step: int) -> np.ndarray:
+        """Bool ``[S]``: whether each shard has written the latest attempt of ``step``."""
+        step = int(step)
         if not self._has_attempts():
             return np.ones(self.num_shards, bool)
-        return self._epoch_array(_SHARD_ATTEMPT)[epoch] == self._epoch_array(_ATTEMPT)[epoch]
+        return self._step_array(_SHARD_ATTEMPT)[step] == self._step_array(_ATTEMPT)[step]
 
-    def mark_complete(self, epoch: int, **per_epoch_scalars: Any) -> None:
-        """Record per-epoch scalars (e.g. ``weight_version``, ``global_step``) and set ``complete[epoch]``.
+    def mark_complete(self, step: int, **per_step_scalars: Any) -> None:
+        """Record per-step scalars (e.g. ``weight_version``, ``global_step``) and set ``complete[step]``.
 
         Raises:
-            ValueError: the epoch is not allocated, or a shard has not written the epoch's latest attempt (the
+            ValueError: the step is not allocated, or a shard has not written the step's latest attempt (the
                 message names the shards and the attempts they hold).
         """
-        epoch = int(epoch)
-        E = self.num_epochs
-        if not 0 <= epoch < E:
-            raise ValueError(f"epoch {epoch} is not allocated in {self._path} (E={E}); call reserve({epoch}) first")
-        written = self.shards_written(epoch)
+        step = int(step)
+        E = self.num_steps
+        if not 0 <= step < E:
+            raise ValueError(f"step {step} is not allocated in {self._path} (N={E}); call reserve({step}) first")
+        written = self.shards_written(step)
         if not written.all():
-            held = self._epoch_array(_SHARD_ATTEMPT)[epoch]
+            held = self._step_array(_SHARD_ATTEMPT)[step]
             missing = np.flatnonzero(~written).tolist()
-            raise ValueError(f"epoch {epoch} of {self._path}: shard(s) {missing} have not written its latest attempt "
-                             f"{self.attempt(epoch)} (they hold attempt(s) {held[missing].tolist()}, -1 = never); "
+            raise ValueError(f"step {step} of {self._path}: shard(s) {missing} have not written its latest attempt "
+                             f"{self.attempt(step)} (they hold attempt(s) {held[missing].tolist()}, -1 = never); "
                              f"it cannot be marked complete")
-        eg = self._group[_EPOCHS_GROUP]
-        for name, value in per_epoch_scalars.items():
+        eg = self._group[self._steps]
+        for name, value in per_step_scalars.items():
             if name in _BOOKKEEPING or "/" in name:
-                raise ValueError(f"per-epoch scalar name {name!r} is reserved or invalid")
+                raise ValueError(f"per-step scalar name {name!r} is reserved or invalid")
             value = np.asarray(value)
             if value.ndim != 0:
-                raise ValueError(f"per-epoch scalar {name!r} must be a scalar, got shape {value.shape}")
+                raise ValueError(f"per-step scalar {name!r} must be a scalar, got shape {value.shape}")
             if name not in eg:
                 if value.dtype.kind == "b":
                     dtype, fill = "bool", False
@@ -372,45 +386,59 @@ class TrajectoryStore:
                 elif value.dtype.kind == "f":
                     dtype, fill = "float64", math.nan
                 else:
-                    raise ValueError(f"per-epoch scalar {name!r} must be bool/int/float, got {value.dtype}")
-                eg.create_array(name, shape=(E,), chunks=(_EPOCH_CHUNK,), dtype=dtype, fill_value=fill)
-            arr = self._epoch_array(name)
+                    raise ValueError(f"per-step scalar {name!r} must be bool/int/float, got {value.dtype}")
+                eg.create_array(name, shape=(E,), chunks=(_STEP_CHUNK,), dtype=dtype, fill_value=fill)
+            arr = self._step_array(name)
             cast = value.astype(arr.dtype)
             if arr.dtype.kind != "f" and cast.item() != value.item():
-                raise ValueError(f"per-epoch scalar {name!r}={value.item()!r} does not fit stored dtype {arr.dtype}")
-            arr[epoch] = cast
-        self._epoch_array(_COMPLETE)[epoch] = True
+                raise ValueError(f"per-step scalar {name!r}={value.item()!r} does not fit stored dtype {arr.dtype}")
+            arr[step] = cast
+        self._step_array(_COMPLETE)[step] = True
 
     # ---- reads -----------------------------------------------------------------------------------------
-    def complete_epochs(self) -> np.ndarray:
-        """Epochs whose latest attempt is whole: ``complete[e]`` set and every shard wrote ``attempt[e]``.
+    def complete_steps(self) -> np.ndarray:
+        """Steps whose latest attempt is whole: ``complete[n]`` set and every shard wrote ``attempt[n]``.
         int64 ``[n]``, ascending. The one list every reader of a store's data should use."""
-        done = self._epoch_array(_COMPLETE)[:]
+        done = self._step_array(_COMPLETE)[:]
         if self._has_attempts() and done.any():
-            whole = (self._epoch_array(_SHARD_ATTEMPT)[:] == self._epoch_array(_ATTEMPT)[:][:, None]).all(axis=1)
+            whole = (self._step_array(_SHARD_ATTEMPT)[:] == self._step_array(_ATTEMPT)[:][:, None]).all(axis=1)
             done &= whole[:done.shape[0]]
         return np.flatnonzero(done).astype(np.int64)
 
-    def epoch_scalar(self, name: str) -> np.ndarray:
-        """Per-epoch scalar array ``[E]`` (int fill -1, float fill NaN where never set)."""
-        if name not in _BOOKKEEPING and name not in self.epoch_scalar_names:
-            raise KeyError(f"no per-epoch scalar {name!r} in {self._path}; known: {self.epoch_scalar_names}")
-        return self._epoch_array(name)[:]
+    def step_scalar(self, name: str) -> np.ndarray:
+        """Per-step scalar array ``[N]`` (int fill -1, float fill NaN where never set)."""
+        if name not in _BOOKKEEPING and name not in self.step_scalar_names:
+            raise KeyError(f"no per-step scalar {name!r} in {self._path}; known: {self.step_scalar_names}")
+        return self._step_array(name)[:]
 
     def to_dask(self, field: str):
-        """Lazy ``[E, T, B, ...]`` dask array, one dask chunk per zarr chunk (epoch x shard)."""
+        """Lazy ``[N, T, B, ...]`` dask array, one dask chunk per zarr chunk (step x shard)."""
         import dask.array as da
 
         return da.from_zarr(self._field_array(field))
 
-    def read(self, field: str, epochs: Iterable[int] | None = None) -> np.ndarray:
+    def read(self, field: str, steps: Iterable[int] | None = None) -> np.ndarray:
         arr = self._field_array(field)
-        if epochs is None:
+        if steps is None:
             return arr[:]
-        idx = np.asarray(list(epochs), dtype=np.int64)
+        idx = np.asarray(list(steps), dtype=np.int64)
         if idx.size and (idx.min() < 0 or idx.max() >= arr.shape[0]):
-            raise IndexError(f"epochs {idx.tolist()} out of range for E={arr.shape[0]} in {self._path}")
+            raise IndexError(f"steps {idx.tolist()} out of range for N={arr.shape[0]} in {self._path}")
         return arr.oindex[idx]
+
+    # ---- schema-1 names (a training step was called an "epoch"), kept while callers move; same behaviour ----
+    def complete_epochs(self) -> np.ndarray:
+        """Deprecated name of :meth:`complete_steps`."""
+        return self.complete_steps()
+
+    def epoch_scalar(self, name: str) -> np.ndarray:
+        """Deprecated name of :meth:`step_scalar`."""
+        return self.step_scalar(name)
+
+    @property
+    def num_epochs(self) -> int:
+        """Deprecated name of :attr:`num_steps`."""
+        return self.num_steps
 
     # ---- helpers ---------------------------------------------------------------------------------------
     def _field_array(self, name: str) -> zarr.Array:
@@ -418,20 +446,24 @@ class TrajectoryStore:
             raise KeyError(f"no field {name!r} in {self._path}; known fields: {sorted(self._fields)}")
         return self._group[f"{_FIELDS_GROUP}/{name}"]
 
-    def _epoch_array(self, name: str) -> zarr.Array:
-        return self._group[f"{_EPOCHS_GROUP}/{name}"]
+    def _step_array(self, name: str) -> zarr.Array:
+        return self._group[f"{self._steps}/{name}"]
 
     def _has_attempts(self) -> bool:
-        return _ATTEMPT in self._group[_EPOCHS_GROUP]
+        return _ATTEMPT in self._group[self._steps]
+
+    def __repr__(self) -> str:
+        return (f"TrajectoryStore({str(self._path)!r}, N={self.num_steps}, T={self._T}, B={self._num_envs}, "
+                f"shard_size={self._shard_size}, fields={sorted(self._fields)})")
 
 
 def _ensure_attempt_arrays(group: zarr.Group, num_shards: int) -> None:
-    """Add ``epochs/attempt`` and ``epochs/shard_attempt`` to a store (new, or written before attempts existed:
-    its complete epochs count as attempt 1 written by every shard). Driver only."""
-    eg = group[_EPOCHS_GROUP]
+    """Add ``steps/attempt`` and ``steps/shard_attempt`` to a store (new, or written before attempts existed:
+    its complete steps count as attempt 1 written by every shard). Driver only."""
+    eg = group[_steps_group(group)]
     E = int(eg[_COMPLETE].shape[0])
     if _ATTEMPT not in eg:
-        att = eg.create_array(_ATTEMPT, shape=(E,), chunks=(_EPOCH_CHUNK,), dtype="int64", fill_value=0)
+        att = eg.create_array(_ATTEMPT, shape=(E,), chunks=(_STEP_CHUNK,), dtype="int64", fill_value=0)
         if E:
             att[:] = 1
     if _SHARD_ATTEMPT not in eg:
@@ -439,10 +471,6 @@ def _ensure_attempt_arrays(group: zarr.Group, num_shards: int) -> None:
                              config=_ARRAY_CONFIG)
         if E:
             sa[:] = 1
-
-    def __repr__(self) -> str:
-        return (f"TrajectoryStore({str(self._path)!r}, E={self.num_epochs}, T={self._T}, B={self._num_envs}, "
-                f"shard_size={self._shard_size}, fields={sorted(self._fields)})")
 
 
 # ---- worker side -----------------------------------------------------------------------------------------
@@ -454,7 +482,7 @@ class _Opened:
     shard_size: int
     fields: dict[str, FieldSpec]
     arrays: dict[str, zarr.Array]
-    attempt: zarr.Array | None = None  # epochs/attempt (None: a store written before attempts existed)
+    attempt: zarr.Array | None = None  # steps/attempt (None: a store written before attempts existed)
     shard_attempt: zarr.Array | None = None
 
 
@@ -467,7 +495,7 @@ def _open_for_write(path: str) -> _Opened:
     layout = group.attrs["layout"]
     fields = {name: FieldSpec.from_json(d) for name, d in layout["fields"].items()}
     arrays = {name: group[f"{_FIELDS_GROUP}/{name}"].with_config(_ARRAY_CONFIG) for name in fields}
-    eg = group[_EPOCHS_GROUP]
+    eg = group[_steps_group(group)]
     att = eg[_ATTEMPT] if _ATTEMPT in eg else None
     sha = eg[_SHARD_ATTEMPT].with_config(_ARRAY_CONFIG) if _SHARD_ATTEMPT in eg else None
     E = min([a.shape[0] for a in arrays.values()] + [a.shape[0] for a in (att, sha) if a is not None] or [0])
@@ -480,28 +508,28 @@ def clear_cache() -> None:
         _CACHE.clear()
 
 
-def write_shard(path: str, *, epoch: int, shard: int, data: Mapping[str, np.ndarray],
+def write_shard(path: str, *, step: int, shard: int, data: Mapping[str, np.ndarray],
                 attempt: int | None = None) -> dict[str, float]:
-    """Write one env shard of one epoch: region ``[epoch, :, shard*S:(shard+1)*S]`` of every field, then record
-    in ``epochs/shard_attempt[epoch, shard]`` the attempt it belongs to.
+    """Write one env shard of one step: region ``[step, :, shard*S:(shard+1)*S]`` of every field, then record
+    in ``steps/shard_attempt[step, shard]`` the attempt it belongs to.
 
     Runs inside Dask tasks. ``data[name]`` must be ``[T, shard_size, *spec.shape]`` with the field's exact
-    dtype (no casting). The epoch must have been reserved by the driver. ``attempt``: the id
-    :meth:`TrajectoryStore.reserve` returned for this write (None: the epoch's latest attempt when the write
+    dtype (no casting). The step must have been reserved by the driver. ``attempt``: the id
+    :meth:`TrajectoryStore.reserve` returned for this write (None: the step's latest attempt when the write
     starts). Returns ``{"bytes", "seconds"}`` (bytes = uncompressed payload).
     """
     t0 = time.perf_counter()
     key = os.path.abspath(os.fspath(path))
-    epoch, shard = int(epoch), int(shard)
+    step, shard = int(step), int(shard)
     with _CACHE_LOCK:
         opened = _CACHE.get(key)
-    if opened is None or epoch >= opened.E:
+    if opened is None or step >= opened.E:
         opened = _open_for_write(key)
         with _CACHE_LOCK:
             _CACHE[key] = opened
-    if not 0 <= epoch < opened.E:
-        raise ValueError(f"epoch {epoch} is not allocated in {key} (E={opened.E}); "
-                         "the driver must call TrajectoryStore.reserve(epoch) before the shard writes")
+    if not 0 <= step < opened.E:
+        raise ValueError(f"step {step} is not allocated in {key} (N={opened.E}); "
+                         "the driver must call TrajectoryStore.reserve(step) before the shard writes")
     num_shards = opened.num_envs // opened.shard_size
     if not 0 <= shard < num_shards:
         raise ValueError(f"shard {shard} out of range [0, {num_shards}) for {key}")
@@ -520,14 +548,14 @@ def write_shard(path: str, *, epoch: int, shard: int, data: Mapping[str, np.ndar
             raise ValueError(f"field {name!r}: expected dtype {spec.dtype}, got {value.dtype}")
         arrays[name] = value
     if attempt is None and opened.attempt is not None:
-        attempt = int(opened.attempt[epoch])
+        attempt = int(opened.attempt[step])
     lo, hi = shard * opened.shard_size, (shard + 1) * opened.shard_size
     nbytes = 0
     for name, value in arrays.items():
-        opened.arrays[name][epoch, :, lo:hi] = value
+        opened.arrays[name][step, :, lo:hi] = value
         nbytes += value.nbytes
     if opened.shard_attempt is not None:  # last: the shard counts as written only once its data is
-        opened.shard_attempt[epoch, shard] = int(attempt)
+        opened.shard_attempt[step, shard] = int(attempt)
     return {"bytes": nbytes, "seconds": time.perf_counter() - t0}
 
 
@@ -547,23 +575,23 @@ def _ranges(idx: np.ndarray) -> str:
 
 
 def describe(path: str | os.PathLike) -> str:
-    """Short human summary: layout, fields with shapes and dtypes, complete epochs, attributes."""
+    """Short human summary: layout, fields with shapes and dtypes, complete steps, attributes."""
     store = TrajectoryStore.open(path)
-    E = store.num_epochs
-    done = store.complete_epochs()
+    E = store.num_steps
+    done = store.complete_steps()
     attrs = store.attrs
     lines = [
         f"trajectory store {store.path} (schema {attrs['schema_version']}, created {attrs.get('created_at')})",
         f"  T={store.T} num_envs={store.num_envs} shard_size={store.shard_size} ({store.num_shards} shards)",
-        f"  epochs allocated={E} complete={done.size}: {_ranges(done)}",
+        f"  steps allocated={E} complete={done.size}: {_ranges(done)}",
         "  fields:",
     ]
     width = max(len(n) for n in store.fields)
     for name, spec in store.fields.items():
         dims = ", ".join(str(d) for d in (E, store.T, store.num_envs, *spec.shape))
         lines.append(f"    {name:<{width}}  [{dims}] {spec.dtype}")
-    if store.epoch_scalar_names:
-        lines.append(f"  per-epoch: {', '.join(store.epoch_scalar_names)}")
+    if store.step_scalar_names:
+        lines.append(f"  per-step: {', '.join(store.step_scalar_names)}")
     user = {k: v for k, v in attrs.items() if k not in _RESERVED_ATTRS}
     for k, v in user.items():
         text = json.dumps(v)

@@ -45,7 +45,7 @@ def _teacher(teacher_cfg: Config, checkpoint_path: str, obs_dim: int, action_dim
 
 def record_round(cfg: Config, teacher_cfg: Config, checkpoint_path: str, shard: int, round_idx: int,
                  store_path: str) -> dict:
-    """Record one episode per env of shard `shard` (round `round_idx`) into the store's epoch `round_idx`.
+    """Record one episode per env of shard `shard` (round `round_idx`) into the store's step `round_idx`.
 
     Returns {"episodes": finished-episode dicts (see EnvShard.chunk_step), "seconds": float}.
     """
@@ -88,14 +88,14 @@ def record_round(cfg: Config, teacher_cfg: Config, checkpoint_path: str, shard: 
         for k, v in rec.items():
             rows.setdefault(k, []).append(v)
     data = {k: np.stack(v) for k, v in rows.items()}
-    write_shard(store_path, epoch=round_idx, shard=shard, data=data)
+    write_shard(store_path, step=round_idx, shard=shard, data=data)
     return {"episodes": episodes, "seconds": time.perf_counter() - t0}
 
 
 # ----- SFT -----
 
 def sft_index(store_path: str, only_success: bool) -> np.ndarray:
-    """int64 [M, 3] rows (epoch, t, b) of the chunk steps to learn from: complete epochs, at least one executed
+    """int64 [M, 3] rows (step, t, b) of the chunk steps to learn from: complete steps, at least one executed
     action, and (only_success) an episode whose success flag was set at some chunk step.
 
     Raises:
@@ -103,18 +103,18 @@ def sft_index(store_path: str, only_success: bool) -> np.ndarray:
     """
     from storage.trajectories import TrajectoryStore
     st = TrajectoryStore.open(store_path)
-    epochs = np.asarray(st.complete_epochs(), np.int64)
-    mask = st.read("step_mask", epochs).any(-1)  # [E, T, B]
-    ep_id = st.read("episode_id", epochs)
+    steps = np.asarray(st.complete_steps(), np.int64)
+    mask = st.read("step_mask", steps).any(-1)  # [N, T, B]
+    ep_id = st.read("episode_id", steps)
     if only_success:
-        succ = st.read("success", epochs)
+        succ = st.read("success", steps)
         good = np.unique(ep_id[succ & mask])
         mask &= np.isin(ep_id, good)
     rows = np.argwhere(mask)
     if not len(rows):
         raise ValueError(f"sft.store={store_path}: no chunk step to learn from"
                          f"{' in a successful episode (sft.only_success=true)' if only_success else ''}")
-    rows[:, 0] = epochs[rows[:, 0]]
+    rows[:, 0] = steps[rows[:, 0]]
     return rows.astype(np.int64)
 
 
@@ -166,11 +166,11 @@ def _dataset(cfg: Config) -> dict[str, np.ndarray]:
         if value:
             bc = sft_index(store_path, only_success)
             out["bc"] = (rows[:, None, :] == bc[None]).all(-1).any(-1)  # [M]
-            epochs = np.asarray(st.complete_epochs(), np.int64)
-            rewards, mask, trunc = st.read("rewards", epochs), st.read("step_mask", epochs), st.read("truncated", epochs)
+            steps = np.asarray(st.complete_steps(), np.int64)
+            rewards, mask, trunc = st.read("rewards", steps), st.read("step_mask", steps), st.read("truncated", steps)
             rets = np.stack([chunk_returns(rewards[i], mask[i], trunc[i], cfg.algorithm.gamma,
-                                           cfg.algorithm.reward_scale) for i in range(len(epochs))])  # [E, T, B]
-            pos = np.searchsorted(epochs, rows[:, 0])
+                                           cfg.algorithm.reward_scale) for i in range(len(steps))])  # [N, T, B]
+            pos = np.searchsorted(steps, rows[:, 0])
             out["returns"] = rets[pos, rows[:, 1], rows[:, 2]]
         return out
     data, _ = resident.get_or_create(f"sft_data/{store_path}/{only_success}/{value}", load)

@@ -84,9 +84,9 @@ def test_smoke_run_logs_weight_sync(smoke):
 def test_smoke_run_stores_trajectories(smoke):
     _, _, _, run_dir = smoke
     store = TrajectoryStore.open(run_dir / "trajectories.zarr")
-    assert store.complete_epochs().tolist() == [0, 1, 2]
-    assert store.epoch_scalar("weight_version").tolist() == [0, 1, 2]
-    assert store.epoch_scalar("global_step").tolist() == [0, 1, 2]
+    assert store.complete_steps().tolist() == [0, 1, 2]
+    assert store.step_scalar("weight_version").tolist() == [0, 1, 2]
+    assert store.step_scalar("global_step").tolist() == [0, 1, 2]
     shapes = {k: store.to_dask(k).shape for k in ("obs", "actions", "rewards", "logprobs", "values",
                                                    "step_mask", "terminated", "episode_seed")}
     assert shapes == {"obs": (3, 10, 4, 35), "actions": (3, 10, 4, 1, 8), "rewards": (3, 10, 4, 1),
@@ -137,8 +137,8 @@ def test_resume_continues_the_same_run_in_one_timeline(smoke):
     assert [s for s, _ in _history(client, rid, "eval/success_once")] == [3, 5]
     assert sorted(p for p in (root / "smoke").iterdir() if p.is_dir()) == [run_dir]  # no new run dir
     store = TrajectoryStore.open(run_dir / "trajectories.zarr")
-    assert store.complete_epochs().tolist() == [0, 1, 2, 3, 4]
-    assert store.epoch_scalar("weight_version").tolist() == [0, 1, 2, 3, 4]
+    assert store.complete_steps().tolist() == [0, 1, 2, 3, 4]
+    assert store.step_scalar("weight_version").tolist() == [0, 1, 2, 3, 4]
     assert store.to_dask("obs").shape == (5, 10, 4, 35)
     assert [p.name for p in list_checkpoints(run_dir)] == ["global_step_3", "global_step_5"]
     state = load_checkpoint(latest_checkpoint(run_dir))

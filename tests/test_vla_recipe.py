@@ -55,7 +55,7 @@ def recipe(tmp_path_factory):
 def test_record_stores_teacher_chunks_with_images(recipe):
     _, store, _ = recipe
     st = TrajectoryStore.open(store)
-    assert st.complete_epochs().tolist() == [0, 1]  # 8 episodes = 2 rounds of 4 envs
+    assert st.complete_steps().tolist() == [0, 1]  # 8 episodes = 2 rounds of 4 envs
     assert st.T == 2  # 10-step episodes in chunks of 5
     rgb, actions, mask = st.read("rgb"), st.read("actions"), st.read("step_mask")
     assert rgb.shape == (2, 2, 4, 16, 16, 3) and rgb.dtype == np.uint8 and rgb.std() > 5

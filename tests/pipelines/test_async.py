@@ -189,7 +189,7 @@ def test_smoke_run_with_max_staleness_one(tmp_path):
     assert beh[0] == prox[0] and beh[1] != prox[1]
     run_dir = next(p for p in (tmp_path / "smoke").iterdir() if p.is_dir())
     store = TrajectoryStore.open(run_dir / "trajectories.zarr")
-    assert store.complete_epochs().tolist() == [0, 1, 2, 3]
+    assert store.complete_steps().tolist() == [0, 1, 2, 3]
     # the shards continued across steps: 40 env steps per env, episodes of 15 -> 2 finished per env
     done = store.read("truncated")  # [E, T, B]
     assert done.sum(axis=(0, 1)).tolist() == [2, 2, 2, 2]
@@ -234,7 +234,7 @@ def test_killed_env_worker_with_steps_in_flight_is_recovered(tmp_path):
         res = runner.run()
         assert killed and res.steps == 6
         assert sum(v for _, v in runner.tracker.get_metric_history("train/retries")) == 1.0
-        assert TrajectoryStore.open(res.store_path).complete_epochs().tolist() == list(range(6))
+        assert TrajectoryStore.open(res.store_path).complete_steps().tolist() == list(range(6))
         versions = [v for _, v in runner.tracker.get_metric_history("train/weight_version")]
         assert versions == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     finally:

@@ -217,7 +217,7 @@ def _fake_sft_store(path: Path, C: int = 5, image: int = 32) -> Path:
     data["step_mask"][:] = True
     data["success"][1] = data["truncated"][1] = True
     data["episode_id"][:] = [0, 1]
-    write_shard(str(path), epoch=0, shard=0, data=data)
+    write_shard(str(path), step=0, shard=0, data=data)
     st.mark_complete(0)
     return path
 
@@ -339,8 +339,62 @@ def test_given_keys_are_the_command_line_and_the_experiment_file():
     g = given_keys(["conf=smoke", "env.num_envs=8", "+cluster.component_placement={actor\\,env: all}"])
     assert g["env.num_envs"] == COMMAND_LINE and g["cluster.component_placement.actor,env"] == COMMAND_LINE
     assert g["rollout.chunk_steps_per_node"] == "conf/conf/smoke.yaml" and "conf" not in g
-    assert "algorithm.gamma" not in g  # a schema default is never "set"
-    assert given_keys([])["algorithm.gamma"] == "conf/conf/pushcube_ppo.yaml"  # the default experiment
+    assert "algorithm.entropy_coef" not in g and "policy.name" not in g  # a schema default is never "set"
+    # a group file's keys count as set by the experiment that chose it (conf/conf/smoke.yaml: override /algorithm)
+    assert g["algorithm.gamma"] == "conf/algorithm/ppo.yaml (chosen by conf/conf/smoke.yaml)"
+    assert g["algorithm.update_epochs"] == "conf/conf/smoke.yaml"  # the experiment's own value wins over its group's
+    assert given_keys([])["env.obs_mode"] == "conf/conf/pushcube_ppo.yaml"  # the default experiment
+    assert given_keys([])["policy.hidden_sizes"] == "conf/policy/mlp.yaml (chosen by conf/conf/pushcube_ppo.yaml)"
+
+
+def test_group_chosen_on_the_command_line_replaces_the_experiments():
+    from pipelines.config import from_command_line, given_keys, group_choices
+    ov = ["conf=pushcube_ppo", "env=pickcube", "policy=flow_vla_tiny"]
+    assert group_choices(ov)["policy"] == ("flow_vla_tiny", "the command line")
+    assert group_choices(ov)["algorithm"] == ("ppo", "conf/conf/pushcube_ppo.yaml")
+    g = given_keys(ov)
+    assert from_command_line(g["policy.noise_method"]) and from_command_line(g["env.env_id"])
+    assert "policy.hidden_sizes" not in g  # conf/policy/mlp.yaml is not composed any more
+    cfg, _ = load_config(ov, components=False)
+    assert (cfg.env.env_id, cfg.policy.name, cfg.policy.num_action_chunks) == ("PickCube-v1", "flow_vla", 5)
+    assert cfg.env.num_envs == 32 and cfg.algorithm.name == "ppo"  # the rest is still conf=pushcube_ppo's
+    # a key of a group file chosen on the command line that does nothing is an error, naming the file
+    with pytest.raises(ConfigError, match=r"policy.value_head=.*conf/policy/flow_vla_tiny_critic.yaml \(chosen on "
+                                          r"the command line\).*critic-free"):
+        load_config(["conf=pushcube_flow_grpo", "policy=flow_vla_tiny_critic"], components=False)
+    with pytest.raises(ConfigError, match=r"env='nope': no conf/env/nope.yaml; available: \[.*'pickcube'"):
+        load_config(["env=nope"], components=False)
+
+
+RESOLVED = Path(__file__).with_name("resolved_configs.json")  # generated from the tree before conf/ had groups
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "conf/conf").glob("*.yaml")))
+def test_experiments_resolve_as_before_the_groups(name):
+    """Composing the experiments from conf/{env,policy,algorithm,cluster}/ changed no resolved value and unset no
+    key (tests/pipelines/resolved_configs.json: each experiment's resolved config and set keys when every experiment
+    still wrote all its sections out; a key a group adds is validated by test_every_experiment_validates_without_notes)."""
+    import json
+    from omegaconf import OmegaConf
+    from pipelines.config import compose, given_keys
+    before = json.loads(RESOLVED.read_text())[name]
+    assert OmegaConf.to_container(compose([f"conf={name}"]), resolve=True) == before["resolved"]
+    assert set(before["given"]) <= set(given_keys([f"conf={name}"]))
+
+
+def test_group_files_hold_their_groups_keys_only():
+    """Every conf/GROUP/*.yaml is a section of the schema (default package GROUP; no `# @package` line) and composes
+    alone; nested defaults name files of the same group."""
+    from omegaconf import OmegaConf
+    from pipelines.config import CONF_DIR, GROUPS, compose
+    for group in GROUPS:
+        files = sorted((CONF_DIR / group).glob("*.yaml"))
+        assert files, group
+        for f in files:
+            assert "@package" not in f.read_text(), f
+            for entry in OmegaConf.load(f).get("defaults", []):
+                assert entry == "_self_" or (CONF_DIR / group / f"{entry}.yaml").is_file(), (f, entry)
+            compose(["conf=pushcube_ppo", f"{group}={f.stem}"])
 
 
 # ----- one check path: validate == run -----

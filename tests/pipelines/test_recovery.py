@@ -92,7 +92,7 @@ def test_killed_worker_is_recovered(tmp_path, victim, overrides, key, retries):
         assert _newest(runner.tracker.get_metric_history("train/retries")) == retries
         versions = _newest(runner.tracker.get_metric_history("train/weight_version"))
         assert versions == {s: float(s) for s in range(1, n + 1)}
-        assert TrajectoryStore.open(res.store_path).complete_epochs().tolist() == list(range(n))
+        assert TrajectoryStore.open(res.store_path).complete_steps().tolist() == list(range(n))
         assert load_checkpoint(latest_checkpoint(res.run_dir))["run"]["runner"]["step"] == n
     finally:
         handle.close()
@@ -119,7 +119,7 @@ def test_paused_env_worker_is_left_out(tmp_path):
         assert any(f"retrying without ['{addr}']" in m for m in said), said
         assert runner.placement.shard_workers == [other, other]
         assert _newest(runner.tracker.get_metric_history("train/retries")) == {1: 0.0, 2: 1.0, 3: 0.0}
-        assert TrajectoryStore.open(res.store_path).complete_epochs().tolist() == [0, 1, 2]
+        assert TrajectoryStore.open(res.store_path).complete_steps().tolist() == [0, 1, 2]
     finally:
         handle.close()
 

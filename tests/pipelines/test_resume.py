@@ -291,7 +291,7 @@ def test_rollback_redoes_the_steps_after_the_checkpoint_in_one_timeline(tmp_path
         redone = {k: v for k, v in redone.items() if k in first}
         assert {k for k in first if not _same(first[k], redone[k])} == set()
         store = TrajectoryStore.open(res.store_path)
-        assert store.complete_epochs().tolist() == [0, 1, 2]
+        assert store.complete_steps().tolist() == [0, 1, 2]
         assert [store.attempt(e) for e in range(3)] == [1, 1, 2]
     finally:
         handle.close()

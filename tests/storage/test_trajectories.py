@@ -37,7 +37,7 @@ def _shard_data(epoch, shard, fields=FIELDS):
 
 def _write_all(path, epoch, attempt=None):
     for s in range(B // S):
-        write_shard(str(path), epoch=epoch, shard=s, data=_shard_data(epoch, s), attempt=attempt)
+        write_shard(str(path), step=epoch, shard=s, data=_shard_data(epoch, s), attempt=attempt)
 
 
 def _make(path):
@@ -46,14 +46,14 @@ def _make(path):
 
 def _write_in_subprocess(args):
     path, epoch, shard = args
-    return write_shard(path, epoch=epoch, shard=shard, data=_shard_data(epoch, shard))
+    return write_shard(path, step=epoch, shard=shard, data=_shard_data(epoch, shard))
 
 
 def test_create_layout_and_chunks(tmp_path):
     store = _make(tmp_path / "traj")
-    assert store.num_epochs == 0
+    assert store.num_steps == 0
     assert store.fields == FIELDS
-    assert store.attrs["schema_version"] == SCHEMA_VERSION == 1
+    assert store.attrs["schema_version"] == SCHEMA_VERSION == 2
     assert store.attrs["env_id"] == "PickCube-v1"
     assert store.attrs["reset_state_ids"] == [0, 1, 2, 3, 4, 5]
     assert "created_at" in store.attrs
@@ -85,7 +85,7 @@ def test_two_shards_two_processes_round_trip(tmp_path):
         ])
         got = store.to_dask(name).compute()
         np.testing.assert_array_equal(got, expected)
-        np.testing.assert_array_equal(store.read(name, epochs=[1]), expected[1:2])
+        np.testing.assert_array_equal(store.read(name, steps=[1]), expected[1:2])
         np.testing.assert_array_equal(TrajectoryStore.open(path).read(name), expected)
 
 
@@ -94,36 +94,36 @@ def test_write_shard_in_dask_tasks_and_cache_reopens_after_reserve(tmp_path):
     path = str(tmp_path / "traj")
     store = _make(path)
     clear_cache()
-    for epoch in range(3):  # epoch 1 and 2 need the cached handle re-opened (E grew on the driver)
+    for epoch in range(3):  # step 1 and 2 need the cached handle re-opened (E grew on the driver)
         store.reserve(epoch)
-        tasks = [dask.delayed(write_shard)(path, epoch=epoch, shard=s, data=_shard_data(epoch, s)) for s in (0, 1)]
+        tasks = [dask.delayed(write_shard)(path, step=epoch, shard=s, data=_shard_data(epoch, s)) for s in (0, 1)]
         dask.compute(*tasks, scheduler="threads")
         store.mark_complete(epoch, weight_version=epoch, global_step=10 * epoch)
-    np.testing.assert_array_equal(store.read("reward", epochs=[2])[0, :, S:], _shard_data(2, 1)["reward"])
-    np.testing.assert_array_equal(store.complete_epochs(), [0, 1, 2])
+    np.testing.assert_array_equal(store.read("reward", steps=[2])[0, :, S:], _shard_data(2, 1)["reward"])
+    np.testing.assert_array_equal(store.complete_steps(), [0, 1, 2])
 
 
 def test_reserve_and_mark_complete(tmp_path):
     store = _make(tmp_path / "traj")
     store.reserve(2)
-    assert store.num_epochs == 3
+    assert store.num_steps == 3
     store.reserve(0)  # never shrinks
-    assert store.num_epochs == 3
+    assert store.num_steps == 3
     assert store.to_dask("obs").shape == (3, T, B, 2, 5)
-    assert store.complete_epochs().tolist() == []
+    assert store.complete_steps().tolist() == []
     _write_all(store.path, 1)
     store.mark_complete(1, weight_version=7, global_step=128, mean_return=0.5)
-    assert store.complete_epochs().tolist() == [1]
-    assert store.complete_epochs().dtype == np.int64
-    assert store.epoch_scalar("weight_version").tolist() == [-1, 7, -1]
-    assert store.epoch_scalar("global_step").dtype == np.int64
-    ret = store.epoch_scalar("mean_return")
+    assert store.complete_steps().tolist() == [1]
+    assert store.complete_steps().dtype == np.int64
+    assert store.step_scalar("weight_version").tolist() == [-1, 7, -1]
+    assert store.step_scalar("global_step").dtype == np.int64
+    ret = store.step_scalar("mean_return")
     assert ret[1] == 0.5 and np.isnan(ret[0]) and np.isnan(ret[2])
     store.reserve(4)  # per-epoch arrays grow with the fields
-    assert store.epoch_scalar("weight_version").tolist() == [-1, 7, -1, -1, -1]
+    assert store.step_scalar("weight_version").tolist() == [-1, 7, -1, -1, -1]
     _write_all(store.path, 4)
     store.mark_complete(4, weight_version=8)
-    assert store.complete_epochs().tolist() == [1, 4]
+    assert store.complete_steps().tolist() == [1, 4]
     with pytest.raises(ValueError, match="reserve"):
         store.mark_complete(5)
     _write_all(store.path, 3)
@@ -143,8 +143,8 @@ def test_create_on_existing_identical_reopens_with_data(tmp_path):
     created_at = store.attrs["created_at"]
     again = TrajectoryStore.create(path, fields=dict(FIELDS), T=T, num_envs=B, shard_size=S,
                                    attrs={**ATTRS, "resumed_from": 0})
-    assert again.num_epochs == 1
-    assert again.complete_epochs().tolist() == [0]
+    assert again.num_steps == 1
+    assert again.complete_steps().tolist() == [0]
     assert again.attrs["created_at"] == created_at
     assert again.attrs["resumed_from"] == 0
     np.testing.assert_array_equal(again.read("action")[0, :, S:], _shard_data(0, 1)["action"])
@@ -164,7 +164,7 @@ def test_schema_and_layout_mismatch_errors(tmp_path):
     doc = json.loads(meta.read_text())
     doc["attributes"]["schema_version"] = SCHEMA_VERSION + 1
     meta.write_text(json.dumps(doc))
-    with pytest.raises(ValueError, match="schema_version 2") as e:
+    with pytest.raises(ValueError, match="schema_version 3") as e:
         TrajectoryStore.open(path)
     assert str(path) in str(e.value)
     with pytest.raises(FileNotFoundError, match="nowhere"):
@@ -191,24 +191,24 @@ def test_write_shard_validation(tmp_path):
     path = str(tmp_path / "traj")
     store = _make(path)
     with pytest.raises(ValueError, match="reserve"):
-        write_shard(path, epoch=0, shard=0, data=_shard_data(0, 0))
+        write_shard(path, step=0, shard=0, data=_shard_data(0, 0))
     store.reserve(0)
     good = _shard_data(0, 0)
     with pytest.raises(ValueError, match=r"field 'action': expected dtype float32, got float64"):
-        write_shard(path, epoch=0, shard=0, data={**good, "action": good["action"].astype(np.float64)})
+        write_shard(path, step=0, shard=0, data={**good, "action": good["action"].astype(np.float64)})
     with pytest.raises(ValueError, match=r"field 'obs': expected shape \(4, 3, 2, 5\).*got \(4, 6, 2, 5\)"):
-        write_shard(path, epoch=0, shard=0, data={**good, "obs": np.zeros((T, B, 2, 5), np.float32)})
+        write_shard(path, step=0, shard=0, data={**good, "obs": np.zeros((T, B, 2, 5), np.float32)})
     with pytest.raises(ValueError, match=r"missing fields \['reward'\]"):
-        write_shard(path, epoch=0, shard=0, data={k: v for k, v in good.items() if k != "reward"})
+        write_shard(path, step=0, shard=0, data={k: v for k, v in good.items() if k != "reward"})
     with pytest.raises(ValueError, match="shard 2 out of range"):
-        write_shard(path, epoch=0, shard=2, data=good)
+        write_shard(path, step=0, shard=2, data=good)
     # nothing was written by the failed calls
     assert not store.read("obs").any()
 
 
 def _rewrite(path, epoch, shard, scale):
     data = {k: (v * scale if v.dtype != bool else v) for k, v in _shard_data(epoch, shard).items()}
-    write_shard(str(path), epoch=epoch, shard=shard, data=data)
+    write_shard(str(path), step=epoch, shard=shard, data=data)
     return data
 
 
@@ -221,19 +221,19 @@ def test_redone_epoch_is_complete_only_when_every_shard_of_the_latest_attempt_is
     assert store.reserve(0) == 1
     _write_all(path, 0)
     store.mark_complete(0)
-    assert store.complete_epochs().tolist() == [0]
+    assert store.complete_steps().tolist() == [0]
     assert store.reserve(0) == 2  # the step is redone
-    assert store.complete_epochs().tolist() == []  # cleared at once, before any shard writes
+    assert store.complete_steps().tolist() == []  # cleared at once, before any shard writes
     new0 = _rewrite(path, 0, 0, 2.0)
     assert store.shards_written(0).tolist() == [True, False]
-    assert store.complete_epochs().tolist() == []
+    assert store.complete_steps().tolist() == []
     with pytest.raises(ValueError, match=r"shard\(s\) \[1\] have not written its latest attempt 2"):
         store.mark_complete(0)
-    assert TrajectoryStore.open(path).complete_epochs().tolist() == []  # a reader in another process: same
+    assert TrajectoryStore.open(path).complete_steps().tolist() == []  # a reader in another process: same
     new1 = _rewrite(path, 0, 1, 3.0)
     store.mark_complete(0)
-    assert store.complete_epochs().tolist() == [0]
-    got = store.read("reward", epochs=[0])[0]
+    assert store.complete_steps().tolist() == [0]
+    got = store.read("reward", steps=[0])[0]
     np.testing.assert_array_equal(got[:, :S], new0["reward"])
     np.testing.assert_array_equal(got[:, S:], new1["reward"])
 
@@ -250,7 +250,7 @@ def test_a_stale_write_of_an_older_attempt_does_not_count(tmp_path):
         store.mark_complete(0)
     _write_all(path, 0, attempt=second)
     store.mark_complete(0)
-    assert store.complete_epochs().tolist() == [0]
+    assert store.complete_steps().tolist() == [0]
 
 
 @pytest.mark.parametrize("restored_step, left", [(0, []), (1, [0]), (2, [0, 1]), (3, [0, 1, 2]), (9, [0, 1, 2])])
@@ -265,12 +265,12 @@ def test_invalidate_from_drops_the_epochs_after_the_restored_step(tmp_path, rest
         store.mark_complete(e)
     dropped = store.invalidate_from(restored_step)
     assert dropped == [e for e in range(3) if e >= restored_step]
-    assert store.complete_epochs().tolist() == left
+    assert store.complete_steps().tolist() == left
     for e in range(restored_step, 3):  # redoing them shows them again, once
         store.reserve(e)
         _write_all(path, e)
         store.mark_complete(e)
-    assert store.complete_epochs().tolist() == [0, 1, 2]
+    assert store.complete_steps().tolist() == [0, 1, 2]
 
 
 def test_a_store_written_before_attempts_existed_reads_as_before(tmp_path):
@@ -283,10 +283,97 @@ def test_a_store_written_before_attempts_existed_reads_as_before(tmp_path):
     store.mark_complete(0)
     g = zarr.open_group(str(path), mode="r+")
     for name in ("attempt", "shard_attempt"):
-        del g["epochs"][name]
+        del g["steps"][name]
     clear_cache()
     old = TrajectoryStore.open(path)
-    assert old.complete_epochs().tolist() == [0] and old.attempt(0) == 1
+    assert old.complete_steps().tolist() == [0] and old.attempt(0) == 1
     again = _make(path)  # the driver reopening it (resume) adds the attempt arrays: epoch 0 stays complete
-    assert again.complete_epochs().tolist() == [0]
-    assert again.reserve(0) == 2 and again.complete_epochs().tolist() == []
+    assert again.complete_steps().tolist() == [0]
+    assert again.reserve(0) == 2 and again.complete_steps().tolist() == []
+
+
+def _write_v1_store(path, steps_written=(0, 1), complete=(0,), fields=FIELDS):
+    """A store in the schema-1 layout, array by array as dagrl wrote it before the rename (group ``epochs``,
+    ``schema_version`` 1; reference: storage/trajectories.py at commit 65245dd): shard data of each step in
+    `steps_written`, shard_attempt = attempt = 1 there, ``complete`` set for `complete`."""
+    import zarr
+    g = zarr.open_group(str(path), mode="w-")
+    g.attrs.update({"schema_version": 1, "created_at": "2026-11-30T00:00:00+00:00",
+                    "layout": {"T": T, "num_envs": B, "shard_size": S,
+                               "fields": {n: f.to_json() for n, f in sorted(fields.items())}}, **ATTRS})
+    E, cfg = max(steps_written) + 1, {"write_empty_chunks": True}
+    fg = g.create_group("fields")
+    for name, spec in fields.items():
+        arr = fg.create_array(name, shape=(E, T, B, *spec.shape), chunks=(1, T, S, *spec.shape), dtype=spec.dtype,
+                              fill_value=False if spec.dtype == "bool" else 0, config=cfg)
+        for e in steps_written:
+            for s in range(B // S):
+                arr[e, :, s * S:(s + 1) * S] = _shard_data(e, s, fields)[name]
+    eg = g.create_group("epochs")
+    done = eg.create_array("complete", shape=(E,), chunks=(1024,), dtype="bool", fill_value=False)
+    att = eg.create_array("attempt", shape=(E,), chunks=(1024,), dtype="int64", fill_value=0)
+    sha = eg.create_array("shard_attempt", shape=(E, B // S), chunks=(1, 1), dtype="int64", fill_value=-1, config=cfg)
+    wv = eg.create_array("weight_version", shape=(E,), chunks=(1024,), dtype="int64", fill_value=-1)
+    for e in steps_written:
+        att[e], sha[e] = 1, 1
+    for e in complete:
+        done[e], wv[e] = True, 10 + e
+
+
+def test_a_schema_1_store_reads_with_its_steps_and_a_resume_keeps_writing_it(tmp_path):
+    path = tmp_path / "v1"
+    _write_v1_store(path)
+    clear_cache()
+    old = TrajectoryStore.open(path)
+    assert old.attrs["schema_version"] == 1 and old.num_steps == 2
+    assert old.complete_steps().tolist() == [0]  # step 1 written but never marked complete
+    assert old.step_scalar_names == ["weight_version"]
+    assert old.step_scalar("weight_version").tolist() == [10, -1]
+    np.testing.assert_array_equal(old.read("obs", steps=[1])[0, :, :S], _shard_data(1, 0)["obs"])
+    assert "steps allocated=2 complete=1: 0" in describe(path)
+    # a resumed run reopens it (identical layout), redoes step 1 and adds step 2, in the schema-1 layout
+    again = _make(path)
+    assert again.attrs["schema_version"] == 1
+    for e in (1, 2):
+        assert again.reserve(e) == (2 if e == 1 else 1)
+        _write_all(path, e)
+        again.mark_complete(e, weight_version=20 + e)
+    assert TrajectoryStore.open(path).complete_steps().tolist() == [0, 1, 2]
+    assert again.step_scalar("weight_version").tolist() == [10, 21, 22]
+    import zarr
+    assert sorted(zarr.open_group(str(path), mode="r").group_keys()) == ["epochs", "fields"]
+
+
+def test_a_new_store_is_schema_2_with_a_steps_group(tmp_path):
+    import zarr
+    store = _make(tmp_path / "v2")
+    store.reserve(0)
+    g = zarr.open_group(str(tmp_path / "v2"), mode="r")
+    assert g.attrs["schema_version"] == 2
+    assert sorted(g.group_keys()) == ["fields", "steps"]
+    assert sorted(g["steps"].array_keys()) == ["attempt", "complete", "shard_attempt"]
+
+
+def test_replay_and_sft_readers_accept_a_schema_1_store(tmp_path):
+    from pipelines import replay
+    from tasks.demos import sft_index
+    C = 2
+    fields = {"obs": FieldSpec((3,), "float32"), "actions": FieldSpec((C, 2), "float32"),
+              "rewards": FieldSpec((C,), "float32"), "step_mask": FieldSpec((C,), "bool"),
+              "terminated": FieldSpec((), "bool"), "truncated": FieldSpec((), "bool"),
+              "success": FieldSpec((), "bool"), "episode_seed": FieldSpec((), "int64"),
+              "episode_id": FieldSpec((), "int64")}
+    path = tmp_path / "v1"
+    _write_v1_store(path, steps_written=(0, 1, 2), complete=(0, 2), fields=fields)
+    import zarr
+    zarr.open_group(str(path), mode="r+").attrs.update({"obs_mode": "state", "control_mode": "pd_ee_delta_pos",
+                                                        "reward_mode": "normalized_dense"})  # what replay rebuilds from
+    store = replay.open_store(path)  # the checks replay runs (its required fields) pass
+    idx = replay.load_index(store)
+    assert idx.epochs.tolist() == [0, 2] and idx.contiguous[T] == False  # noqa: E712 (step 1 is missing)
+    mask = np.stack([np.concatenate([_shard_data(e, s, fields)["step_mask"] for s in range(B // S)], axis=1)
+                     for e in (0, 2)])  # [2, T, B, C]: the executed chunk steps of the complete steps
+    rows = sft_index(str(path), only_success=False)
+    expected = np.argwhere(mask.any(-1))
+    expected[:, 0] = np.array([0, 2])[expected[:, 0]]
+    np.testing.assert_array_equal(rows, expected)

@@ -36,7 +36,7 @@ def store(tmp_path):
     for e in range(3):
         st.reserve(e)
         obs = np.arange(6, dtype=np.float32).reshape(3, 2, 1) + 100 * e  # value = 100 e + 2 t + b
-        write_shard(str(path), epoch=e, shard=0, data={
+        write_shard(str(path), step=e, shard=0, data={
             "obs": obs, "actions": obs[..., None].repeat(2, axis=2), "step_mask": step_mask[e],
             "success": success[e], "episode_id": episode_id[e]})
         if e < 2:
@@ -71,7 +71,7 @@ def test_sft_index_names_the_store_when_nothing_is_selectable(tmp_path):
                                               "success": FieldSpec((), "bool"),
                                               "episode_id": FieldSpec((), "int64")}, T=1, num_envs=1, shard_size=1)
     st.reserve(0)
-    write_shard(str(path), epoch=0, shard=0, data={"step_mask": np.ones((1, 1, 1), bool),
+    write_shard(str(path), step=0, shard=0, data={"step_mask": np.ones((1, 1, 1), bool),
                                                    "success": np.zeros((1, 1), bool),
                                                    "episode_id": np.zeros((1, 1), np.int64)})
     st.mark_complete(0)
@@ -108,7 +108,7 @@ def test_sft_value_warm_start_loads_every_episode_with_returns_and_the_bc_flag(t
     st = TrajectoryStore.create(path, fields=fields, T=2, num_envs=2, shard_size=2)
     st.reserve(0)
     obs = np.array([[[0.0], [1.0]], [[2.0], [3.0]]], np.float32)  # value = 2 t + b
-    write_shard(str(path), epoch=0, shard=0, data={
+    write_shard(str(path), step=0, shard=0, data={
         "obs": obs, "actions": obs[..., None], "rewards": np.array([[[1.0], [0.0]], [[1.0], [2.0]]], np.float32),
         "step_mask": np.ones((2, 2, 1), bool), "truncated": np.array([[False, False], [True, True]]),
         "success": np.array([[False, False], [True, False]]), "episode_id": np.array([[0, 1], [0, 1]])})
@@ -141,7 +141,7 @@ def test_value_only_pass_moves_the_value_head_only(tmp_path):
     st = TrajectoryStore.create(path, fields=fields, T=2, num_envs=2, shard_size=2)
     st.reserve(0)
     r = np.random.default_rng(0)
-    write_shard(str(path), epoch=0, shard=0, data={
+    write_shard(str(path), step=0, shard=0, data={
         "obs": r.standard_normal((2, 2, 3)).astype(np.float32),
         "actions": r.uniform(-1, 1, (2, 2, 2, 2)).astype(np.float32),
         "rewards": r.uniform(0, 1, (2, 2, 2)).astype(np.float32), "step_mask": np.ones((2, 2, 2), bool),
