@@ -74,7 +74,7 @@ from datetime import timedelta
 
 import torch
 
-from tasks import resident
+from tasks import resident, seeding
 from tasks.config import Config, ConfigError
 from tasks.optim_state import load_optimizer_state, optimizer_state
 from tasks.update import (_flatten, behaviour_version, make_optimizer, nonfinite_metrics,  # noqa: F401
@@ -188,7 +188,7 @@ def _build(cfg: Config, run_id: str, group: dict, weights: dict, dims: tuple[int
     _INITS += 1
     mesh = init_device_mesh(device.type, (world,))
     policy = make_policy(cfg.policy, obs_dim=dims[0], action_dim=dims[1], num_values=num_values(cfg),
-                         seed=cfg.seed, image_size=image_size(cfg), load=False)
+                         seed=seeding.model_init_seed(cfg.seed), image_size=image_size(cfg), load=False)
     policy.load_state_dict(weights["state_dict"])
     policy.to(device)
     units = getattr(policy, "fsdp_units", None)  # optional hook: submodules to shard as their own units (VLA blocks)
@@ -304,7 +304,7 @@ def initial_weights(cfg: Config, dims: tuple[int, int], checkpoint: dict | None 
         opt = checkpoint["optimizer"]
         return {"version": int(checkpoint["run"]["weight_version"]), "state_dict": checkpoint["policy"],
                 "optimizer": opt}
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(seeding.model_init_seed(cfg.seed))
     policy = make_policy(cfg.policy, obs_dim=dims[0], action_dim=dims[1], num_values=num_values(cfg),
-                         seed=cfg.seed, image_size=image_size(cfg), load=True)
+                         seed=seeding.model_init_seed(cfg.seed), image_size=image_size(cfg), load=True)
     return {"version": 0, "state_dict": {k: v.detach().clone() for k, v in policy.state_dict().items()}}

@@ -23,9 +23,10 @@ Non-finite values (`algorithm.nonfinite`: error | mask; `advantages` is where ro
     steps (NaN when none was applied: MLflow shows it).
 
 Randomness (exact resume without saved update state): every draw of the update on weights version v is a function
-of (cfg.seed, v, rank) only (the formulas: tasks.seeding). Minibatch permutations come from `torch.Generator().manual_seed(permutation_seed(cfg,
-v))` (identical on every rank, each rank takes its slice); any other torch draw inside the update (a policy's
-sampling in its loss, e.g. the flow VLA's `sft_loss`) comes from the default generators forked for the update
+of (cfg.seed, v, rank) only (the formulas: tasks.seeding). Minibatch permutations come from
+`torch.Generator().manual_seed(permutation_seed(cfg, v))` (identical on every rank, each rank takes its slice); any
+other torch draw inside the update (a policy's sampling in its loss, e.g. the flow VLA's `sft_loss`) comes from the
+default generators forked for the update
 (`update_rng`) and seeded with `update_seed(cfg, v, rank)`, so the process's own streams (rollout sampling on the
 same worker) are neither consumed nor changed by an update. The step counters that schedule anything in the update
 (critic warm-up: `algorithm.critic_warmup_steps` against v) come from the weight version, which the checkpoint
