@@ -39,6 +39,10 @@ class EvalConfig:
     seed: int = 1_000_000  # eval episode i uses reset seed `seed + i`, identical at every evaluation
     ignore_terminations: bool = True  # run every eval episode to its time limit: success_at_end is meaningful
 
+    def check(self) -> None:
+        """This section's own values. Raises ConfigError (env.eval.*)."""
+        _positive(self, "env.eval", ["num_envs", "num_episodes"])
+
 
 @dataclass
 class EnvConfig:
@@ -62,6 +66,18 @@ class EnvConfig:
     @property
     def shard_size(self) -> int:
         return self.num_envs // self.num_shards
+
+    def check(self) -> None:
+        """This section's own values (the simulator's task and modes: tasks.envs.check_env_config). Raises
+        ConfigError (env.*)."""
+        e = self
+        _positive(self, "env", ["num_envs", "num_shards"])
+        self.eval.check()
+        if not (e.max_episode_steps is None or e.max_episode_steps > 0):
+            raise ConfigError("env.max_episode_steps", e.max_episode_steps,
+                              "must be >= 1 or null (the env task's own limit)")
+        if e.obs_mode == "rgb" and not 8 <= e.image_size <= 512:
+            raise ConfigError("env.image_size", e.image_size, "use 8..512 pixels (e.g. 64)")
 
 
 @dataclass
@@ -95,6 +111,41 @@ class PolicyConfig:
     device: str = "cpu"  # cpu | cuda (the worker's CUDA device; needs CUDA)
     dtype: str = "float32"  # float32 | bfloat16 (autocast on CUDA; needs policy.device=cuda)
 
+    def check(self) -> None:
+        """This section's own values (the registry's checks: tasks.policies.check_policy_config). Raises
+        ConfigError (policy.*)."""
+        p = self
+        _positive(self, "policy", ["num_action_chunks"])
+        if not (len(p.hidden_sizes) > 0 and min(p.hidden_sizes) > 0):
+            raise ConfigError("policy.hidden_sizes", p.hidden_sizes, "needs at least one layer, all sizes >= 1")
+        if p.model_path is not None:
+            import os
+            if not os.path.isfile(os.path.join(p.model_path, "config.json")):
+                raise ConfigError("policy.model_path", p.model_path,
+                                  "not a save_pretrained checkpoint directory (no config.json there); use the "
+                                  "`hf` directory an SFT or RL run writes next to its checkpoints, or null")
+            if p.name == "mlp":
+                raise ConfigError("policy.model_path", p.model_path,
+                                  "the mlp policy starts fresh; model_path is for VLAs (flow_vla, token_vla)")
+        if p.value_head not in ("mean_token", "first_token", "last_token"):
+            raise ConfigError("policy.value_head", p.value_head, "use mean_token, first_token or last_token")
+        if p.noise_method not in ("flow_sde", "flow_noise"):
+            raise ConfigError("policy.noise_method", p.noise_method, "use flow_sde or flow_noise")
+        if not 0 < p.noise_std_min <= p.noise_std_max:
+            raise ConfigError("policy.noise_std_min", p.noise_std_min,
+                              f"need 0 < noise_std_min <= noise_std_max={p.noise_std_max}")
+        for key, val in (("policy.num_denoise_steps", p.num_denoise_steps), ("policy.max_prompt_len", p.max_prompt_len),
+                         ("policy.action_bins", p.action_bins)):
+            if val < 1 or (key == "policy.action_bins" and val < 2):
+                raise ConfigError(key, val, "must be >= 1 (action_bins >= 2)")
+        if p.device not in DEVICES:
+            raise ConfigError("policy.device", p.device, f"use one of {list(DEVICES)}")
+        if p.dtype not in DTYPES:
+            raise ConfigError("policy.dtype", p.dtype, f"use one of {list(DTYPES)}")
+        if p.dtype == "bfloat16" and p.device != "cuda":
+            raise ConfigError("policy.dtype", p.dtype, "bfloat16 autocast is for CUDA: set policy.device=cuda "
+                              "(on a machine with CUDA) or policy.dtype=float32")
+
 
 @dataclass(frozen=True)
 class EstimatorSpec:
@@ -125,7 +176,7 @@ ESTIMATORS: dict[str, EstimatorSpec] = {s.name: s for s in (
                   keys=("gamma", "gae_lambda", "value_coef", "value_clip", "critic_lr", "critic_warmup_steps",
                         "normalize_advantages")),
     EstimatorSpec(name="grpo", advantage="grpo", label="GRPO",
-                  summary="GRPO is critic-free (no value loss, no GAE) and its advantages are normalised within "
+                  summary="GRPO is critic-free (no value loss), without GAE, and normalises its advantages within "
                           "each group",
                   critic=False, groups=True, whole_episodes=True, normalisation="group",
                   keys=("group_size", "filter_rewards", "rewards_lower_bound", "rewards_upper_bound")),
@@ -190,6 +241,57 @@ class AlgorithmConfig:
         """The estimator `name` selects (ESTIMATORS); None for sft. Raises ConfigError for an unknown name."""
         return None if self.name == "sft" else estimator_spec(self.name)
 
+    def check(self) -> None:
+        """This section's own values (the estimator against env/policy/sft: Config.check_across). Raises
+        ConfigError (algorithm.*)."""
+        a = self
+        _positive(self, "algorithm", ["update_epochs", "num_minibatches"])
+        for key, val, ok in [("algorithm.reward_type", a.reward_type, ("chunk_level", "action_level")),
+                             ("algorithm.logprob_type", a.logprob_type,
+                              ("chunk_level", "action_level", "token_level"))]:
+            if val not in ok:
+                raise ConfigError(key, val, f"use one of {list(ok)}")
+        if a.reward_type == "action_level" and a.logprob_type == "chunk_level":
+            raise ConfigError("algorithm.logprob_type", a.logprob_type,
+                              "action_level rewards need per-action log-probs: set algorithm.logprob_type="
+                              "action_level or token_level (or algorithm.reward_type=chunk_level)")
+        if not 0.0 < a.gamma <= 1.0:
+            raise ConfigError("algorithm.gamma", a.gamma, "must be in (0, 1]")
+        if not 0.0 <= a.gae_lambda <= 1.0:
+            raise ConfigError("algorithm.gae_lambda", a.gae_lambda, "must be in [0, 1]")
+        if a.clip_ratio_low <= 0 or a.clip_ratio_high <= 0:
+            raise ConfigError("algorithm.clip_ratio_low/high", (a.clip_ratio_low, a.clip_ratio_high),
+                              "both must be > 0")
+        if a.dual_clip is not None and a.dual_clip <= 1.0:
+            raise ConfigError("algorithm.dual_clip", a.dual_clip, "must be > 1 (or null to disable)")
+        for key, val, ok, fix in [
+            ("algorithm.lr", a.lr, a.lr > 0, "must be > 0"),
+            ("algorithm.max_grad_norm", a.max_grad_norm, a.max_grad_norm > 0, "must be > 0"),
+            ("algorithm.reward_scale", a.reward_scale, a.reward_scale > 0, "must be > 0"),
+            ("algorithm.entropy_coef", a.entropy_coef, a.entropy_coef >= 0, "must be >= 0"),
+            ("algorithm.value_coef", a.value_coef, a.value_coef >= 0, "must be >= 0"),
+            ("algorithm.value_clip", a.value_clip, a.value_clip is None or a.value_clip > 0, "must be > 0 or null"),
+            ("algorithm.target_kl", a.target_kl, a.target_kl is None or a.target_kl > 0, "must be > 0 or null"),
+            ("algorithm.critic_lr", a.critic_lr, a.critic_lr is None or a.critic_lr > 0, "must be > 0 or null"),
+            ("algorithm.critic_warmup_steps", a.critic_warmup_steps, a.critic_warmup_steps >= 0, "must be >= 0"),
+        ]:
+            if not ok:
+                raise ConfigError(key, val, fix)
+        if a.offload and a.num_actor_ranks > 1:
+            raise ConfigError("algorithm.offload", a.offload, "offload is wired for the one-rank update: use "
+                              "algorithm.num_actor_ranks=1 or algorithm.offload=false")
+        if a.offload and a.name == "sft":
+            raise ConfigError("algorithm.offload", a.offload, "the SFT update does not offload: use "
+                              "algorithm.offload=false with algorithm.name=sft")
+        self._check_nonfinite()
+
+    def _check_nonfinite(self) -> None:
+        """algorithm.nonfinite (read by tasks.update.advantages)."""
+        if self.nonfinite not in ("error", "mask"):
+            raise ConfigError("algorithm.nonfinite", self.nonfinite,
+                              "use 'error' (stop at a NaN/inf, naming where) or 'mask' (drop those samples from the "
+                              "loss and count them as rollout/nonfinite_*)")
+
 
 @dataclass
 class RolloutConfig:
@@ -200,6 +302,19 @@ class RolloutConfig:
     inference: str = "colocated"  # colocated: policy replica inside env_step nodes; disaggregated: policy_infer nodes
     pipeline_stage_num: int = 1  # disaggregated: each env shard's envs in p stage groups, one policy_infer node per
     # stage per chunk step, so inference for one stage overlaps env stepping of another (RLinf pipeline_stage_num)
+
+    def check(self) -> None:
+        """This section's own values. Raises ConfigError (rollout.*)."""
+        r = self
+        _positive(self, "rollout", ["chunk_steps", "chunk_steps_per_node"])
+        if r.inference not in ("colocated", "disaggregated"):
+            raise ConfigError("rollout.inference", r.inference, "use 'colocated' or 'disaggregated'")
+        p = r.pipeline_stage_num
+        if p < 1:
+            raise ConfigError("rollout.pipeline_stage_num", p, "must be >= 1")
+        if p > 1 and r.inference != "disaggregated":
+            raise ConfigError("rollout.pipeline_stage_num", p, "pipelines inference against env stepping across "
+                              "nodes: set rollout.inference=disaggregated (colocated nodes run inference inline)")
 
 
 @dataclass
@@ -221,6 +336,31 @@ class RunnerConfig:
     max_staleness: int = 0  # asynchronous steps: rollouts in flight ahead of the update (k); the rollout of step
     # n+k runs on weights v(n) while update n runs, and the update corrects with decoupled PPO. 0: synchronous
     progress: bool = True
+
+    def check(self) -> None:
+        """This section's own values. Raises ConfigError (runner.*)."""
+        n = self
+        _positive(self, "runner", ["max_steps", "val_check_interval", "save_interval"])
+        for key, val, ok, fix in [
+            ("runner.max_wall_time_s", n.max_wall_time_s, n.max_wall_time_s is None or n.max_wall_time_s > 0,
+             "must be > 0 or null"),
+            ("runner.max_env_steps", n.max_env_steps, n.max_env_steps is None or n.max_env_steps > 0,
+             "must be >= 1 or null"),
+            ("runner.keep_checkpoints", n.keep_checkpoints, n.keep_checkpoints >= 1, "must be >= 1"),
+            ("runner.max_retries", n.max_retries, n.max_retries >= 0, "must be >= 0"),
+            ("runner.pause_timeout_s", n.pause_timeout_s, n.pause_timeout_s > 0,
+             "must be > 0 (seconds a placed worker may stay paused for memory)"),
+            ("runner.stall_timeout_s", n.stall_timeout_s, n.stall_timeout_s > 0,
+             "must be > 0 (seconds a task may execute, at least, before the step counts as stalled)"),
+            ("runner.stop_on_eval_success", n.stop_on_eval_success,
+             n.stop_on_eval_success is None or 0 < n.stop_on_eval_success <= 1, "must be in (0, 1] or null"),
+        ]:
+            if not ok:
+                raise ConfigError(key, val, fix)
+        if n.resume is not None and not n.resume:
+            raise ConfigError("runner.resume", n.resume, "use a run id, 'latest', or null")
+        if n.max_staleness < 0:
+            raise ConfigError("runner.max_staleness", n.max_staleness, "must be >= 0 (0: synchronous steps)")
 
 
 @dataclass
@@ -244,6 +384,29 @@ class ClusterConfig:
     component_placement: dict[str, str] = field(default_factory=lambda: {"actor": "", "env": "", "rollout": ""})
     num_gpus: Optional[int] = None  # devices; None: the CUDA devices, on CPU-only machines num_gpu_workers logical ones
     COMPONENTS: ClassVar[tuple[str, ...]] = ("actor", "env", "rollout")
+
+    def check(self) -> None:
+        """This section's own values (the placement against the devices: pipelines.cluster.check_placement).
+        Raises ConfigError (cluster.*)."""
+        c = self
+        _positive(self, "cluster", ["threads_per_worker"])
+        if not c.start_timeout_s > 0:
+            raise ConfigError("cluster.start_timeout_s", c.start_timeout_s,
+                              "must be > 0 (seconds for the embedded cluster's workers to start)")
+        if c.address is not None and not c.address.rsplit(":", 1)[-1].isdigit():
+            raise ConfigError("cluster.address", c.address, "use tcp://HOST:PORT (e.g. tcp://host:8786)")
+        if c.address is None and c.num_env_workers < 1:
+            raise ConfigError("cluster.num_env_workers", c.num_env_workers, "need at least 1")
+        if c.address is None and c.num_gpu_workers < 1:
+            raise ConfigError("cluster.num_gpu_workers", c.num_gpu_workers,
+                              "need at least 1 (a logical GPU worker on CPU machines)")
+        if c.num_gpus is not None and c.num_gpus < 1:
+            raise ConfigError("cluster.num_gpus", c.num_gpus, "must be >= 1, or null to detect")
+        for names in c.component_placement:
+            for name in names.split(","):
+                if name.strip() not in c.COMPONENTS:
+                    raise ConfigError(f"cluster.component_placement.{names}", c.component_placement[names],
+                                      f"unknown component {name.strip()!r}; known: {list(c.COMPONENTS)}")
 
 
 @dataclass
@@ -314,12 +477,26 @@ class Config:
         return self.rollout.chunk_steps // self.rollout.chunk_steps_per_node
 
     def validate(self) -> "Config":
-        """Check every combination that cannot work; raise ConfigError (one line) on the first."""
+        """Check every value and combination that cannot work; raise ConfigError (one line) on the first.
+
+        Each section checks its own fields (`EnvConfig.check`, `PolicyConfig.check`, `AlgorithmConfig.check`,
+        `RolloutConfig.check`, `RunnerConfig.check`, `ClusterConfig.check`; the top-level keys here), then
+        `check_across` checks what needs several sections. `pipelines.config.load_config` is the one caller of the
+        commands (run, validate, record); a saved run config is re-checked through `pipelines.config.to_config`.
+        """
+        if self.experiment in (".", ".."):
+            raise ConfigError("experiment", self.experiment, "use a plain name (it becomes a directory)")
+        if "/" in self.experiment or not self.experiment:
+            raise ConfigError("experiment", self.experiment, "use a non-empty name without '/'")
+        for section in (self.env, self.policy, self.algorithm, self.rollout, self.runner, self.cluster):
+            section.check()
+        self.check_across()
+        return self
+
+    def check_across(self) -> None:
+        """The checks that need several sections (batch shapes, the algorithm against env/policy/sft, asynchronous
+        steps and stages, CUDA on this machine, whole episodes for group estimators). Raises ConfigError."""
         e, a, r, p = self.env, self.algorithm, self.rollout, self.policy
-        _positive(self, ["env.num_envs", "env.num_shards", "env.eval.num_envs", "env.eval.num_episodes",
-                         "policy.num_action_chunks", "rollout.chunk_steps", "rollout.chunk_steps_per_node",
-                         "algorithm.update_epochs", "algorithm.num_minibatches", "runner.max_steps",
-                         "runner.val_check_interval", "runner.save_interval", "cluster.threads_per_worker"])
         rl = a.name != "sft"  # SFT rolls nothing out: the training envs' and the rollout's shapes are unread
         if rl and e.num_envs % e.num_shards:
             raise ConfigError("env.num_envs", e.num_envs,
@@ -331,59 +508,6 @@ class Config:
         if rl and self.batch_size % a.num_minibatches:
             raise ConfigError("algorithm.num_minibatches", a.num_minibatches,
                               f"must divide the batch of rollout.chunk_steps*env.num_envs={self.batch_size} samples")
-        if r.inference not in ("colocated", "disaggregated"):
-            raise ConfigError("rollout.inference", r.inference, "use 'colocated' or 'disaggregated'")
-        for key, val, ok in [("algorithm.reward_type", a.reward_type, ("chunk_level", "action_level")),
-                             ("algorithm.logprob_type", a.logprob_type,
-                              ("chunk_level", "action_level", "token_level"))]:
-            if val not in ok:
-                raise ConfigError(key, val, f"use one of {list(ok)}")
-        if a.reward_type == "action_level" and a.logprob_type == "chunk_level":
-            raise ConfigError("algorithm.logprob_type", a.logprob_type,
-                              "action_level rewards need per-action log-probs: set algorithm.logprob_type="
-                              "action_level or token_level (or algorithm.reward_type=chunk_level)")
-        if not 0.0 < a.gamma <= 1.0:
-            raise ConfigError("algorithm.gamma", a.gamma, "must be in (0, 1]")
-        if not 0.0 <= a.gae_lambda <= 1.0:
-            raise ConfigError("algorithm.gae_lambda", a.gae_lambda, "must be in [0, 1]")
-        if a.clip_ratio_low <= 0 or a.clip_ratio_high <= 0:
-            raise ConfigError("algorithm.clip_ratio_low/high", (a.clip_ratio_low, a.clip_ratio_high),
-                              "both must be > 0")
-        if a.dual_clip is not None and a.dual_clip <= 1.0:
-            raise ConfigError("algorithm.dual_clip", a.dual_clip, "must be > 1 (or null to disable)")
-        for key, val, ok, fix in [
-            ("algorithm.lr", a.lr, a.lr > 0, "must be > 0"),
-            ("algorithm.max_grad_norm", a.max_grad_norm, a.max_grad_norm > 0, "must be > 0"),
-            ("algorithm.reward_scale", a.reward_scale, a.reward_scale > 0, "must be > 0"),
-            ("algorithm.entropy_coef", a.entropy_coef, a.entropy_coef >= 0, "must be >= 0"),
-            ("algorithm.value_coef", a.value_coef, a.value_coef >= 0, "must be >= 0"),
-            ("algorithm.value_clip", a.value_clip, a.value_clip is None or a.value_clip > 0, "must be > 0 or null"),
-            ("algorithm.target_kl", a.target_kl, a.target_kl is None or a.target_kl > 0, "must be > 0 or null"),
-            ("env.max_episode_steps", e.max_episode_steps, e.max_episode_steps is None or e.max_episode_steps > 0,
-             "must be >= 1 or null (the env task's own limit)"),
-            ("policy.hidden_sizes", p.hidden_sizes, len(p.hidden_sizes) > 0 and min(p.hidden_sizes) > 0,
-             "needs at least one layer, all sizes >= 1"),
-            ("runner.max_wall_time_s", self.runner.max_wall_time_s,
-             self.runner.max_wall_time_s is None or self.runner.max_wall_time_s > 0, "must be > 0 or null"),
-            ("runner.max_env_steps", self.runner.max_env_steps,
-             self.runner.max_env_steps is None or self.runner.max_env_steps > 0, "must be >= 1 or null"),
-            ("runner.keep_checkpoints", self.runner.keep_checkpoints, self.runner.keep_checkpoints >= 1,
-             "must be >= 1"),
-            ("runner.max_retries", self.runner.max_retries, self.runner.max_retries >= 0, "must be >= 0"),
-            ("runner.pause_timeout_s", self.runner.pause_timeout_s, self.runner.pause_timeout_s > 0,
-             "must be > 0 (seconds a placed worker may stay paused for memory)"),
-            ("runner.stall_timeout_s", self.runner.stall_timeout_s, self.runner.stall_timeout_s > 0,
-             "must be > 0 (seconds a task may execute, at least, before the step counts as stalled)"),
-            ("cluster.start_timeout_s", self.cluster.start_timeout_s, self.cluster.start_timeout_s > 0,
-             "must be > 0 (seconds for the embedded cluster's workers to start)"),
-            ("algorithm.critic_lr", a.critic_lr, a.critic_lr is None or a.critic_lr > 0, "must be > 0 or null"),
-            ("algorithm.critic_warmup_steps", a.critic_warmup_steps, a.critic_warmup_steps >= 0, "must be >= 0"),
-            ("runner.stop_on_eval_success", self.runner.stop_on_eval_success,
-             self.runner.stop_on_eval_success is None or 0 < self.runner.stop_on_eval_success <= 1,
-             "must be in (0, 1] or null"),
-        ]:
-            if not ok:
-                raise ConfigError(key, val, fix)
         if a.num_actor_ranks != 1 or a.global_batch_size is not None or a.micro_batch_size is not None:
             batch_plan(self)  # the RLinf divisibility rules, with the numbers
             if a.num_actor_ranks == 1:  # the one-rank update (tasks.update.actor_update) takes num_minibatches
@@ -395,10 +519,8 @@ class Config:
                 raise ConfigError("algorithm.num_actor_ranks", a.num_actor_ranks,
                                   "the SFT update runs on one rank: use 1 with algorithm.name=sft")
             # ranks <= the actor's devices (one GPU worker per rank): pipelines.cluster.check_placement / plan_placement
-        if a.name not in ("ppo", "grpo", "sft"):
-            raise ConfigError("algorithm.name", a.name, "use 'ppo' (actor-critic, GAE), 'grpo' (critic-free) or "
-                                                        "'sft' (behaviour cloning from sft.store)")
-        if a.name == "sft":
+        spec = a.spec  # ConfigError for an unknown algorithm.name, listing the known ones
+        if spec is None:  # sft
             if not self.sft.store:
                 raise ConfigError("sft.store", self.sft.store, "algorithm.name=sft needs a trajectory store path")
             import os
@@ -420,13 +542,13 @@ class Config:
                              ("sft.num_loaders", self.sft.num_loaders)):
                 if val < 1:
                     raise ConfigError(key, val, "must be >= 1")
-        elif a.adv_type != {"ppo": "gae", "grpo": "grpo"}[a.name]:
+        elif a.adv_type != spec.advantage:
             raise ConfigError("algorithm.adv_type", a.adv_type,
-                              f"algorithm.name={a.name} uses adv_type={'gae' if a.name == 'ppo' else 'grpo'}")
-        if a.name == "grpo":
+                              f"algorithm.name={a.name} uses adv_type={spec.advantage}")
+        if spec is not None and spec.groups:
             if a.group_size < 2:
                 raise ConfigError("algorithm.group_size", a.group_size,
-                                  "GRPO compares envs within a group: use >= 2 (e.g. 8)")
+                                  f"{spec.label} compares envs within a group: use >= 2 (e.g. 8)")
             if e.num_envs % a.group_size or e.shard_size % a.group_size:
                 raise ConfigError("algorithm.group_size", a.group_size,
                                   f"must divide env.num_envs={e.num_envs} and the env shard size {e.shard_size} "
@@ -436,114 +558,42 @@ class Config:
                                   f"must be <= algorithm.rewards_upper_bound={a.rewards_upper_bound}")
         if a.critic_lr is not None and p.name == "mlp":
             raise ConfigError("algorithm.critic_lr", a.critic_lr, "is for VLAs' value heads; the mlp has one lr: null")
-        if p.model_path is not None:
-            import os
-            if not os.path.isfile(os.path.join(p.model_path, "config.json")):
-                raise ConfigError("policy.model_path", p.model_path,
-                                  "not a save_pretrained checkpoint directory (no config.json there); use the "
-                                  "`hf` directory an SFT or RL run writes next to its checkpoints, or null")
-            if p.name == "mlp":
-                raise ConfigError("policy.model_path", p.model_path,
-                                  "the mlp policy starts fresh; model_path is for VLAs (flow_vla, token_vla)")
-        if e.obs_mode == "rgb" and not 8 <= e.image_size <= 512:
-            raise ConfigError("env.image_size", e.image_size, "use 8..512 pixels (e.g. 64)")
-        if p.value_head not in ("mean_token", "first_token", "last_token"):
-            raise ConfigError("policy.value_head", p.value_head, "use mean_token, first_token or last_token")
-        if p.noise_method not in ("flow_sde", "flow_noise"):
-            raise ConfigError("policy.noise_method", p.noise_method, "use flow_sde or flow_noise")
-        if not 0 < p.noise_std_min <= p.noise_std_max:
-            raise ConfigError("policy.noise_std_min", p.noise_std_min,
-                              f"need 0 < noise_std_min <= noise_std_max={p.noise_std_max}")
-        for key, val in (("policy.num_denoise_steps", p.num_denoise_steps), ("policy.max_prompt_len", p.max_prompt_len),
-                         ("policy.action_bins", p.action_bins)):
-            if val < 1 or (key == "policy.action_bins" and val < 2):
-                raise ConfigError(key, val, "must be >= 1 (action_bins >= 2)")
-        if self.experiment in (".", ".."):
-            raise ConfigError("experiment", self.experiment, "use a plain name (it becomes a directory)")
-        if self.cluster.address is not None and not self.cluster.address.rsplit(":", 1)[-1].isdigit():
-            raise ConfigError("cluster.address", self.cluster.address, "use tcp://HOST:PORT (e.g. tcp://host:8786)")
-        if "/" in self.experiment or not self.experiment:
-            raise ConfigError("experiment", self.experiment, "use a non-empty name without '/'")
-        if self.runner.resume is not None and not self.runner.resume:
-            raise ConfigError("runner.resume", self.runner.resume, "use a run id, 'latest', or null")
-        if self.cluster.address is None and self.cluster.num_env_workers < 1:
-            raise ConfigError("cluster.num_env_workers", self.cluster.num_env_workers, "need at least 1")
-        if self.cluster.address is None and self.cluster.num_gpu_workers < 1:
-            raise ConfigError("cluster.num_gpu_workers", self.cluster.num_gpu_workers,
-                              "need at least 1 (a logical GPU worker on CPU machines)")
-        c = self.cluster
-        if c.num_gpus is not None and c.num_gpus < 1:
-            raise ConfigError("cluster.num_gpus", c.num_gpus, "must be >= 1, or null to detect")
-        for names in c.component_placement:
-            for name in names.split(","):
-                if name.strip() not in c.COMPONENTS:
-                    raise ConfigError(f"cluster.component_placement.{names}", c.component_placement[names],
-                                      f"unknown component {name.strip()!r}; known: {list(c.COMPONENTS)}")
         self._check_async()
         self._check_device()
-        check_grpo_episodes(self)
-        self._check_nonfinite()
-        return self
-
-    def _check_nonfinite(self) -> None:
-        """algorithm.nonfinite (read by tasks.update.advantages)."""
-        if self.algorithm.nonfinite not in ("error", "mask"):
-            raise ConfigError("algorithm.nonfinite", self.algorithm.nonfinite,
-                              "use 'error' (stop at a NaN/inf, naming where) or 'mask' (drop those samples from the "
-                              "loss and count them as rollout/nonfinite_*)")
+        check_whole_episodes(self)
 
     def _check_device(self) -> None:
-        """policy.device / policy.dtype and algorithm.offload (env.sim_backend: the env adapter's check_config)."""
-        p, a = self.policy, self.algorithm
-        if p.device not in DEVICES:
-            raise ConfigError("policy.device", p.device, f"use one of {list(DEVICES)}")
-        if p.dtype not in DTYPES:
-            raise ConfigError("policy.dtype", p.dtype, f"use one of {list(DTYPES)}")
-        if p.dtype == "bfloat16" and p.device != "cuda":
-            raise ConfigError("policy.dtype", p.dtype, "bfloat16 autocast is for CUDA: set policy.device=cuda "
-                              "(on a machine with CUDA) or policy.dtype=float32")
+        """policy.device=cuda needs CUDA here (unless the workers are an existing cluster's)."""
+        p = self.policy
         if p.device == "cuda" and self.cluster.address is None and not cuda_available():
             raise ConfigError("policy.device", p.device, "no CUDA device on this machine (torch.cuda.is_available() "
                               "is False): use policy.device=cpu")
-        if a.offload and a.num_actor_ranks > 1:
-            raise ConfigError("algorithm.offload", a.offload, "offload is wired for the one-rank update: use "
-                              "algorithm.num_actor_ranks=1 or algorithm.offload=false")
-        if a.offload and a.name == "sft":
-            raise ConfigError("algorithm.offload", a.offload, "the SFT update does not offload: use "
-                              "algorithm.offload=false with algorithm.name=sft")
 
     def _check_async(self) -> None:
-        """runner.max_staleness and rollout.pipeline_stage_num."""
+        """runner.max_staleness and rollout.pipeline_stage_num against the update and the env shards."""
         e, r, a, k = self.env, self.rollout, self.algorithm, self.runner.max_staleness
-        if k < 0:
-            raise ConfigError("runner.max_staleness", k, "must be >= 0 (0: synchronous steps)")
         if k > 0 and a.num_actor_ranks > 1:
             raise ConfigError("runner.max_staleness", k, "asynchronous steps are wired for the one-rank update only: "
                               "use algorithm.num_actor_ranks=1 or runner.max_staleness=0")
         if k > 0 and a.name == "sft":
             raise ConfigError("runner.max_staleness", k, "SFT steps roll nothing out: use 0 with algorithm.name=sft")
         p = r.pipeline_stage_num
-        if p < 1:
-            raise ConfigError("rollout.pipeline_stage_num", p, "must be >= 1")
-        if p > 1 and r.inference != "disaggregated":
-            raise ConfigError("rollout.pipeline_stage_num", p, "pipelines inference against env stepping across "
-                              "nodes: set rollout.inference=disaggregated (colocated nodes run inference inline)")
         if e.shard_size % p:
             raise ConfigError("rollout.pipeline_stage_num", p,
                               f"must divide the env shard size {e.shard_size} (env.num_envs / env.num_shards)")
-        if p > 1 and a.adv_type == "grpo" and (e.shard_size // p) % a.group_size:
+        spec = a.spec
+        if p > 1 and spec is not None and spec.groups and (e.shard_size // p) % a.group_size:
             raise ConfigError("rollout.pipeline_stage_num", p,
-                              f"a stage group of {e.shard_size // p} envs must hold whole GRPO groups of "
+                              f"a stage group of {e.shard_size // p} envs must hold whole {spec.label} groups of "
                               f"algorithm.group_size={a.group_size}")
 
 
-def _positive(cfg: Config, keys: list[str]) -> None:
-    for key in keys:
-        obj = cfg
-        for part in key.split("."):
-            obj = getattr(obj, part)
-        if obj < 1:
-            raise ConfigError(key, obj, "must be >= 1")
+def _positive(section, prefix: str, names: list[str]) -> None:
+    """Each of `names` (fields of `section`, a config section at dotted `prefix`) is >= 1, else ConfigError."""
+    for name in names:
+        value = getattr(section, name)
+        if value < 1:
+            raise ConfigError(f"{prefix}.{name}", value, "must be >= 1")
 
 
 # ----- keys that take no effect (every key a user sets takes effect, or is refused) -----
@@ -627,11 +677,12 @@ def inert_keys(cfg: Config, command: str = "run", cuda_count: int = 0) -> list[t
                                         "std (policy.noise_std_min/max): drop it or set policy.noise_method=flow_sde")
         if p.name != "token_vla":
             off(["policy.action_bins"], f"is read by policy.name=token_vla only (policy.name={p.name}): drop it")
-        critic = (a.name == "ppo") or (a.name == "sft" and cfg.sft.value_coef > 0)
+        spec = a.spec
+        critic = spec.critic if spec is not None else cfg.sft.value_coef > 0
         if p.name in VLA_POLICIES and not critic:
             off(["policy.value_head", "policy.value_detach", "policy.critic_state"],
                 f"shapes the value head, which algorithm.name={a.name} does not train"
-                f"{' (critic-free)' if a.name == 'grpo' else ' (sft.value_coef=0: no value warm start)'}: drop it")
+                f"{' (critic-free)' if spec is not None else ' (sft.value_coef=0: no value warm start)'}: drop it")
 
     # ----- algorithm, rollout, runner, storage, sft -----
     if command == "run":
@@ -654,18 +705,16 @@ def inert_keys(cfg: Config, command: str = "run", cuda_count: int = 0) -> list[t
                     "is read by the SFT value warm start only (sft.value_coef > 0), sft.value_coef=0: drop it")
         else:
             off(["sft"], f"is read by algorithm.name=sft only (algorithm.name={a.name}): drop it")
-        if a.name == "grpo":
-            off(["algorithm.gamma", "algorithm.gae_lambda", "algorithm.value_coef", "algorithm.value_clip",
-                 "algorithm.critic_lr", "algorithm.critic_warmup_steps", "algorithm.normalize_advantages"],
-                "is not read by algorithm.name=grpo: GRPO is critic-free (no value loss, no GAE) and its advantages "
-                "are normalised within each group: drop it")
-            if not a.filter_rewards:
+        if spec is not None:  # the estimator's keys (EstimatorSpec.keys): those of other estimators do nothing
+            for k in ESTIMATOR_KEYS:
+                if k not in spec.keys:
+                    readers = "|".join(s.name for s in ESTIMATORS.values() if k in s.keys)
+                    off([f"algorithm.{k}"], f"is read by algorithm.name={readers} only (algorithm.name={a.name}: "
+                                            f"{spec.summary}): drop it")
+            if "filter_rewards" in spec.keys and not a.filter_rewards:
                 off(["algorithm.rewards_lower_bound", "algorithm.rewards_upper_bound"],
                     "bounds the group filter of algorithm.filter_rewards=true, which is off: drop it or set "
                     "algorithm.filter_rewards=true")
-        elif a.name == "ppo":
-            off(["algorithm.group_size", "algorithm.filter_rewards", "algorithm.rewards_lower_bound",
-                 "algorithm.rewards_upper_bound"], "is read by algorithm.name=grpo only (algorithm.name=ppo): drop it")
         if a.num_actor_ranks > 1 and a.global_batch_size is not None:
             off(["algorithm.num_minibatches"], "with algorithm.num_actor_ranks > 1 and algorithm.global_batch_size "
                                                "set, the optimizer steps come from global_batch_size: drop one")
@@ -708,9 +757,10 @@ def inert_reason(key: str, inert: list[tuple[str, str]]) -> str | None:
     return None
 
 
-def check_grpo_episodes(cfg: Config) -> None:
-    """GRPO scores each env's FIRST episode of a rollout against its group, so that episode must start at the
-    rollout's first chunk step in every env (tasks.envs.shard, lifecycle modes). Offline check (no env needed).
+def check_whole_episodes(cfg: Config) -> None:
+    """An estimator with `whole_episodes` (EstimatorSpec; GRPO) scores each env's FIRST episode of a rollout against
+    its group, so that episode must start at the rollout's first chunk step in every env (tasks.envs.shard, lifecycle
+    modes). Offline check (no env needed).
 
     Accepted: env.auto_reset=false (DISABLED: every rollout starts new episodes in every env; episodes still open
     at its end are cut and consume their seeds), or auto_reset=true with episodes aligned to rollouts:
@@ -718,19 +768,22 @@ def check_grpo_episodes(cfg: Config) -> None:
     policy.num_action_chunks, and rollout.chunk_steps a multiple of k (every rollout starts at an episode start).
 
     Raises:
-        ConfigError: key env.auto_reset (GRPO whose rollouts can start mid-episode), naming the fix.
+        ConfigError: key env.auto_reset (such an estimator whose rollouts can start mid-episode), naming the fix.
     """
-    e, C, T = cfg.env, cfg.policy.num_action_chunks, cfg.rollout.chunk_steps
-    if cfg.algorithm.name != "grpo" or not e.auto_reset:
+    e, C, T, spec = cfg.env, cfg.policy.num_action_chunks, cfg.rollout.chunk_steps, cfg.algorithm.spec
+    if spec is None or not spec.whole_episodes or not e.auto_reset:
         return
     L = e.max_episode_steps
     if e.ignore_terminations and L is not None and L % C == 0 and T % (L // C) == 0:
         return
     raise ConfigError("env.auto_reset", True,
-                      "GRPO scores each env's first episode of a rollout, and with auto_reset=true a rollout can "
-                      "start mid-episode: set env.auto_reset=false (every rollout starts new episodes; open ones "
+                      f"{spec.label} scores each env's first episode of a rollout, and with auto_reset=true a rollout "
+                      "can start mid-episode: set env.auto_reset=false (every rollout starts new episodes; open ones "
                       "are cut), or align episodes with rollouts: env.ignore_terminations=true, env.max_episode_steps"
                       f"=k*policy.num_action_chunks (C={C}) and rollout.chunk_steps (={T}) a multiple of k")
+
+
+check_grpo_episodes = check_whole_episodes  # the former name
 
 
 # ----- batch sizes of the actor update (offline checks; tasks.distributed re-exports them) -----
