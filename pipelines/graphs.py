@@ -45,7 +45,7 @@ from typing import Any
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from pipelines.cluster import Placement
-from tasks import distributed, offload, rollout, seeding, update, weights as weights_mod
+from tasks import distributed, offload, rollout, seeding, trajectory, update, weights as weights_mod
 from tasks.config import Config
 
 
@@ -90,38 +90,39 @@ class InitGraph:
     port: str | None  # key of a free port on rank 0's worker (the group's master_port); None with one rank
 
 
-def _store(path: str, step: int, shard: int, traj: dict) -> dict:
+def _store(path: str, step: int, shard: int, traj: dict, attempt: int | None = None) -> dict:
     from storage.trajectories import write_shard
-    return write_shard(path, step=step, shard=shard, data={k: traj[k] for k in (*rollout.STEP_FIELDS, "rgb") if k in traj})
+    return write_shard(path, step=step, shard=shard, data=trajectory.stored_part(traj), attempt=attempt)
 
 
 def step_metrics(update_out: dict, *parts: dict) -> dict:
     """Merge a step's metrics: update metrics, advantage stats (mean over shards), episodes, timings, cursors,
     weight sync (`time/weight_sync`: the slowest replica load, s; `system/weight_sync_mb`: MB loaded into replicas).
     `update_out` is the update's output or its handle (tasks.weights.handle: no tensors)."""
+    M = trajectory.Meta
     n = len(parts) // 2
     trajs, advs = parts[:n], parts[n:]
     m = dict(update_out["metrics"])
     for key in advs[0]["stats"]:
         m[key] = sum(a["stats"][key] for a in advs) / n
-    episodes = [e for t in trajs for e in t["episodes"]]
+    episodes = [e for t in trajs for e in t[M.EPISODES]]
     for k in ("success_once", "success_at_end", "return", "episode_len"):
         if episodes:
             m[f"env/{k}"] = sum(float(e[k]) for e in episodes) / len(episodes)
     m["env/num_episodes"] = float(len(episodes))
-    if all("weight_version" in t for t in trajs):  # behaviour weights vs the weights the update started from
-        behaviour = min(t["weight_version"] for t in trajs)
+    if all(M.WEIGHT_VERSION in t for t in trajs):  # behaviour weights vs the weights the update started from
+        behaviour = min(t[M.WEIGHT_VERSION] for t in trajs)
         m["train/behaviour_version"] = float(behaviour)
         m["train/staleness"] = float(update_out["version"] - 1 - behaviour)
     for k in ("env", "infer", "total"):
-        m[f"time/rollout_{k}_max"] = max(t["timing"][k] for t in trajs)
-    syncs = [t["weight_sync"] for t in trajs if t.get("weight_sync") is not None]
+        m[f"time/rollout_{k}_max"] = max(t[M.TIMING][k] for t in trajs)
+    syncs = [t[M.WEIGHT_SYNC] for t in trajs if t.get(M.WEIGHT_SYNC) is not None]
     if syncs:  # each replica's load is reported by one shard of its worker: max over shards = max over workers
         m["time/weight_sync"] = max(s["seconds"] for s in syncs)
         m["system/weight_sync_mb"] = sum(s["bytes"] for s in syncs) / 1e6
-    if any("offload_s" in t for t in trajs):
-        m["time/offload_replica_max"] = max(t.get("offload_s", 0.0) for t in trajs)
-    return {"metrics": m, "cursors": [t["cursor"] for t in trajs], "episodes": episodes}
+    if any(M.OFFLOAD_S in t for t in trajs):
+        m["time/offload_replica_max"] = max(t.get(M.OFFLOAD_S, 0.0) for t in trajs)
+    return {"metrics": m, "cursors": [t[M.CURSOR] for t in trajs], "episodes": episodes}
 
 
 def step_metrics_ranks(num_others: int, rank0: dict, *rest: dict) -> dict:
@@ -141,7 +142,7 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
                      placement: Placement, store_path: str | None,
                      dims: tuple[int, int] | None = None, attempt: int = 0,
                      group: list[dict] | None = None, actor_weights=None, update_weights=None,
-                     after: list | None = None) -> StepGraph:
+                     after: list | None = None, store_attempt: int | None = None) -> StepGraph:
     """One training step's graph. `weights` is a Future (or value) of the versioned weights to roll out with.
 
     Args:
@@ -156,6 +157,9 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
             pass the previous update's output (a Future), which also orders the updates.
         after: per shard (x stage), a Future (or key) of the previous step's last env node (`StepGraph.last_env`)
             that this rollout's first env node must follow (asynchronous steps); None: no ordering needed.
+        store_attempt: the store attempt id `TrajectoryStore.reserve(step)` returned for this submission; each
+            `store_s{s}` write records it (None: the step's latest attempt when the write starts), so a write of
+            a given-up attempt that runs late does not count for the retry's attempt.
     """
     g = GraphBuilder()
     tag = f"{run_id}-{step}" + (f"-retry{attempt}" if attempt else "")
@@ -169,7 +173,8 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
         trajs = _disaggregated_rollout(g, cfg, tag, run_id, weights, cursors, placement, dims, after, last)
     for s, traj in enumerate(trajs):
         if store_path is not None:
-            stores.append(g.add(f"store_s{s}-{tag}", _store, store_path, step, s, traj, deps=(traj,)))
+            stores.append(g.add(f"store_s{s}-{tag}", _store, store_path, step, s, traj, store_attempt,
+                                deps=(traj,)))
         advs.append(g.add(f"advantages_s{s}-{tag}", update.advantages, cfg, traj, s, deps=(traj,)))
     R = cfg.algorithm.num_actor_ranks
     if R == 1:

@@ -58,13 +58,15 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks import trajectory
+
 TOLERANCE = 1e-5
 DEFAULT_NUM_EPISODES = 3
 STORE_DIR = "trajectories.zarr"
 CONFIG_FILE = "config.yaml"
 
 _INDEX_FIELDS = ("episode_id", "episode_seed", "step_mask", "terminated", "truncated", "success")
-_REQUIRED_FIELDS = (*_INDEX_FIELDS, "obs", "actions", "rewards")
+_REQUIRED_FIELDS = trajectory.REPLAY_FIELDS  # the `replay` fields of tasks.trajectory (the index's among them)
 
 
 class ReplayInputError(Exception):
@@ -111,7 +113,7 @@ def open_store(path: Path):
     missing = [f for f in _REQUIRED_FIELDS if f not in store.fields]
     if missing:
         raise ReplayInputError(f"trajectory store {path} lacks fields {missing} needed for replay; it was not "
-                               "written by pipelines.run (see pipelines.runner.trajectory_fields)")
+                               "written by pipelines.run (see tasks.trajectory, README \"Trajectory fields\")")
     attrs = store.attrs
     need = [k for k in ("env_id", "obs_mode", "control_mode", "reward_mode") if k not in attrs]
     if need:

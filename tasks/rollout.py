@@ -1,16 +1,8 @@
 """Rollout task functions: env stepping with a resident policy replica, trajectory assembly, evaluation.
 
-Shapes: T chunk steps, B envs of the shard, C actions per chunk, D action dim, O obs dim, V value outputs
-(1 for chunk-level values, C for action-level). A trajectory (one shard, one training step) is a dict of numpy:
-  obs [T,B,O] f32, actions [T,B,C,D] f32 (unclipped samples), logprobs [T,B,C,D] f32, values [T,B,V] f32,
-  final_values [T,B,V] f32 (V(final_obs) where the episode was truncated at t, else 0), bootstrap_values [B,V] f32
-  (V of the observation after the last chunk step), rewards [T,B,C] f32, terminated [T,B] bool,
-  truncated [T,B] bool, step_mask [T,B,C] bool, success [T,B] bool, episode_seed [T,B] i64, episode_id [T,B] i64,
-plus, with obs_mode=rgb, rgb [T,B,H,W,3] u8 (the image of `obs`); "extras/<name>" [T,B,...] (what the policy
-needs to recompute its log-probs, e.g. a flow VLA's denoising chain); "episodes" (finished-episode metrics),
-"cursor" (shard seed cursor), "timing" (seconds), "weight_version" (of the weights that acted) and
-"weight_sync" ({"seconds", "bytes"} this shard's replica spent loading new weights; tasks.weights) and
-"offload_s" (seconds moving the replica off/onto its device, algorithm.offload).
+A trajectory (one shard, one training step) is a dict of numpy arrays and a few bookkeeping entries; its fields,
+shapes, dtypes and meanings are declared once in `tasks.trajectory` (FIELDS, Meta; README "Trajectory fields"):
+T chunk steps, B envs of the shard, C actions per chunk, D action dim, O obs dim, V value outputs.
 
 `weights` arguments are versioned weights {"version", "state_dict"} or a handle of them (tasks.weights: the
 graph passes handles, and a replica fetches the state dict worker to worker only when its version changed).
@@ -45,6 +37,7 @@ import numpy as np
 import torch
 
 from tasks import resident, seeding
+from tasks import trajectory as tj
 from tasks.config import Config
 from tasks.device import autocast, policy_device, to_device, to_numpy
 from tasks.offload import module_device, move_module
@@ -52,8 +45,8 @@ from tasks.envs import EnvShard, make_shard
 from tasks.envs.shard import join_cursors, split_cursor
 from tasks.policies import make_policy
 
-STEP_FIELDS = ("obs", "actions", "logprobs", "values", "final_values", "rewards", "terminated", "truncated",
-               "step_mask", "success", "episode_seed", "episode_id")
+STEP_FIELDS = tj.STEP_FIELDS  # the [T, B] fields every trajectory has (tasks.trajectory)
+M = tj.Meta  # keys of a trajectory's bookkeeping entries
 
 
 @dataclass
@@ -108,9 +101,7 @@ def instruction(cfg: Config) -> str:
     return instruction_for(cfg.env.env_id)
 
 
-def num_values(cfg: Config) -> int:
-    """Value outputs per chunk step: C for action-level rewards, else 1."""
-    return cfg.policy.num_action_chunks if cfg.algorithm.reward_type == "action_level" else 1
+num_values = tj.num_values  # value outputs per chunk step V: C for action-level rewards, else 1
 
 
 def env_dims(cfg: Config) -> tuple[int, int]:
@@ -217,7 +208,7 @@ def _act(rep: Replica, obs: dict, deterministic: bool = False) -> dict[str, np.n
     res = {"actions": to_numpy(out["actions"]), "logprobs": to_numpy(out["logprobs"]),
            "values": to_numpy(out["values"].reshape(B, -1))}
     for k, v in (out.get("extras") or {}).items():
-        res[f"extras/{k}"] = to_numpy(v)
+        res[tj.EXTRAS_PREFIX + k] = to_numpy(v)
     return res
 
 
@@ -241,7 +232,7 @@ def env_step(cfg: Config, run_id: str, shard: int, weights: dict, num_chunk_step
         if fresh:  # as the worker-global seeding of earlier versions: a first replica's init draws from it
             rep = get_replica(cfg, run_id, weights, sh.obs_dim, sh.action_dim)
         seg = _env_step(cfg, run_id, sh, rep, weights, num_chunk_steps, last, t0)
-    seg["cursor"] = sh.state_dict()  # after the RNG block: it holds the stream's state after this segment
+    seg[M.CURSOR] = sh.state_dict()  # after the RNG block: it holds the stream's state after this segment
     return seg
 
 
@@ -263,9 +254,7 @@ def _env_step(cfg: Config, run_id: str, sh: EnvShard, rep: Replica, weights: dic
         final_values = _final_values(rep, res, instr, V)
         t_inf += (te - ti) + (time.perf_counter() - tf)
         t_env += tf - te
-        record = {"obs": state, **out, "final_values": final_values, "rewards": res.rewards,
-                  "terminated": res.terminated, "truncated": res.truncated, "step_mask": res.step_mask,
-                  "success": res.success, "episode_seed": res.episode_seed, "episode_id": res.episode_id}
+        record = {"obs": state, **out, "final_values": final_values, **{k: getattr(res, k) for k in tj.ENV_OUTPUTS}}
         if rgb is not None:
             record["rgb"] = rgb
         for k, v in record.items():
@@ -276,39 +265,39 @@ def _env_step(cfg: Config, run_id: str, sh: EnvShard, rep: Replica, weights: dic
     if last and cfg.algorithm.offload:
         rep.offload()
     seg = {k: np.stack(v) for k, v in steps.items()}
-    seg.update(bootstrap_values=bootstrap, episodes=episodes,
-               timing={"env": t_env, "infer": t_inf, "total": time.perf_counter() - t0},
-               weight_version=int(weights["version"]), weight_sync=sync, offload_s=rep.take_moved())
+    seg.update({"bootstrap_values": bootstrap, M.EPISODES: episodes,
+                M.TIMING: {"env": t_env, "infer": t_inf, "total": time.perf_counter() - t0},
+                M.WEIGHT_VERSION: int(weights["version"]), M.WEIGHT_SYNC: sync, M.OFFLOAD_S: rep.take_moved()})
     return seg
 
 
 def step_fields(traj: dict) -> list[str]:
     """The [T, B, ...] fields of a trajectory or segment: STEP_FIELDS, rgb and extras/* when present."""
-    return [k for k in traj if k in STEP_FIELDS or k == "rgb" or k.startswith("extras/")]
+    return [k for k in traj if tj.is_step_field(k)]
 
 
 def trajectory(*segments: dict) -> dict:
     """Concatenate a shard's segments along T. Fields as in the module docstring."""
     traj = {k: np.concatenate([s[k] for s in segments]) for k in step_fields(segments[0])}
     traj["bootstrap_values"] = segments[-1]["bootstrap_values"]
-    traj["episodes"] = [e for s in segments for e in s["episodes"]]
-    traj["cursor"] = segments[-1]["cursor"]
-    traj["timing"] = {k: sum(s["timing"][k] for s in segments) for k in segments[0]["timing"]}
-    if "weight_version" in segments[0]:
-        traj["weight_version"] = min(s["weight_version"] for s in segments)
+    traj[M.EPISODES] = [e for s in segments for e in s[M.EPISODES]]
+    traj[M.CURSOR] = segments[-1][M.CURSOR]
+    traj[M.TIMING] = {k: sum(s[M.TIMING][k] for s in segments) for k in segments[0][M.TIMING]}
+    if M.WEIGHT_VERSION in segments[0]:
+        traj[M.WEIGHT_VERSION] = min(s[M.WEIGHT_VERSION] for s in segments)
     _sum_sync(traj, segments)
     return traj
 
 
 def _sum_sync(traj: dict, parts) -> None:
-    """traj["weight_sync"] / ["offload_s"]: the sums over `parts` (segments, inference outputs, stages) that
+    """traj[Meta.WEIGHT_SYNC] / [Meta.OFFLOAD_S]: the sums over `parts` (segments, inference outputs, stages) that
     report them; absent when none does."""
-    syncs = [p["weight_sync"] for p in parts if p.get("weight_sync") is not None]
+    syncs = [p[M.WEIGHT_SYNC] for p in parts if p.get(M.WEIGHT_SYNC) is not None]
     if syncs:
-        traj["weight_sync"] = {"seconds": sum(s["seconds"] for s in syncs), "bytes": sum(s["bytes"] for s in syncs)}
-    moved = [p["offload_s"] for p in parts if "offload_s" in p]
+        traj[M.WEIGHT_SYNC] = {"seconds": sum(s["seconds"] for s in syncs), "bytes": sum(s["bytes"] for s in syncs)}
+    moved = [p[M.OFFLOAD_S] for p in parts if M.OFFLOAD_S in p]
     if moved:
-        traj["offload_s"] = sum(moved)
+        traj[M.OFFLOAD_S] = sum(moved)
 
 
 def evaluate(cfg: Config, run_id: str, shard: int, weights: dict) -> list[dict]:
@@ -366,10 +355,9 @@ def env_step_chunk(cfg: Config, run_id: str, shard: int, infer_out: list[dict], 
     t0 = time.perf_counter()
     sh = get_shard(cfg, run_id, shard, cursor, stage)
     res = sh.chunk_step(infer_out[shard]["actions"])
-    out = {k: getattr(res, k) for k in ("obs", "rgb", "rewards", "terminated", "truncated", "step_mask", "success",
-                                        "final_obs", "final_rgb", "episode_seed", "episode_id", "episodes")}
+    out = {k: getattr(res, k) for k in (*tj.OBSERVATION, *tj.ENV_OUTPUTS, "final_obs", "final_rgb", M.EPISODES)}
     out["instruction"] = sh.instruction
-    out["cursor"] = sh.state_dict()
+    out[M.CURSOR] = sh.state_dict()
     out["rng_key"] = sh.rng_key()
     out["env_time"] = time.perf_counter() - t0
     return out
@@ -415,10 +403,10 @@ def policy_infer(cfg: Config, run_id: str, weights: dict, dims: tuple[int, int],
                               instr)
             fv[m] = _values_np(rep, fobs, int(m.sum()))
         r["final_values"] = fv
-        r["weight_version"] = int(weights["version"])
+        r[M.WEIGHT_VERSION] = int(weights["version"])
         r["infer_time"] = (time.perf_counter() - t0) / len(sizes)
         if not results:  # the node's one load and moves, reported once (with its first shard)
-            r["weight_sync"], r["offload_s"] = sync, moved
+            r[M.WEIGHT_SYNC], r[M.OFFLOAD_S] = sync, moved
         results.append(r)
         start += n
     return results
@@ -443,21 +431,20 @@ def trajectory_disaggregated(cfg: Config, shard: int, first_obs: dict, *parts) -
         rec = {"obs": prev["obs"]}
         if prev["rgb"] is not None:
             rec["rgb"] = prev["rgb"]
-        rec.update({k: v for k, v in inf.items() if k in ("actions", "logprobs", "values") or
-                    k.startswith("extras/")})
+        rec.update({k: v for k, v in inf.items() if k in tj.POLICY_OUTPUTS or tj.is_extra(k)})
         rec["final_values"] = infers[t + 1][shard]["final_values"]
-        for k in ("rewards", "terminated", "truncated", "step_mask", "success", "episode_seed", "episode_id"):
+        for k in tj.ENV_OUTPUTS:
             rec[k] = env[k]
         for k, v in rec.items():
             steps.setdefault(k, []).append(v)
     traj = {k: np.stack(v) for k, v in steps.items()}
     traj["bootstrap_values"] = infers[T][shard]["values"]
-    traj["episodes"] = [e for env in envs for e in env["episodes"]]
-    traj["cursor"] = envs[-1]["cursor"]
+    traj[M.EPISODES] = [e for env in envs for e in env[M.EPISODES]]
+    traj[M.CURSOR] = envs[-1][M.CURSOR]
     env_t = sum(env["env_time"] for env in envs)
     inf_t = sum(i[shard]["infer_time"] for i in infers)
-    traj["timing"] = {"env": env_t, "infer": inf_t, "total": env_t + inf_t}
-    traj["weight_version"] = min(i[shard]["weight_version"] for i in infers)
+    traj[M.TIMING] = {"env": env_t, "infer": inf_t, "total": env_t + inf_t}
+    traj[M.WEIGHT_VERSION] = min(i[shard][M.WEIGHT_VERSION] for i in infers)
     _sum_sync(traj, [i[shard] for i in infers])
     return traj
 
@@ -471,9 +458,9 @@ def trajectory_stages(cfg: Config, shard: int, num_stages: int, *parts) -> dict:
     trajs = [trajectory_disaggregated(cfg, shard, *parts[j * n:(j + 1) * n]) for j in range(num_stages)]
     out = {k: np.concatenate([t[k] for t in trajs], axis=1) for k in step_fields(trajs[0])}  # p x [T, B/p] -> [T, B]
     out["bootstrap_values"] = np.concatenate([t["bootstrap_values"] for t in trajs])  # p x [B/p, V] -> [B, V]
-    out["episodes"] = [e for t in trajs for e in t["episodes"]]
-    out["cursor"] = join_cursors([t["cursor"] for t in trajs])
-    out["timing"] = {k: sum(t["timing"][k] for t in trajs) for k in trajs[0]["timing"]}
-    out["weight_version"] = min(t["weight_version"] for t in trajs)
+    out[M.EPISODES] = [e for t in trajs for e in t[M.EPISODES]]
+    out[M.CURSOR] = join_cursors([t[M.CURSOR] for t in trajs])
+    out[M.TIMING] = {k: sum(t[M.TIMING][k] for t in trajs) for k in trajs[0][M.TIMING]}
+    out[M.WEIGHT_VERSION] = min(t[M.WEIGHT_VERSION] for t in trajs)
     _sum_sync(out, trajs)
     return out

@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from tasks import resident, seeding
+from tasks import trajectory as tj
 from tasks.algorithms import (aggregate_rewards, critic_loss, decoupled_ppo_actor_loss, entropy_bonus,
                               expand_advantages, get_estimator, loss_mask_for, masked_mean, normalize_advantages,
                               ppo_actor_loss, reduce_logprobs)
@@ -56,7 +57,7 @@ from tasks.optim_state import load_optimizer_state, optimizer_state  # noqa: F40
 from tasks.policies import make_policy
 from tasks.rollout import image_size, instruction, num_values, policy_obs
 
-SAMPLE_FIELDS = ("obs", "actions", "logprobs", "values", "advantages", "returns", "step_mask", "loss_mask")
+SAMPLE_FIELDS = tj.SAMPLE_FIELDS  # the update's samples (tasks.trajectory: the `update` fields), extras/* on top
 
 
 class NonFiniteError(ValueError):
@@ -79,7 +80,7 @@ def _nonfinite_inputs(cfg: Config, traj: dict, shard: int | None) -> tuple[np.nd
                                             ("logprobs", executed)]
     if critic:
         fields += [("values", active), ("final_values", ended), ("bootstrap_values", np.ones(B, bool))]
-    fields += [(k, active) for k in traj if k.startswith("extras/")]
+    fields += [(k, active) for k in traj if tj.is_extra(k)]
     bad_steps = np.zeros((T, B), bool)
     found: dict[str, np.ndarray] = {}
     for name, where in fields:
@@ -96,14 +97,14 @@ def _nonfinite_inputs(cfg: Config, traj: dict, shard: int | None) -> tuple[np.nd
             first = np.argwhere(nf)[0]
             where_txt = "env " + (f"{first[0]} after the last chunk step" if name == "bootstrap_values" else
                                   f"{first[1]}, chunk step {first[0]}" + (f", action {first[2]}" if nf.ndim > 2 else ""))
-            v = traj.get("weight_version")
+            v = traj.get(tj.Meta.WEIGHT_VERSION)
             raise NonFiniteError(
                 f"non-finite {name}: {int(nf.sum())} value(s) in the rollout of shard "
                 f"{'?' if shard is None else shard}{'' if v is None else f' (weights v{v})'}, first at {where_txt}: "
                 f"fix its source, or set algorithm.nonfinite=mask to drop such samples from the loss and count them "
                 f"(rollout/nonfinite_{name.replace('/', '_')})")
         found[name] = per_step
-        if name in ("obs", "actions", "logprobs", "values") or name.startswith("extras/"):
+        if name in ("obs", "actions", "logprobs", "values") or tj.is_extra(name):
             bad_steps |= per_step
     return bad_steps, found
 
@@ -150,8 +151,7 @@ def advantages(cfg: Config, traj: dict, shard: int | None = None) -> dict:
 
 def _passthrough(traj: dict) -> dict:
     """The trajectory fields the update consumes unchanged (and the rollout's `weight_version`, when known)."""
-    return {k: traj[k] for k in traj if k in ("obs", "rgb", "actions", "logprobs", "values", "step_mask",
-                                               "weight_version") or k.startswith("extras/")}
+    return {k: traj[k] for k in traj if k in tj.PASSTHROUGH or k == tj.Meta.WEIGHT_VERSION or tj.is_extra(k)}
 
 
 @dataclass
@@ -263,7 +263,7 @@ def actor_export(run_id: str, checkpoint_path: str) -> str | None:
 def _flatten(samples: list[dict]) -> dict[str, torch.Tensor]:
     """Concatenate shards along B, then [T, B, ...] -> [T*B, ...] (SAMPLE_FIELDS, rgb, extras/*)."""
     out = {}
-    for k in [k for k in samples[0] if k in SAMPLE_FIELDS or k == "rgb" or k.startswith("extras/")]:
+    for k in [k for k in samples[0] if tj.is_sample_field(k)]:
         x = np.concatenate([s[k] for s in samples], axis=1)  # [T, B_total, ...]
         out[k] = torch.from_numpy(x.reshape(-1, *x.shape[2:]))  # [T, B, ...] -> [N, ...]
     return out
@@ -277,7 +277,7 @@ def batch_obs(policy: torch.nn.Module, data: dict[str, torch.Tensor], idx: torch
 
 
 def batch_extras(data: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, torch.Tensor]:
-    return {k.split("/", 1)[1]: v[idx] for k, v in data.items() if k.startswith("extras/")}
+    return {k[len(tj.EXTRAS_PREFIX):]: v[idx] for k, v in data.items() if tj.is_extra(k)}
 
 
 LOSS_METRICS = ("actor_loss", "critic_loss", "entropy", "approx_kl", "clipfrac", "ratio_mean", "explained_variance",
@@ -372,7 +372,7 @@ def proximal_logprobs(cfg: Config, policy: torch.nn.Module, data: dict[str, torc
 
 def behaviour_version(weights: dict, samples: tuple[dict, ...]) -> int:
     """The oldest weight version the samples were rolled out with (`weights`' version when they do not say)."""
-    return min(int(s.get("weight_version", weights["version"])) for s in samples)
+    return min(int(s.get(tj.Meta.WEIGHT_VERSION, weights["version"])) for s in samples)
 
 
 # ---------------------------------------------------------------- randomness of the update (module docstring)

@@ -83,7 +83,7 @@ def test_tampered_action_is_detected(run_dir, tmp_path, capsys):
 
 def test_episode_starting_before_the_first_complete_epoch_is_skipped(run_dir, tmp_path, capsys):
     run = _copy_run(run_dir, tmp_path)
-    complete = zarr.open_array(str(run / STORE / "epochs" / "complete"), mode="r+")
+    complete = zarr.open_array(str(run / STORE / "steps" / "complete"), mode="r+")
     complete[0] = False  # now the store starts at epoch 1: episodes 0-3 started in epoch 0
     rc, rep = _replay_json(capsys, run, "--num-episodes", "10")
     assert rc == 0 and rep["layout"]["complete_epochs"] == "1-3"
