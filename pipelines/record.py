@@ -88,9 +88,8 @@ def record(cfg, handle, *, echo=print) -> dict:
     from pipelines.cluster import plan_placement
     from pipelines.graphs import GraphBuilder
     from pipelines.recovery import Watcher
-    from pipelines.runner import trajectory_fields
     from storage.trajectories import TrajectoryStore
-    from tasks import demos
+    from tasks import demos, trajectory
     from tasks.rollout import env_dims
     from tasks.seeding import RECORD_SEED_RULE
 
@@ -103,8 +102,7 @@ def record(cfg, handle, *, echo=print) -> dict:
     watch = Watcher(cfg, client, placement)  # every wait watched: a lost or stalled worker ends it (RunStalled)
     dims = watch.results([client.submit(env_dims, cfg, workers=[placement.shard_workers[0]], pure=False)],
                          "the env_dims task")[0]
-    fields = {k: v for k, v in trajectory_fields(cfg, *dims).items()
-              if k not in ("logprobs", "values", "final_values")}
+    fields = trajectory.record_schema(trajectory.Dims.from_config(cfg, *dims))
     T = demos.chunk_steps_per_episode(cfg)
     rounds = -(-cfg.record.num_episodes // cfg.env.num_envs)
     out.parent.mkdir(parents=True, exist_ok=True)
