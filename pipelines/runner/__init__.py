@@ -1,0 +1,220 @@
+"""The training loop of one run, a short driver over three parts:
+
+- `pipelines.runner.setup`: run id and dir, the MLflow run, resume (`resolve_resume`, offline), the trajectory
+  store, the actor's init graph, and the one-timeline rollback;
+- `pipelines.runner.scheduler`: the step scheduler, one loop in which synchronous is asynchronous with
+  `runner.max_staleness=0`, and the one retry loop;
+- `pipelines.runner.recovery`: the watch over the placed workers (lost, paused, stuck, silent) and `_recover`.
+
+Only this package and pipelines.run hold a Dask client. Per step (`Runner.run`): the scheduler reserves the
+store's step, builds and submits the step graph, waits for `step_metrics` and the store writes, marks the step
+complete; the driver evaluates every `val_check_interval` steps, logs one MLflow batch (before the checkpoint: the
+MLflow run a checkpoint records holds every point through its step, which is what a resume copies), checkpoints
+every `save_interval` steps and advances the progress bar. A run stopped by `max_wall_time_s` finishes the steps
+already in flight.
+
+Resume and interruption: a resume (`runner.resume=RUN_ID|latest`: the most recently started run of the experiment,
+an error naming it when it has no checkpoint) restores the RunState from the newest checkpoint; with the cursors
+(open episodes, per-shard RNG), the actor's weights, optimizer and process RNG in the checkpoint, the resumed run
+equals the uninterrupted one step for step. `request_stop` (pipelines.run: the first SIGINT/SIGTERM) ends the loop
+after the step(s) in flight with a checkpoint of the current step.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipelines import graphs
+from pipelines.cluster import ClusterHandle, Placement, plan_placement
+from pipelines.recovery import Recovery
+from pipelines.runner.scheduler import Scheduler, StepFailed
+from pipelines.runner.setup import (Resume, RunResult, RunState, Setup, new_run_id, resolve_resume, run_params,
+                                    trajectory_fields)
+from storage.checkpoints import prune_checkpoints
+from tasks.config import Config
+
+__all__ = ["Runner", "RunResult", "RunState", "Resume", "StepFailed", "new_run_id", "resolve_resume",
+           "run_params", "trajectory_fields"]
+
+
+class Runner(Scheduler, Setup, Recovery):
+    """Drives one experiment on a connected cluster. `run()` returns a RunResult.
+
+    Raises (from the constructor): tasks.config.ConfigError for a resume that cannot be honoured
+    (`resolve_resume`), before anything is written."""
+
+    def __init__(self, cfg: Config, handle: ClusterHandle, *, echo=print):
+        self.cfg, self.handle, self.client, self.echo = cfg, handle, handle.client, echo
+        self.root = Path(cfg.run_root).resolve()
+        self.placement: Placement = plan_placement(cfg, self.client)
+        self._placed_ids = self._worker_ids()
+        self.state, ckpt, resume = self._start_or_resume()  # refuses a bad resume before writing anything
+        self.group: dict | None = None  # multi-rank actor: {"master_addr", "master_port"} of the current generation
+        self.actor_weights = None  # what the ranks take as weights: the init's (to build from), then {"version"}
+        if ckpt is not None and self.ranks > 1:  # a resumed run: drop groups a previous driver left on the workers
+            self._release_groups(self.placement.actor_workers[:self.ranks])
+            self.state.actor_generation += 1
+        self._open_run()
+        try:  # an interrupt or error while setting up must not leave the MLflow run RUNNING
+            self._log_run(resume)
+            self.weights, dims = self._init_actor(
+                ckpt, tag=f"g{self.state.actor_generation}" if self.ranks > 1 else "")
+            self.dims = tuple(dims)
+            self.store = self._open_store(self.dims)
+            self.peak_rss = 0
+            self.last_eval: dict = {}
+            self._stopping = False  # submit nothing more (the run is done; steps in flight drain)
+            self._submits: dict[int, int] = {}  # step -> graphs submitted for it (retry keys stay unique)
+            self.stop_requested: str | None = None  # request_stop(): end after the step in flight, checkpointed
+            self.after_step = None  # optional hook(runner) called after each step is accounted (tests, tools)
+            self._reset_pipeline()
+        except BaseException as exc:
+            self.tracker.set_terminated("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+            raise
+
+    # ----- the loop -----
+    def run(self) -> RunResult:
+        """Train until `_done`: eval at start, then per step train, eval, log, checkpoint; a final eval and
+        checkpoint (none of the eval when stopped early). Sets the MLflow run FINISHED / KILLED / FAILED."""
+        st = self.state
+        t_start = time.perf_counter()
+        bar = self._progress_bar()
+        self._last_ckpt = None
+        status = "FAILED"
+        try:
+            self._eval_at_start()
+            while True:
+                self._stopping = self._done(t_start)
+                if self._stopping and not self._ahead:  # steps in flight when the run is done still finish
+                    break
+                m = self.train_step()
+                self._account_step(m, t_start, bar)
+            status = self._finish_run(t_start)
+        except KeyboardInterrupt:
+            status = "KILLED"
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+            self.tracker.set_terminated(status)
+        return RunResult(st.run_id, self.run_dir, self.tracker.run_id, self.tracking_uri,
+                         self.store.path if self.store is not None else None, st.step, st.env_steps,
+                         time.perf_counter() - t_start, self.last_eval, self.peak_rss / 2**30,
+                         interrupted=self.stop_requested)
+
+    def _progress_bar(self):
+        if not self.cfg.runner.progress:
+            return None
+        from tqdm import tqdm
+        return tqdm(total=self.cfg.runner.max_steps, initial=self.state.step, desc=self.cfg.experiment, unit="step",
+                    dynamic_ncols=True)
+
+    def _eval_at_start(self) -> None:
+        if self.cfg.runner.val_at_start and self.state.step == 0 and not self._eval_logged(0):
+            self.tracker.log_metrics(self.evaluate(), step=0)
+            self.echo(f"dagrl: eval before training: success_once {self.last_eval['eval/success_once']:.3f} "
+                      f"over {self.last_eval['eval/num_episodes']:.0f} episodes")
+
+    def _account_step(self, m: dict, t_start: float, bar) -> None:
+        """After a training step: eval (every val_check_interval), log, checkpoint (every save_interval), hook, bar."""
+        st, r = self.state, self.cfg.runner
+        if st.step % r.val_check_interval == 0:
+            m.update(self.evaluate())
+        self.tracker.log_metrics(m, step=st.step)  # before the checkpoint (module docstring)
+        if st.step % r.save_interval == 0:
+            self._last_ckpt = self.checkpoint(st.elapsed_s + time.perf_counter() - t_start)
+        if self.after_step is not None:
+            self.after_step(self)
+        if bar is not None:
+            bar.update(1)
+            post = {"env_sps": f"{m['rollout/env_steps_per_s']:.0f}",
+                    "success": f"{m.get('env/success_once', float('nan')):.2f}"} \
+                if "rollout/env_steps_per_s" in m else {"loss": f"{m['train/sft_loss']:.3f}"}
+            if self.last_eval:
+                post["eval"] = f"{self.last_eval['eval/success_once']:.2f}"
+            bar.set_postfix(post)
+
+    def _finish_run(self, t_start: float) -> str:
+        """The final eval (not when stopped early, nor when the kept timeline has it) and checkpoint; returns the
+        MLflow status."""
+        st, cfg = self.state, self.cfg
+        stopped = self.stop_requested
+        if stopped is None and (not self.last_eval or st.step % cfg.runner.val_check_interval) \
+                and not self._eval_logged(st.step):  # a resume at the end: the kept timeline has it
+            self.tracker.log_metrics(self.evaluate(), step=st.step)
+        elapsed = st.elapsed_s + time.perf_counter() - t_start
+        if self._last_ckpt is None or st.step % cfg.runner.save_interval:
+            self._last_ckpt = self.checkpoint(elapsed)
+        if stopped is not None:
+            self.echo(f"dagrl: stopped ({stopped}) after step {st.step}: checkpoint {self._last_ckpt}; continue "
+                      f"with runner.resume={st.run_id} (or runner.resume=latest)")
+            return "KILLED"
+        self.tracker.log_text(str(self._last_ckpt), "final_checkpoint.txt")
+        self.tracker.log_artifact(Path(self._last_ckpt), "final_checkpoint")
+        return "FINISHED"
+
+    def _eval_logged(self, step: int) -> bool:
+        """Whether the run's timeline already holds an eval at `step` (a resume copies the points up to its
+        checkpoint's step: evaluating again there would log a second value)."""
+        return any(s == step for s, _ in self.tracker.get_metric_history("eval/success_once"))
+
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """Ask the loop to stop cleanly: the step in flight (all steps in flight, asynchronous) finishes, an eval or
+        checkpoint under way completes, then a checkpoint of the current step is written, the MLflow run is set
+        KILLED and `run()` returns a RunResult with `interrupted=reason`. Safe to call from a signal handler (it
+        only sets a flag); pipelines.run calls it on the first SIGINT/SIGTERM."""
+        self.stop_requested = reason
+
+    def _done(self, t_start: float) -> bool:
+        r, s = self.cfg.runner, self.state
+        if self.stop_requested is not None:
+            return True
+        if s.step >= r.max_steps:
+            return True
+        if r.max_env_steps is not None and s.env_steps >= r.max_env_steps:
+            return True
+        if r.max_wall_time_s is not None and s.elapsed_s + (time.perf_counter() - t_start) >= r.max_wall_time_s:
+            return True
+        if r.stop_on_eval_success is not None and s.best_eval_success_once >= r.stop_on_eval_success:
+            return True
+        return False
+
+    # ----- eval and checkpoint graphs -----
+    def evaluate(self) -> dict:
+        """The eval graph on the current weights; returns `eval/*` metrics (and updates the best eval)."""
+        st = self.state
+        t0 = time.perf_counter()
+        _, parts = self._compute(lambda attempt: graphs.build_eval(
+            self.cfg, run_id=st.run_id, step=st.step, weights=self.weights, placement=self.placement,
+            attempt=attempt), "evaluation")
+        episodes = [e for part in parts for e in part]
+        m = {f"eval/{k}": float(np.mean([e[k] for e in episodes])) for k in
+             ("success_once", "success_at_end", "return", "episode_len")}
+        m["eval/num_episodes"] = float(len(episodes))
+        m["time/eval"] = time.perf_counter() - t0
+        if m["eval/success_once"] > st.best_eval_success_once:
+            st.best_eval_success_once, st.best_eval_step = m["eval/success_once"], st.step
+        m["eval/best_success_once"] = st.best_eval_success_once
+        self.last_eval = m
+        return m
+
+    def checkpoint(self, elapsed: float) -> str:
+        """Write a checkpoint of the current step (the pipeline must be drained); returns its path."""
+        from dataclasses import asdict
+        st = self.state
+        if self._ahead:  # the actor would be read while a later update may run (scheduler docstring)
+            raise RuntimeError(f"checkpoint at step {st.step} with {len(self._ahead)} step(s) in flight")
+
+        def build(attempt: int):
+            meta = {"runner": {**asdict(st), "elapsed_s": elapsed}, "experiment": self.cfg.experiment}
+            graph, key = graphs.build_checkpoint(run_id=st.run_id, step=st.step, run_dir=str(self.run_dir),
+                                                 meta=meta, placement=self.placement, attempt=attempt, cfg=self.cfg,
+                                                 group=self._group_specs(), weights=self.actor_weights,
+                                                 dims=self.dims)
+            return graph, [key]
+
+        path = self._compute(build, "checkpoint")[1][0]
+        prune_checkpoints(self.run_dir, self.cfg.runner.keep_checkpoints)
+        return path

@@ -1,0 +1,229 @@
+"""The step scheduler: one loop submits training-step graphs, waits for the oldest, retries after a loss.
+
+Synchronous is asynchronous with `runner.max_staleness` = k = 0. The scheduler keeps up to k step graphs submitted
+ahead of the one it waits for. Step j's rollout takes the weights of step j-k (`v(j-k)`: the rollout of step n+1
+runs on v(n) while update n runs; the newest weights when nothing is in flight, so with k = 0 every rollout is
+on-policy), its update the previous update's output, its first env nodes follow step j-1's last ones (only while
+step j-1 is in flight: a drained pipeline needs no ordering); the actor corrects with decoupled PPO
+(tasks.update.actor_update). Nothing is submitted ahead across a step after which an eval or a checkpoint follows,
+nor beyond `max_steps`/`max_env_steps`: an eval or checkpoint always sees a drained pipeline, so a checkpoint holds
+exactly what a synchronous one does (a resumed run refills the pipeline from v(n)). With k = 0 the graphs and keys
+are those of one step at a time: `build_train_step(weights=v(j))`, keys `...-{run}-{j}` and `-retry{n}` for the n-th
+resubmission of step j.
+
+Failures (`_retrying`, the one retry loop, also used by `_compute` for the single graphs: init, eval, SFT,
+checkpoint): a lost or stalled placed worker (pipelines.runner.recovery) drops every graph in flight, `_recover`
+re-places (and after a lost actor rolls back to the last checkpoint), and the pipeline refills from the current
+step and weights, up to `runner.max_retries` times. A non-finite value that stops a step inside a task
+(tasks.update.NonFiniteError, the env shard's one-line ValueError) ends the run with `StepFailed`, one line naming
+the training step (numbered as MLflow's: the first step is 1).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from pipelines import graphs
+from pipelines.cluster import cluster_rss_bytes
+
+
+class StepFailed(RuntimeError):
+    """A training step failed inside a task for a reason a retry does not fix (a non-finite value); one line."""
+
+
+@dataclass
+class Lost:
+    """An attempt that failed because placed workers were lost or stalled (`busy`: actor rank workers that were
+    running one of its rank nodes, see Recovery._recover)."""
+
+    workers: set
+    busy: set = field(default_factory=set)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _is_nonfinite(exc: BaseException) -> bool:
+    from tasks.update import NonFiniteError
+    return isinstance(exc, NonFiniteError) or (isinstance(exc, ValueError) and str(exc).startswith("non-finite"))
+
+
+class Scheduler:
+    """The step scheduler of `pipelines.runner.Runner` (see the module docstring)."""
+
+    # ----- the one retry loop -----
+    def _retrying(self, once, what: str):
+        """`once(attempt)` until it returns something other than `Lost`; after a `Lost`, `_recover` and again, up
+        to `runner.max_retries` retries.
+
+        Raises:
+            RuntimeError: every attempt lost workers (with the resume command).
+        """
+        R = self.cfg.runner.max_retries
+        for attempt in range(R + 1):
+            out = once(attempt)
+            if not isinstance(out, Lost):
+                return out
+            if attempt < R:
+                self._recover(out.workers, self.state.step, out.busy)
+        raise RuntimeError(f"{what} at step {self.state.step}: placed workers lost {R + 1} "
+                           f"times; giving up (resume with runner.resume={self.state.run_id})")
+
+    def _await(self, futs: list, keep: int) -> list | set:
+        """The results of `futs[keep:]` once all of `futs` are done, or the lost/stalled placed workers (a set).
+        Results are fetched under the same watch: a result held by a worker that dies after finishing would
+        otherwise be recomputed from pinned tasks that can no longer run, and the fetch would wait forever."""
+        lost = self._wait_or_lost(futs)
+        return lost if lost else self._fetch_or_lost(futs[keep:])
+
+    def _compute(self, build, what: str, keep: int = 0) -> tuple[list, list]:
+        """Submit `build(attempt) -> (graph, keys)`, wait and fetch under the watch, retrying after a loss
+        (`_retrying`). Returns (the first `keep` keys as futures, the results of the others)."""
+        def once(attempt: int):
+            graph, keys = build(attempt)
+            futs = self.client.get(graph, keys, sync=False)
+            got = self._await(futs, keep)
+            if isinstance(got, list):
+                return futs[:keep], got
+            busy = self._busy_rank_workers(graph)  # before dropping: dropped tasks leave the scheduler's view
+            self._drop(futs)  # recovery: release, not cancel (see there)
+            return Lost(got, busy)
+
+        return self._retrying(once, what)
+
+    # ----- training steps -----
+    def train_step(self) -> dict:
+        """Wait for the oldest step in flight, after topping the pipeline up to `max_staleness` steps ahead; on a
+        lost worker, recover and retry (up to `runner.max_retries`). Returns the step's metrics.
+
+        Raises:
+            StepFailed: a non-finite value stopped the step (one line naming it).
+        """
+        if self.cfg.algorithm.name == "sft":
+            return self.sft_step()
+        st, k = self.state, self.cfg.runner.max_staleness
+        t0 = time.perf_counter()
+
+        def once(attempt: int):
+            if attempt:  # after a recovery: refill from the current (possibly rolled back) step and weights
+                self._reset_pipeline()
+            if not self._ahead:
+                self._submit_step()
+            while len(self._ahead) <= k and self._may_submit_ahead(st.step + len(self._ahead)):
+                self._submit_step()
+            step, _, futs = self._ahead[0]
+            try:
+                got = self._await(futs, keep=1)
+            except Exception as exc:
+                if not _is_nonfinite(exc):
+                    raise
+                self._cancel_pipeline()
+                raise StepFailed(f"training step {step + 1}: {_one_line(exc)}") from exc
+            if isinstance(got, set):
+                busy = set().union(*(self._busy_rank_workers(g) for _, g, _ in self._ahead))
+                self._cancel_pipeline()  # every step in flight: the retry starts from the current step
+                return Lost(got, busy)
+            self._ahead.pop(0)
+            for old in [v for v in self._w if v < step + 1 - k]:  # weights no later rollout takes
+                del self._w[old]
+            out, *store_out = got
+            return self._finish_step(step, futs[0], out, store_out, attempt, t0)
+
+        return self._retrying(once, "training step")
+
+    def _reset_pipeline(self) -> None:
+        """Start the pipeline afresh from `self.weights` at the current step (start, resume, after a recovery)."""
+        self._ahead: list[tuple[int, object, list]] = []  # submitted steps (step, graph, futures), oldest first
+        self._w = {self.state.step: self.weights}  # step j -> the weights update j starts from (v(j))
+        self._w_base = self.state.step
+        self._after: list | None = None  # futures of the newest submitted step's last env nodes
+
+    def _may_submit_ahead(self, j: int) -> bool:
+        """Whether step j's graph may be submitted while step j-1's is still in flight."""
+        r, st = self.cfg.runner, self.state
+        return (not self._stopping and j < r.max_steps and j % r.val_check_interval != 0
+                and j % r.save_interval != 0
+                and (r.max_env_steps is None or st.env_steps + (j - st.step) * self._env_steps_per_step()
+                     < r.max_env_steps))
+
+    def _env_steps_per_step(self) -> int:
+        c = self.cfg
+        return c.env.num_envs * c.rollout.chunk_steps * c.policy.num_action_chunks
+
+    def _submit_step(self) -> None:
+        """Reserve the store's step and submit the next step's graph (j = current step + steps in flight)."""
+        cfg, st = self.cfg, self.state
+        j = st.step + len(self._ahead)
+        store_attempt = self.store.reserve(j) if self.store is not None else None
+        attempt = self._submits.get(j, 0)  # keys unique per resubmission of step j (released keys may linger)
+        self._submits[j] = attempt + 1
+        ahead = bool(self._ahead)
+        # with nothing in flight the newest weights cost no waiting: a drained pipeline restarts on-policy
+        behaviour = self._w[max(j - cfg.runner.max_staleness, self._w_base)] if ahead else self._w[j]
+        sg = graphs.build_train_step(
+            cfg, run_id=st.run_id, step=j, weights=behaviour, cursors=st.cursors, placement=self.placement,
+            dims=self.dims, store_path=str(self.store.path) if self.store is not None else None,
+            store_attempt=store_attempt, attempt=attempt, group=self._group_specs(),
+            actor_weights=self.actor_weights, update_weights=self._w[j] if ahead else None,
+            after=self._after if ahead else None)
+        futs = self.client.get(sg.graph, [sg.update, sg.metrics, *sg.stores, *sg.last_env], sync=False)
+        n = 2 + len(sg.stores)
+        self._w[j + 1] = futs[0]
+        self._after = futs[n:]
+        self._ahead.append((j, sg.graph, futs[:n]))
+
+    def _cancel_pipeline(self) -> None:
+        """Give up every step in flight, newest first and one graph at a time: a step's outputs go only after the
+        later steps that depend on them (its update, its last env nodes) are gone. Released, not cancelled
+        (recovery._drop: the scheduler's assertion on an inner node's dependents)."""
+        for _, _, futs in reversed(self._ahead):
+            self._drop(futs)
+        self._ahead, self._after = [], None
+
+    def _finish_step(self, step: int, upd_f, out: dict, store_out: list, retries: int, t0: float) -> dict:
+        """Account a finished training step: weights, store step, cursors, counters; return its metrics."""
+        st = self.state
+        version = int(out["metrics"]["train/weight_version"])
+        if self.ranks > 1:  # the group lives on with the weights; a rebuild comes with a new init's weights
+            self.actor_weights = {"version": version}
+        if self.store is not None:
+            behaviour = int(out["metrics"].get("train/behaviour_version", version - 1))
+            self.store.mark_complete(step, weight_version=behaviour, global_step=step)
+        self.weights = upd_f
+        st.cursors = out["cursors"]
+        env_steps = self._env_steps_per_step()
+        st.env_steps += env_steps
+        st.step += 1
+        wall = time.perf_counter() - t0
+        m = out["metrics"]
+        m["time/step"] = wall
+        m["rollout/env_steps_per_s"] = env_steps / wall
+        m["rollout/env_steps_total"] = float(st.env_steps)
+        m["time/overhead_share"] = max(0.0, 1.0 - (m["time/rollout_total_max"] + m["time/update"]) / wall)
+        if store_out:
+            m["time/store_max"] = max(s["seconds"] for s in store_out)
+            m["system/store_mb"] = sum(s["bytes"] for s in store_out) / 1e6
+        self.peak_rss = max(self.peak_rss, cluster_rss_bytes())
+        m["system/rss_total_gb"] = self.peak_rss / 2**30
+        m["train/retries"] = float(retries)
+        return m
+
+    def sft_step(self) -> dict:
+        """One behaviour-cloning step's graph (no env steps); lost workers are handled as for training steps."""
+        st = self.state
+        t0 = time.perf_counter()
+
+        def build(attempt: int):
+            graph, upd, met = graphs.build_sft_step(self.cfg, run_id=st.run_id, step=st.step, weights=self.weights,
+                                                    placement=self.placement, attempt=attempt)
+            return graph, [upd, met]
+
+        (upd_f,), (m,) = self._compute(build, "SFT step", keep=1)
+        self.weights = upd_f
+        st.step += 1
+        m["time/step"] = time.perf_counter() - t0
+        self.peak_rss = max(self.peak_rss, cluster_rss_bytes())
+        m["system/rss_total_gb"] = self.peak_rss / 2**30
+        return m

@@ -1,0 +1,270 @@
+"""Run set-up: run ids and dirs, the MLflow run, resume, and the one-timeline rollback.
+
+`resolve_resume(cfg)` answers `runner.resume` OFFLINE (no cluster, no worker): which run, which checkpoint, whether
+its shard layout and training keys match this config; `pipelines.run` calls it before the cluster starts and the
+`Runner` again when it starts, so a bad resume is one line and exit 2, and nothing is written.
+
+`Setup` is a mixin of `pipelines.runner.Runner` (it uses the runner's `cfg`, `root`, `client`, `placement`,
+`state`, `store`, `tracker`, `echo`): the MLflow run and run dir (`_open_run`), the trajectory store
+(`_open_store`), the actor's init graph (`_init_actor`) and `_rollback`.
+
+One timeline: a redone step never shows twice. A resume or a rollback (`_rollback`, after a lost actor) to step k
+marks the store's steps >= k incomplete (each redone step is a new attempt, complete only once every shard wrote
+it) and continues MLflow in a NEW run holding a copy of every point with step <= k (`Tracker.continue_from` /
+`Tracker.fork`; MLflow's client cannot delete single points); the superseded run is tagged `dagrl.superseded_by`
+and soft-deleted.
+"""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from pathlib import Path
+
+from pipelines import graphs
+from pipelines.cluster import _host
+from pipelines.config import to_dict, to_yaml
+from storage.checkpoints import latest_checkpoint, load_checkpoint
+from storage.rundir import find_run_dir, latest_started_run, new_run_dir, write_resolved_config
+from storage.tracking import Tracker, default_tracking_uri, flatten_config
+from storage.trajectories import FieldSpec, TrajectoryStore
+from tasks import trajectory
+from tasks.config import Config, ConfigError
+from tasks.rollout import group_size
+from tasks.seeding import TRAIN_SEED_RULE
+
+
+@dataclass
+class RunState:
+    """Everything the driver needs to continue a run; saved as checkpoint meta."""
+
+    run_id: str
+    mlflow_run_id: str | None = None
+    step: int = 0  # training steps completed
+    env_steps: int = 0
+    cursors: list = field(default_factory=list)
+    elapsed_s: float = 0.0
+    best_eval_success_once: float = -1.0
+    best_eval_step: int = -1
+    actor_generation: int = 0  # the multi-rank actor's process-group generation (bumped on every rebuild)
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    run_dir: Path
+    mlflow_run_id: str
+    tracking_uri: str
+    store_path: Path | None
+    steps: int
+    env_steps: int
+    wall_s: float
+    last_eval: dict
+    peak_rss_gb: float
+    interrupted: str | None = None  # the stop request (e.g. "SIGINT") that ended the run early, with a checkpoint
+
+
+@dataclass
+class Resume:
+    """What `resolve_resume` found: the RunState saved in `checkpoint` (a path; None: a new run), the MLflow params
+    to log and, on resume, the `runner.*`/`cluster.*`/`tracking.*` values that differ from the resumed run."""
+
+    state: RunState
+    checkpoint: Path | None
+    params: dict
+    changed: dict
+
+
+def new_run_id() -> str:
+    return datetime.now().strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def tracking_uri(cfg: Config) -> str:
+    """The run's MLflow tracking URI: `tracking.uri`, else the default under `run_root`."""
+    return cfg.tracking.uri or default_tracking_uri(Path(cfg.run_root).resolve())
+
+
+def trajectory_fields(cfg: Config, obs_dim: int, action_dim: int) -> dict[str, FieldSpec]:
+    """The zarr schema of a training run's store: the stored fields of tasks.trajectory under this config."""
+    return trajectory.zarr_schema(trajectory.Dims.from_config(cfg, obs_dim, action_dim))
+
+
+def resolve_resume(cfg: Config) -> Resume:
+    """Answer `runner.resume` without a cluster: a new RunState (resume unset), or the one of the resumed run's
+    newest complete checkpoint (`latest`: the most recently STARTED run of the experiment, never an older one).
+
+    Raises:
+        ConfigError: `runner.resume` names no run, the run has no complete checkpoint, `env.num_shards` differs
+            from the checkpoint's, the checkpoint's MLflow run is not in `tracking.uri`'s store, or a key that
+            shapes training differs from the resumed run's MLflow params (`run_params`).
+    """
+    resume = cfg.runner.resume
+    if resume is None:
+        state = RunState(run_id=new_run_id(), cursors=[None] * cfg.env.num_shards)
+        return Resume(state, None, flatten_config(to_dict(cfg)), {})
+    root = Path(cfg.run_root).resolve()
+    exp_dir = root / cfg.experiment
+    if resume == "latest":
+        run_dir = latest_started_run(exp_dir)
+        if run_dir is None:
+            raise ConfigError("runner.resume", resume, f"no run of experiment {cfg.experiment} under "
+                                                       f"{exp_dir}; start one without runner.resume")
+        if latest_checkpoint(run_dir) is None:
+            raise ConfigError("runner.resume", resume,
+                              f"the most recently started run of experiment {cfg.experiment}, {run_dir.name} "
+                              f"({run_dir}), has no complete checkpoint (it ended before its first one); "
+                              f"start a new run, or resume an older run by its id (runner.resume=<run_id>)")
+    else:
+        try:
+            run_dir = find_run_dir(root, resume)
+        except (FileNotFoundError, ValueError) as exc:
+            raise ConfigError("runner.resume", resume, str(exc)) from None
+    ckpt_path = latest_checkpoint(run_dir)
+    if ckpt_path is None:
+        raise ConfigError("runner.resume", resume, f"{run_dir} has no complete checkpoint to resume from")
+    state = RunState(**load_checkpoint(ckpt_path, keys=("run",))["run"]["runner"])
+    if len(state.cursors) != cfg.env.num_shards:
+        raise ConfigError("env.num_shards", cfg.env.num_shards,
+                          f"the checkpoint has {len(state.cursors)} shards; resume with the same env layout")
+    params, changed = run_params(cfg, state.mlflow_run_id, tracking_uri(cfg))
+    return Resume(state, Path(ckpt_path), params, changed)
+
+
+def run_params(cfg: Config, mlflow_run_id: str | None, uri: str) -> tuple[dict, dict]:
+    """MLflow params (the flattened resolved config) and, on resume (`mlflow_run_id` given), the `runner.*`/
+    `cluster.*`/`tracking.*` values that differ from the resumed run (MLflow params are immutable: these go to an
+    artifact instead).
+
+    Raises:
+        ConfigError: the resumed MLflow run is not in the tracking store, or a key that shapes training (env,
+            policy, algorithm, rollout, ...) differs.
+    """
+    flat = flatten_config(to_dict(cfg))
+    if mlflow_run_id is None:
+        return flat, {}
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+    try:
+        existing = MlflowClient(uri).get_run(mlflow_run_id).data.params
+    except MlflowException:
+        raise ConfigError("tracking.uri", uri, f"the checkpoint's MLflow run {mlflow_run_id} is not in "
+                                               f"this tracking store; resume with the run's tracking.uri") from None
+    changed = {k: v for k, v in flat.items() if k in existing and existing[k] != str(v)[:6000]}
+    for k in changed:
+        if not k.startswith(("runner.", "cluster.", "tracking.")):
+            raise ConfigError(k, flat[k], f"differs from the resumed run ({existing[k]!r}); resume with the "
+                                         f"same training config or start a new run")
+    return {k: v for k, v in flat.items() if k not in changed}, changed
+
+
+class Setup:
+    """Run set-up steps of `pipelines.runner.Runner` (see the module docstring)."""
+
+    def _start_or_resume(self) -> tuple[RunState, dict | None, Resume]:
+        """The RunState to start from and the checkpoint to restore ({"path"}; None: a new run)."""
+        res = resolve_resume(self.cfg)
+        if res.checkpoint is None:
+            return res.state, None, res
+        self.echo(f"resuming run {res.state.run_id} from {res.checkpoint} (step {res.state.step})")
+        return res.state, {"path": str(res.checkpoint)}, res
+
+    def _params(self, uri: str) -> tuple[dict, dict]:
+        """`run_params` of this run (see there)."""
+        return run_params(self.cfg, self.state.mlflow_run_id, uri)
+
+    def _open_run(self) -> None:
+        """The run dir with the resolved config, and the run's MLflow Tracker (nothing logged yet)."""
+        cfg = self.cfg
+        uri = tracking_uri(cfg)
+        self.run_dir = new_run_dir(self.root, cfg.experiment, self.state.run_id)
+        write_resolved_config(self.run_dir, to_yaml(cfg))
+        self.tracker = Tracker(uri=uri, experiment=cfg.tracking.experiment or cfg.experiment,
+                               run_name=self.state.run_id)
+        self.tracking_uri = uri
+
+    def _log_run(self, resume: Resume) -> None:
+        """Start the MLflow run's record: a resume continues in a new MLflow run holding the checkpoint's
+        timeline (Tracker.continue_from); params, the changed keys (an artifact) and the resolved config."""
+        if self.state.mlflow_run_id is not None:
+            self.tracker.continue_from(self.state.mlflow_run_id, self.state.step, reason="resume")
+        self.state.mlflow_run_id = self.tracker.run_id
+        self.tracker.log_params({**resume.params, **resume.changed})
+        if resume.changed:
+            self.tracker.log_text("".join(f"{k}: {v}\n" for k, v in resume.changed.items()),
+                                  f"resumes/step_{self.state.step}.yaml")
+        self.tracker.log_artifact(self.run_dir / "config.yaml")
+
+    def _open_store(self, dims) -> TrajectoryStore | None:
+        """The run's trajectory store (None: not saved, or SFT); a resume marks its later steps superseded."""
+        cfg = self.cfg
+        if not cfg.storage.save_trajectories or cfg.algorithm.name == "sft":
+            return None
+        store = TrajectoryStore.create(
+            self.run_dir / "trajectories.zarr", fields=trajectory_fields(cfg, *dims), T=cfg.rollout.chunk_steps,
+            num_envs=cfg.env.num_envs, shard_size=cfg.env.shard_size,
+            attrs={"run_id": self.state.run_id, "env_id": cfg.env.env_id, "simulator": cfg.env.simulator,
+                   "obs_mode": cfg.env.obs_mode, "control_mode": cfg.env.control_mode,
+                   "reward_mode": cfg.env.reward_mode, "base_seed": cfg.env.seed,
+                   "sim_backend": cfg.env.sim_backend, "auto_reset": cfg.env.auto_reset,
+                   "ignore_terminations": cfg.env.ignore_terminations,
+                   "seed_rule": TRAIN_SEED_RULE, "group_size": group_size(cfg),
+                   "num_action_chunks": cfg.policy.num_action_chunks,
+                   "max_episode_steps": cfg.env.max_episode_steps})
+        store.invalidate_from(self.state.step)  # a resume: later steps are a superseded timeline
+        return store
+
+    @property
+    def ranks(self) -> int:
+        """Actor ranks: 1 (`tasks.update.actor_update`) or R > 1 (`tasks.distributed`, one process group)."""
+        return self.cfg.algorithm.num_actor_ranks
+
+    def _init_actor(self, ckpt: dict | None, tag: str = ""):
+        """Run the init graph; returns (weights future, dims). With R > 1 also sets `self.actor_weights` (the
+        weights the ranks build their group from) and `self.group` (rank 0's host and a free port there)."""
+        init = graphs.build_init(self.cfg, run_id=self.state.run_id, placement=self.placement,
+                                 checkpoint_path=ckpt["path"] if ckpt else None, tag=tag)
+        if self.ranks == 1:
+            dims_f, w_f = self.client.get(init.graph, [init.dims, init.weights], sync=False)
+            return w_f, self._result([dims_f], "the init graph")[0]  # watched: no silent wait (recovery)
+        dims_f, w_f, full_f, port_f = self.client.get(
+            init.graph, [init.dims, init.weights, init.actor_weights, init.port], sync=False)
+        self.actor_weights = full_f
+        dims, port = self._result([dims_f, port_f], "the init graph")
+        self.group = {"master_addr": _host(self.placement.actor_workers[0]), "master_port": int(port)}
+        return w_f, dims
+
+    def _group_specs(self) -> list[dict] | None:
+        """Each rank's process-group spec of the current generation (None with one rank)."""
+        if self.ranks == 1:
+            return None
+        from tasks.distributed import group_specs
+        return group_specs(self.ranks, self.group["master_addr"], self.group["master_port"],
+                           self.state.actor_generation)
+
+    # ----- one timeline (resume, rollback) -----
+    _NOT_ROLLED_BACK = ("run_id", "mlflow_run_id", "elapsed_s", "actor_generation")
+
+    def _rollback(self, ckpt) -> None:
+        """Roll the run back to checkpoint `ckpt` (a path; None: to a fresh start at step 0), e.g. after the
+        actor's worker was lost (its weights and optimizer with it).
+
+        Restores every RunState field that describes training progress from the checkpoint's runner meta (step,
+        env_steps, env cursors, best eval, and any field added later; not run_id, the MLflow run, the wall time
+        spent, the actor group generation), marks the store's steps >= the restored step incomplete
+        (`TrajectoryStore.invalidate_from`) and continues MLflow in a new run holding the points with step <= the
+        restored step (`Tracker.fork`; the old run is soft-deleted), so every reader sees one timeline. The actor
+        itself is not touched: the caller re-runs the init graph from the same checkpoint (`_init_actor`).
+        """
+        st = self.state
+        if ckpt is not None:
+            saved = RunState(**load_checkpoint(ckpt, keys=("run",))["run"]["runner"])
+        else:
+            saved = RunState(run_id=st.run_id, cursors=[None] * self.cfg.env.num_shards)
+        for f in fields(RunState):
+            if f.name not in self._NOT_ROLLED_BACK:
+                setattr(st, f.name, getattr(saved, f.name))
+        if self.store is not None:
+            self.store.invalidate_from(st.step)
+        st.mlflow_run_id = self.tracker.fork(st.step, reason=f"rollback to {'step %d' % st.step if ckpt else 'start'}")
+        self.echo(f"dagrl: rolled back to {ckpt or 'a fresh actor (no checkpoint yet)'} (step {st.step}); MLflow "
+                  f"continues in run {st.mlflow_run_id}")
