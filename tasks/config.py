@@ -1,9 +1,17 @@
 """Structured configs: the one vocabulary shared by conf/ (Hydra YAML), pipelines/ and tasks/.
 
-Hydra composes YAML; `pipelines.config.load_config` merges the result onto `Config` (unknown keys and wrong
-types are errors there) and then calls `Config.validate()`, which checks combinations and raises `ConfigError`
-with one line naming the key, the value and the fix. Derived values (`shard_size`, `batch_size`,
-`minibatch_size`) are properties computed here and nowhere else.
+Hydra composes YAML (conf/config.yaml, the groups conf/{env,policy,algorithm,cluster}/ and an experiment
+conf/conf/NAME.yaml); `pipelines.config.load_config` merges the result onto `Config` (unknown keys and wrong
+types are errors there) and then calls `Config.validate()`, which raises `ConfigError` with one line naming the
+key, the value and the fix. Each section validates its own fields (`EnvConfig.check`, `PolicyConfig.check`,
+`AlgorithmConfig.check`, `RolloutConfig.check`, `RunnerConfig.check`, `ClusterConfig.check`); `Config.check_across`
+holds the checks that need several sections. What needs a registry, the simulator or the devices is checked by
+`pipelines.config.check_components` / `pipelines.cluster.check_placement`; keys that do nothing: `inert_keys`.
+Derived values (`shard_size`, `batch_size`, `minibatch_size`) are properties computed here and nowhere else.
+
+This module imports nothing else of `tasks` (pyproject's import-linter contract): the pure helpers other modules
+need from it live here (`DEVICES`/`DTYPES`/`cuda_available`, re-exported by tasks.device; `BatchPlan`/
+`check_batch_sizes`/`batch_plan`, re-exported by tasks.distributed).
 """
 from __future__ import annotations
 
