@@ -29,7 +29,7 @@ from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from tasks.config import Config, ConfigError
+from tasks.config import REMOVED_KEYS, Config, ConfigError, upgrade_saved_config
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 SCHEMA_NAME = "dagrl_schema"
@@ -143,6 +143,8 @@ def _config_error(exc: Exception, overrides: Sequence[str]) -> ConfigError:
 
 
 def _from_omegaconf(key, value, detail: str) -> ConfigError:
+    if key in REMOVED_KEYS:  # a key the schema no longer has: its own fix
+        return ConfigError(key, value, REMOVED_KEYS[key])
     if "not in" in detail or "Could not override" in detail:
         parent = key.rsplit(".", 1)[0] if key and "." in key else None
         if parent is not None and isinstance(_schema_default(parent), dict):
@@ -169,13 +171,16 @@ def _value_for(key, overrides: Sequence[str]):
     return best
 
 
-def to_config(dcfg: DictConfig, *, validate: bool = True) -> Config:
+def to_config(dcfg: DictConfig, *, validate: bool = True, saved: bool = False) -> Config:
     """DictConfig (already typed by the schema) -> `Config` dataclass, validated unless `validate=False`.
-    Raises ConfigError."""
+    `saved=True`: a run's saved resolved config (config.yaml), which may hold keys removed since
+    (`tasks.config.upgrade_saved_config`); a composed config may not (REMOVED_KEYS: the fix). Raises ConfigError."""
     from omegaconf.errors import OmegaConfBaseException
     try:
         # merging a plain container re-checks every key against the schema (also keys added with `+key=`)
-        typed = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.to_container(dcfg, resolve=True))
+        plain = OmegaConf.to_container(dcfg, resolve=True)
+        plain = upgrade_saved_config(plain) if saved else plain
+        typed = OmegaConf.merge(OmegaConf.structured(Config), plain)
         cfg: Config = OmegaConf.to_object(typed)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None)

@@ -47,7 +47,7 @@ def teacher_config(run_dir: Path):
     """The teacher run's resolved config as a `Config` (validated against today's schema)."""
     from omegaconf import OmegaConf
     from pipelines.config import to_config
-    return to_config(OmegaConf.load(run_dir / "config.yaml"))
+    return to_config(OmegaConf.load(run_dir / "config.yaml"), saved=True)  # older runs: keys removed since
 
 
 def output_path(cfg) -> Path:

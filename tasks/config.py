@@ -193,6 +193,34 @@ ESTIMATOR_KEYS: tuple[str, ...] = tuple(sorted({k for s in ESTIMATORS.values() f
 NORMALISATIONS = ("batch", "group")
 
 
+# keys the schema no longer has -> the fix, for a user who still sets one (pipelines.config names it); a run's saved
+# config that has one is upgraded by `upgrade_saved_config`
+REMOVED_KEYS: dict[str, str] = {
+    "algorithm.adv_type": "was removed: algorithm.name selects the advantage estimator (ppo: GAE, grpo: group-"
+                          "relative; tasks.config.ESTIMATORS), so drop adv_type (for GRPO: algorithm.name=grpo)",
+}
+
+
+def upgrade_saved_config(container: dict) -> dict:
+    """A resolved config saved before a key was removed (a run's config.yaml, e.g. `pipelines.record`'s teacher), as
+    a plain nested dict, made loadable by today's schema: `algorithm.adv_type` is dropped when it said what
+    `algorithm.name` selects (ppo: gae, grpo: grpo; `sft` never read it). Returns a new dict; others pass unchanged.
+
+    Raises:
+        ConfigError: key algorithm.adv_type, when it names another estimator than algorithm.name's.
+    """
+    algo = container.get("algorithm")
+    if not isinstance(algo, dict) or "adv_type" not in algo:
+        return container
+    algo = dict(algo)
+    adv, name = algo.pop("adv_type"), algo.get("name", AlgorithmConfig.name)
+    spec = ESTIMATORS.get(name)
+    if spec is not None and adv != spec.advantage:
+        raise ConfigError("algorithm.adv_type", adv, f"the saved config's algorithm.name={name} uses "
+                                                     f"{spec.advantage}; {REMOVED_KEYS['algorithm.adv_type']}")
+    return {**container, "algorithm": algo}
+
+
 def estimator_spec(name: str) -> EstimatorSpec:
     """The spec of `algorithm.name` = `name`. Raises ConfigError (key algorithm.name) listing the known names."""
     try:
@@ -208,7 +236,6 @@ class AlgorithmConfig:
 
     name: str = "ppo"  # selects the advantage estimator (ESTIMATORS): ppo (actor-critic, GAE) | grpo (critic-free,
     # group-relative advantages); or sft (behaviour cloning from sft.store, no estimator)
-    adv_type: str = "gae"  # gae | grpo
     group_size: int = 1  # grpo: envs per group sharing a reset state; groups never straddle env shards
     filter_rewards: bool = False  # grpo: mask out of the loss the groups whose mean score is outside the bounds
     rewards_lower_bound: float = 0.0
@@ -550,9 +577,6 @@ class Config:
                              ("sft.num_loaders", self.sft.num_loaders)):
                 if val < 1:
                     raise ConfigError(key, val, "must be >= 1")
-        elif a.adv_type != spec.advantage:
-            raise ConfigError("algorithm.adv_type", a.adv_type,
-                              f"algorithm.name={a.name} uses adv_type={spec.advantage}")
         if spec is not None and spec.groups:
             if a.group_size < 2:
                 raise ConfigError("algorithm.group_size", a.group_size,
@@ -698,7 +722,7 @@ def inert_keys(cfg: Config, command: str = "run", cuda_count: int = 0) -> list[t
         if not rl:
             why = ("is not read by algorithm.name=sft (behaviour cloning from sft.store: no rollouts, no PPO/GRPO "
                    "loss; it reads algorithm.lr/max_grad_norm/critic_lr, sft.*, env.eval.* for evaluation): drop it")
-            off([f"algorithm.{k}" for k in ("adv_type", "group_size", "filter_rewards", "rewards_lower_bound",
+            off([f"algorithm.{k}" for k in ("group_size", "filter_rewards", "rewards_lower_bound",
                                             "rewards_upper_bound", "gae_lambda", "reward_type", "logprob_type",
                                             "clip_ratio_low", "clip_ratio_high", "dual_clip", "value_clip",
                                             "entropy_coef", "value_coef", "update_epochs", "num_minibatches",

@@ -72,7 +72,10 @@ def test_overrides_are_typed():
     (["conf=pushcube_flow_grpo", "algorithm.group_size=3"], "algorithm.group_size",
      "must divide env.num_envs=128 and the env shard size 64"),
     (["conf=pushcube_flow_grpo", "algorithm.group_size=1"], "algorithm.group_size", "use >= 2"),
-    (["conf=pushcube_flow_grpo", "algorithm.adv_type=gae"], "algorithm.adv_type", "uses adv_type=grpo"),
+    (["conf=pushcube_flow_grpo", "algorithm.adv_type=gae"], "algorithm.adv_type",
+     "was removed: algorithm.name selects the advantage estimator"),
+    (["+algorithm.adv_type=gae"], "algorithm.adv_type", "drop adv_type"),
+    (["algorithm.name=gae"], "algorithm.name", "known: ['ppo', 'grpo', 'sft']"),
     (["conf=pushcube_flow_sft", "sft.store=/nonexistent.zarr"], "sft.store", "no zarr store there"),
     (["conf=pushcube_flow_ppo", "policy.model_path=/nonexistent"], "policy.model_path",
      "not a save_pretrained checkpoint directory"),
@@ -548,3 +551,44 @@ def test_keys_that_do_nothing_are_not_validated_either(overrides, sft_store):
     """A default the chosen mode never reads cannot make a config invalid (chunk_steps_per_node=5 does not divide
     7, env.num_envs=16 is not divisible by 3: both unread here)."""
     load_config(_fill(overrides, sft_store), notes=[])
+
+
+# ----- validation lives with each section -----
+
+SECTION_CASES = [("env", "num_shards", 0), ("env.eval", "num_episodes", 0), ("env", "image_size", 4),
+                 ("policy", "noise_method", "sde"), ("policy", "dtype", "float16"), ("algorithm", "gamma", 0.0),
+                 ("algorithm", "nonfinite", "ignore"), ("rollout", "inference", "remote"),
+                 ("rollout", "pipeline_stage_num", 2), ("runner", "max_staleness", -1), ("runner", "resume", ""),
+                 ("cluster", "num_gpus", 0), ("cluster", "address", "tcp://host")]
+
+
+@pytest.mark.parametrize("path, field, value", SECTION_CASES, ids=[f"{p}.{f}" for p, f, _ in SECTION_CASES])
+def test_each_section_checks_its_own_fields(path, field, value):
+    """A section's own bad value is refused by its `check()` alone (no other section needed) and by
+    `Config.validate`, under the same dotted key."""
+    cfg = Config()
+    if path == "env" and field == "image_size":
+        cfg.env.obs_mode = "rgb"  # image_size is read with rgb observations only
+    section = cfg
+    for part in path.split("."):
+        section = getattr(section, part)
+    section.check()  # the defaults pass
+    setattr(section, field, value)
+    with pytest.raises(ConfigError) as alone:
+        section.check()
+    with pytest.raises(ConfigError) as whole:
+        cfg.validate()
+    assert alone.value.key == whole.value.key == f"{path}.{field}"
+
+
+def test_checks_that_need_several_sections_are_config_check_across():
+    cfg = Config()
+    cfg.env.num_envs = 5  # 5 envs in 2 shards: refused for RL (rollout shards), not a property of env alone
+    cfg.env.check()
+    with pytest.raises(ConfigError, match="env.num_envs=5: must be divisible by env.num_shards=2"):
+        cfg.check_across()
+    cfg.algorithm.critic_lr = 1e-3  # the mlp has one learning rate: algorithm against policy
+    cfg.env.num_envs = 4
+    cfg.algorithm.check()
+    with pytest.raises(ConfigError, match="algorithm.critic_lr"):
+        cfg.validate()

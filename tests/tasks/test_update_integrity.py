@@ -96,7 +96,7 @@ def test_mask_mode_ignores_values_that_are_never_read():
 
 
 def test_grpo_mask_mode_leaves_the_env_out_of_its_group():
-    cfg = _cfg(nonfinite="mask", name="grpo", adv_type="grpo", group_size=2)
+    cfg = _cfg(nonfinite="mask", name="grpo", group_size=2)
     traj = _traj()
     traj["rewards"][1, 0, 0] = NAN
     out = advantages(cfg, traj)

@@ -143,7 +143,7 @@ def make_config(auto_reset: bool, ignore: bool, L: int, grpo: bool, path: str = 
     a = cfg.algorithm
     a.num_minibatches, a.update_epochs = 2, 1
     if grpo:
-        a.name, a.adv_type, a.group_size = "grpo", "grpo", 2
+        a.name, a.group_size = "grpo", 2
     else:  # PPO rows also cover action-level rewards on idle envs (they crashed)
         a.reward_type = a.logprob_type = reward_type or "action_level"
     return cfg.validate()
