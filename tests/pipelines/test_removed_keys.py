@@ -1,8 +1,6 @@
 """`algorithm.adv_type` was removed (algorithm.name selects the advantage estimator): a user who still sets it gets
 the fix (tests/pipelines/test_config.py's table), while what older runs saved still loads: their config.yaml (the
-teacher config of pipelines.record) and, on resume, their MLflow params (pipelines.runner `Runner._params`)."""
-from types import SimpleNamespace
-
+teacher config of pipelines.record) and, on resume, their MLflow params (pipelines.runner `run_params`)."""
 import pytest
 from omegaconf import OmegaConf
 
@@ -40,7 +38,7 @@ def test_resume_of_a_run_whose_params_have_adv_type(tmp_path):
     """MLflow params of a run logged before the removal hold algorithm.adv_type; the resumed config has no such key,
     so it is not compared (the run resumes), while a key that shapes training still must match."""
     from mlflow.tracking import MlflowClient
-    from pipelines.runner import Runner
+    from pipelines.runner import run_params
     from storage.tracking import flatten_config
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -50,9 +48,8 @@ def test_resume_of_a_run_whose_params_have_adv_type(tmp_path):
     old = {**flatten_config(to_dict(cfg)), "algorithm.adv_type": "gae"}
     for k, v in old.items():
         client.log_param(run.info.run_id, k, v)
-    me = SimpleNamespace(cfg=cfg, state=SimpleNamespace(mlflow_run_id=run.info.run_id))
-    params, changed = Runner._params(me, uri)
+    params, changed = run_params(cfg, run.info.run_id, uri)
     assert "algorithm.adv_type" not in params and changed == {}
     cfg.algorithm.gamma = 0.5
     with pytest.raises(ConfigError, match=r"algorithm.gamma='0.5': differs from the resumed run \('0.8'\)"):
-        Runner._params(me, uri)
+        run_params(cfg, run.info.run_id, uri)
