@@ -1,5 +1,8 @@
 """`python -m pipelines.replay RUN_OR_STORE [--episode ID ...] [--num-episodes N] [--video PATH.mp4] [--json]`
 
+The command only: parse, resolve and open the store, call. The store's episode index is storage.episodes, the
+re-simulation of one episode tasks.replay (plain functions, no Dask).
+
 Re-simulates episodes of a trajectory store from their reset seed and stored actions, and checks that the
 simulator reproduces what the store recorded.
 
@@ -28,13 +31,13 @@ both are <= TOLERANCE (1e-5) and all flags agree. ManiSkill's CPU simulation rep
 seed + actions (MACHINE.md), so both are expected to be exactly 0.
 
 Which steps belong to an episode: the store's `episode_id` per chunk step and env (episode k of global env g has
-id g + k * num_envs); only complete epochs (`TrajectoryStore.complete_steps()`) are read. An episode is complete
+id g + k * num_envs); only complete steps (`TrajectoryStore.complete_steps()`) are read. An episode is complete
 when its last stored chunk step has `terminated` or `truncated`, else partial (cut by the end of the store, or by a
-missing epoch, after which it cannot be replayed). Its start must be in the store: the first stored chunk step is
+missing step, after which it cannot be replayed). Its start must be in the store: the first stored chunk step is
 the reset when it is the run's first chunk step, when the env's previous chunk step ended another episode, or when
-the seed's reset observation equals the stored observation there. An episode restarted from its reset at an epoch
+the seed's reset observation equals the stored observation there. An episode restarted from its reset at a step
 start (a resumed run, a retried rollout task, or `env.auto_reset=false`) is replayed from the last restart.
-Episodes whose start predates the store's first complete epoch are skipped with a note.
+Episodes whose start predates the store's first complete step are skipped with a note.
 
 Default selection: the first `--num-episodes` (3) complete episodes, in order of their first stored step.
 
@@ -53,19 +56,21 @@ import os
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+# the store's episode index lives in storage.episodes, the re-simulation in tasks.replay (re-exported here)
+from storage.episodes import (INDEX_FIELDS as _INDEX_FIELDS, Episode, EpisodeData, StoreIndex,  # noqa: F401
+                              find_episodes, load_index, read_episode_data)
 from tasks import trajectory
+from tasks.replay import (TOLERANCE, _max_abs, choose_start, env_config_from_store,  # noqa: F401
+                          replay_episode)
 
-TOLERANCE = 1e-5
 DEFAULT_NUM_EPISODES = 3
 STORE_DIR = "trajectories.zarr"
 CONFIG_FILE = "config.yaml"
 
-_INDEX_FIELDS = ("episode_id", "episode_seed", "step_mask", "terminated", "truncated", "success")
 _REQUIRED_FIELDS = trajectory.REPLAY_FIELDS  # the `replay` fields of tasks.trajectory (the index's among them)
 
 
@@ -123,244 +128,27 @@ def open_store(path: Path):
 
 
 def run_env_settings(store_path: Path) -> tuple[dict, str | None]:
-    """`env` section of the run's config.yaml next to the store ({} when absent) and a note when absent."""
+    """`env` section of the run's config.yaml next to the store, read as every saved config is
+    (`pipelines.config.load_saved_config`, not re-validated: replay needs the env only), or ({}, a note) when the
+    file is absent, not YAML or not a config this version reads."""
     cfg_path = Path(store_path).parent / CONFIG_FILE
     if not cfg_path.is_file():
         return {}, (f"no {CONFIG_FILE} next to the store: assumed sim_backend=physx_cpu, "
                     "ignore_terminations=false")
+    import dataclasses
+
     import yaml
 
+    from pipelines.config import load_saved_config
+    from tasks.config import ConfigError
     try:
-        env = (yaml.safe_load(cfg_path.read_text()) or {}).get("env") or {}
+        env = dataclasses.asdict(load_saved_config(cfg_path, validate=False).env)
     except yaml.YAMLError:
         return {}, f"{cfg_path} is not valid YAML: assumed sim_backend=physx_cpu, ignore_terminations=false"
+    except ConfigError as exc:
+        return {}, (f"{cfg_path} is not a config this version reads ({exc}): assumed sim_backend=physx_cpu, "
+                    "ignore_terminations=false")
     return env, None
-
-
-def env_config_from_store(attrs: dict, run_env: dict):
-    """EnvConfig that rebuilds the store's env: ids and modes from the store attrs, backend from the run config."""
-    from tasks.config import EnvConfig
-
-    return EnvConfig(simulator=attrs.get("simulator", "maniskill"), env_id=attrs["env_id"],
-                     obs_mode=attrs["obs_mode"], control_mode=attrs["control_mode"],
-                     reward_mode=attrs["reward_mode"], sim_backend=run_env.get("sim_backend", "physx_cpu"),
-                     max_episode_steps=attrs.get("max_episode_steps"),
-                     ignore_terminations=bool(run_env.get("ignore_terminations", False)),
-                     auto_reset=bool(run_env.get("auto_reset", True)))
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# which chunk steps belong to which episode
-# ----------------------------------------------------------------------------------------------------------------
-@dataclass
-class StoreIndex:
-    """Per-step bookkeeping of the complete epochs, flattened per env to positions p = i * T + t.
-
-    `epochs[i]` is the i-th complete epoch; arrays are [P, B] (`step_mask` [P, B, C]) with P = len(epochs) * T.
-    `contiguous[p]` is True when position p directly follows p - 1 in the run (no missing epoch in between).
-    """
-
-    epochs: np.ndarray
-    T: int
-    num_envs: int
-    episode_id: np.ndarray
-    episode_seed: np.ndarray
-    step_mask: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    success: np.ndarray
-    contiguous: np.ndarray
-
-    def epoch_t(self, p: int) -> tuple[int, int]:
-        return int(self.epochs[p // self.T]), p % self.T
-
-
-@dataclass
-class Episode:
-    """One episode id's chunk steps in the store (positions of executed chunk steps, in run order)."""
-
-    id: int
-    env: int
-    seed: int
-    positions: list[int]
-    known_start: bool  # the first position is certainly the episode's reset
-    complete: bool
-    notes: list[str] = field(default_factory=list)
-
-
-def load_index(store) -> StoreIndex:
-    epochs = store.complete_steps()
-    T, B = store.T, store.num_envs
-    data = {f: store.read(f, epochs) for f in _INDEX_FIELDS}
-    P = len(epochs) * T
-    flat = {f: v.reshape(P, B, *v.shape[3:]) for f, v in data.items()}
-    contiguous = np.ones(P, bool)
-    if P:
-        contiguous[0] = False
-        for i in range(1, len(epochs)):
-            contiguous[i * T] = bool(epochs[i] == epochs[i - 1] + 1)
-    return StoreIndex(epochs, T, B, contiguous=contiguous, **flat)
-
-
-def find_episodes(idx: StoreIndex) -> dict[int, Episode]:
-    """Every episode id with at least one executed action in the complete epochs, in order of first step."""
-    P, B = idx.episode_id.shape
-    done = idx.terminated | idx.truncated
-    executed = idx.step_mask.any(axis=-1)  # idle envs (auto_reset=false, episode over) ran nothing
-    found: list[tuple[tuple[int, int], Episode]] = []
-    for b in range(B):
-        pos = np.flatnonzero(executed[:, b] & (idx.episode_id[:, b] >= 0))
-        if pos.size == 0:
-            continue
-        ids = idx.episode_id[pos, b]
-        order = np.argsort(ids, kind="stable")  # grouped by id, run order kept inside each group
-        groups = np.split(pos[order], np.flatnonzero(np.diff(ids[order])) + 1)
-        for g in groups:
-            p0, eid = int(g[0]), int(idx.episode_id[g[0], b])
-            run_first = p0 == 0 and int(idx.epochs[0]) == 0
-            after_other = (p0 > 0 and bool(idx.contiguous[p0]) and int(idx.episode_id[p0 - 1, b]) != eid
-                           and bool(done[p0 - 1, b]))
-            ep = Episode(eid, b, int(idx.episode_seed[p0, b]), g.tolist(), run_first or after_other,
-                         bool(done[g[-1], b]))
-            found.append(((p0, b), ep))
-    found.sort(key=lambda x: x[0])
-    return {ep.id: ep for _, ep in found}
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# replay
-# ----------------------------------------------------------------------------------------------------------------
-@dataclass
-class EpisodeData:
-    """Stored obs [P_e, O], actions [P_e, C, D], rewards [P_e, C] of one env at the positions of an episode."""
-
-    obs: dict[int, np.ndarray]
-    actions: dict[int, np.ndarray]
-    rewards: dict[int, np.ndarray]
-
-
-def read_episode_data(store, idx: StoreIndex, ep: Episode) -> EpisodeData:
-    pos = ep.positions + [ep.positions[-1] + 1]  # the next chunk step holds the observation after the last one
-    pos = [p for p in pos if p < len(idx.epochs) * idx.T]
-    ei = sorted({p // idx.T for p in pos})
-    epochs = [int(idx.epochs[i]) for i in ei]
-    local = {i: j for j, i in enumerate(ei)}
-    arrays = {f: store.read(f, epochs)[:, :, ep.env] for f in ("obs", "actions", "rewards")}
-    out = EpisodeData({}, {}, {})
-    for p in pos:
-        j, t = local[p // idx.T], p % idx.T
-        out.obs[p], out.actions[p], out.rewards[p] = (arrays["obs"][j, t], arrays["actions"][j, t],
-                                                      arrays["rewards"][j, t])
-    return out
-
-
-def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)), initial=0.0))
-
-
-def choose_start(ep: Episode, idx: StoreIndex, data: EpisodeData, reset_obs: np.ndarray) -> int | None:
-    """Index into ep.positions of the episode's (last) reset in the store, or None when it is not in the store.
-
-    Candidates, latest first: epoch starts (t = 0) after the first position, where a resumed run or a retried
-    rollout restarts the episode from its seed, then the first position. A candidate is the reset when the seed's
-    reset observation matches the stored observation there (<= TOLERANCE); the first position is also accepted when
-    the store shows it follows another episode's end (the comparison then reports the mismatch).
-    """
-    for k in range(len(ep.positions) - 1, 0, -1):
-        p = ep.positions[k]
-        if p % idx.T == 0 and _max_abs(reset_obs, data.obs[p]) <= TOLERANCE:
-            return k
-    if ep.known_start or _max_abs(reset_obs, data.obs[ep.positions[0]]) <= TOLERANCE:
-        return 0
-    return None
-
-
-def replay_episode(env, ep: Episode, idx: StoreIndex, data: EpisodeData, *, ignore_terminations: bool,
-                   collect_actions: bool = False) -> dict:
-    """Replay one episode in `env` (a tasks.envs SingleEnv) and compare with the store. Returns a report row.
-
-    The row has `skipped` set (and no comparison) when the episode's start is not in the store.
-    """
-    reset_obs = env.reset(ep.seed)
-    k0 = choose_start(ep, idx, data, reset_obs)
-    e0, t0 = idx.epoch_t(ep.positions[0])
-    row = {"episode": ep.id, "env": ep.env, "seed": ep.seed, "complete": ep.complete,
-           "first_step": {"epoch": e0, "t": t0}, "notes": list(ep.notes)}
-    if k0 is None:
-        row["skipped"] = (f"its start predates the store's complete epochs (first stored step: epoch {e0}, chunk "
-                          f"step {t0}); the reset cannot be replayed")
-        return row
-    if k0 > 0:
-        e, t = idx.epoch_t(ep.positions[k0])
-        row["notes"].append(f"restarted from its reset at epoch {e} (resumed run, retried rollout or "
-                            f"auto_reset=false): replayed from there")
-        row["first_step"] = {"epoch": e, "t": t}
-    positions = ep.positions[k0:]
-    for k in range(1, len(positions)):
-        if positions[k] != positions[k - 1] + 1 or not idx.contiguous[positions[k]]:
-            e, _ = idx.epoch_t(positions[k - 1])
-            row["notes"].append(f"the store has a gap after epoch {e} (an incomplete epoch): replayed up to there")
-            positions = positions[:k]
-            row["complete"] = False
-            break
-
-    b = ep.env
-    d_obs = _max_abs(reset_obs, data.obs[positions[0]])
-    d_rew = 0.0
-    flag_errors: list[str] = []
-    length, ret_stored, ret_replay, success_once, success_end = 0, 0.0, 0.0, False, False
-    actions_run: list[np.ndarray] = []
-    obs_after: list[np.ndarray] = []
-    for k, p in enumerate(positions):
-        e, t = idx.epoch_t(p)
-        acts = np.clip(data.actions[p], -1.0, 1.0).astype(np.float32)
-        mask_s = idx.step_mask[p, b]
-        C = acts.shape[0]
-        rew = np.zeros(C, np.float32)
-        mask = np.zeros(C, bool)
-        term = trunc = succ = False
-        obs = None
-        for c in range(C):
-            if not mask_s[c]:
-                break
-            obs, r, term, trunc, succ = env.step(acts[c])
-            if ignore_terminations:
-                term = False
-            trunc = trunc and not term
-            rew[c], mask[c] = r, True
-            if collect_actions:
-                actions_run.append(acts[c])
-                obs_after.append(np.asarray(obs).copy())
-            if term or trunc:
-                break
-        length += int(mask.sum())
-        ret_replay += float(rew.sum())
-        ret_stored += float(data.rewards[p][mask_s].sum())
-        success_once |= bool(idx.success[p, b])
-        success_end = bool(idx.success[p, b])
-        d_rew = max(d_rew, _max_abs(rew, data.rewards[p]))
-        stored = (mask_s.tolist(), bool(idx.terminated[p, b]), bool(idx.truncated[p, b]), bool(idx.success[p, b]))
-        replayed = (mask.tolist(), bool(term), bool(trunc), bool(succ))
-        if stored != replayed:
-            names = ("step_mask", "terminated", "truncated", "success")
-            diff = ", ".join(f"{n} stored {s} replayed {r}" for n, s, r in zip(names, stored, replayed) if s != r)
-            flag_errors.append(f"epoch {e} chunk step {t}: {diff}")
-        last = k == len(positions) - 1
-        if term or trunc:
-            if not last:
-                flag_errors.append(f"epoch {e} chunk step {t}: the replayed episode ended, the stored one goes on")
-            break
-        nxt = p + 1
-        if obs is not None and nxt in data.obs and int(idx.episode_id[nxt, b]) == ep.id and (
-                not last or (nxt < len(idx.contiguous) and idx.contiguous[nxt])):
-            d_obs = max(d_obs, _max_abs(obs, data.obs[nxt]))
-    row.update(length=length, stored_return=ret_stored, replayed_return=ret_replay,
-               success_once=success_once, success_at_end=success_end, max_abs_obs_diff=d_obs,
-               max_abs_reward_diff=d_rew, flag_mismatches=flag_errors,
-               verified=bool(d_obs <= TOLERANCE and d_rew <= TOLERANCE and not flag_errors))
-    if collect_actions:
-        row["_actions"], row["_obs_after"] = actions_run, obs_after
-    return row
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -463,19 +251,19 @@ def replay(store_path: Path, *, episode_ids: list[int] | None = None, num_episod
     cfg = env_config_from_store(attrs, run_env)
     idx = load_index(store)
     notes = [cfg_note] if cfg_note else []
-    if len(idx.epochs) == 0:
-        raise ReplayInputError(f"trajectory store {store_path} has no complete epoch yet; nothing to replay "
+    if len(idx.steps) == 0:
+        raise ReplayInputError(f"trajectory store {store_path} has no complete step yet; nothing to replay "
                                "(wait for the run's first training step to finish)")
     episodes = find_episodes(idx)
     if not cfg.auto_reset:
-        notes.append("env.auto_reset=false: each rollout epoch restarts its episodes from their reset")
+        notes.append("env.auto_reset=false: each training step restarts its episodes from their reset")
 
     if episode_ids:
         unknown = [i for i in episode_ids if i not in episodes]
         if unknown:
             known = list(episodes)
             sample = ", ".join(map(str, known[:8])) + (", ..." if len(known) > 8 else "")
-            raise ReplayInputError(f"episode id {unknown[0]} is not in the complete epochs of {store_path} "
+            raise ReplayInputError(f"episode id {unknown[0]} is not in the complete steps of {store_path} "
                                    f"(known ids: {sample}); pick one of those")
         selected = [episodes[i] for i in dict.fromkeys(episode_ids)]
         limit = None
@@ -484,7 +272,7 @@ def replay(store_path: Path, *, episode_ids: list[int] | None = None, num_episod
             raise ReplayInputError(f"--num-episodes {num_episodes}: must be >= 1")
         selected = [ep for ep in episodes.values() if ep.complete]
         if not selected:
-            raise ReplayInputError(f"no complete episode in the complete epochs of {store_path}; pass --episode ID "
+            raise ReplayInputError(f"no complete episode in the complete steps of {store_path}; pass --episode ID "
                                    f"to replay a partial one (ids: {', '.join(map(str, list(episodes)[:8]))})")
         limit = num_episodes
 
@@ -530,7 +318,7 @@ def replay(store_path: Path, *, episode_ids: list[int] | None = None, num_episod
     finally:
         env.close()
     if not rows:
-        raise ReplayInputError(f"no episode of {store_path} starts inside its complete epochs; "
+        raise ReplayInputError(f"no episode of {store_path} starts inside its complete steps; "
                                "pass --episode ID of an episode that does")
     if limit is not None and len(rows) < limit:
         notes.append(f"only {len(rows)} complete episode(s) replayable, {limit} asked")
@@ -541,8 +329,8 @@ def replay(store_path: Path, *, episode_ids: list[int] | None = None, num_episod
                 "control_mode": cfg.control_mode, "reward_mode": cfg.reward_mode, "sim_backend": cfg.sim_backend,
                 "max_episode_steps": cfg.max_episode_steps, "ignore_terminations": cfg.ignore_terminations},
         "layout": {"T": store.T, "num_envs": store.num_envs, "num_action_chunks": store.fields["actions"].shape[0],
-                   "complete_epochs": _ranges([int(e) for e in idx.epochs]),
-                   "num_complete_epochs": len(idx.epochs), "epochs_allocated": store.num_steps},
+                   "complete_steps": _ranges([int(e) for e in idx.steps]),
+                   "num_complete_steps": len(idx.steps), "steps_allocated": store.num_steps},
         "tolerance": TOLERANCE, "replay_seconds": round(time.perf_counter() - t0, 2),
         "episodes": rows, "skipped": skipped, "notes": notes,
         "all_verified": all(r["verified"] for r in rows),
@@ -575,7 +363,7 @@ def format_report(rep: dict) -> str:
     e, lay = rep["env"], rep["layout"]
     lines = [f"replay of {rep['store']}",
              f"  {e['env_id']} ({e['simulator']}, obs {e['obs_mode']}, {e['control_mode']}, {e['reward_mode']}); "
-             f"complete epochs {lay['complete_epochs']} of {lay['epochs_allocated']}, T={lay['T']}, "
+             f"complete steps {lay['complete_steps']} of {lay['steps_allocated']}, T={lay['T']}, "
              f"{lay['num_envs']} envs, {lay['num_action_chunks']} action(s) per chunk",
              ""]
     head = f"{'episode':>7} {'env':>4} {'seed':>6} {'length':>6}  {'status':<8} {'return':>8} {'success':>7}  " \

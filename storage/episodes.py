@@ -1,0 +1,117 @@
+"""The episode index of a trajectory store: which chunk steps of which env belong to which episode.
+
+Read by `pipelines.replay` (and anything else that walks a store episode by episode). Only complete steps
+(`TrajectoryStore.complete_steps()`) are indexed. Episode k of global env g has id g + k * num_envs; an episode is
+complete when its last stored chunk step has `terminated` or `truncated`, else partial; its start is known when it
+is the run's first chunk step or directly follows another episode's end in the same env (else tasks.replay decides
+from the reset observation). Positions flatten (complete step i, chunk step t) to p = i * T + t.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+INDEX_FIELDS = ("episode_id", "episode_seed", "step_mask", "terminated", "truncated", "success")
+
+
+@dataclass
+class StoreIndex:
+    """Per-step bookkeeping of the complete steps, flattened per env to positions p = i * T + t.
+
+    `steps[i]` is the i-th complete step; arrays are [P, B] (`step_mask` [P, B, C]) with P = len(steps) * T.
+    `contiguous[p]` is True when position p directly follows p - 1 in the run (no missing step in between).
+    """
+
+    steps: np.ndarray
+    T: int
+    num_envs: int
+    episode_id: np.ndarray
+    episode_seed: np.ndarray
+    step_mask: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    success: np.ndarray
+    contiguous: np.ndarray
+
+    def step_t(self, p: int) -> tuple[int, int]:
+        return int(self.steps[p // self.T]), p % self.T
+
+
+@dataclass
+class Episode:
+    """One episode id's chunk steps in the store (positions of executed chunk steps, in run order)."""
+
+    id: int
+    env: int
+    seed: int
+    positions: list[int]
+    known_start: bool  # the first position is certainly the episode's reset
+    complete: bool
+    notes: list[str] = field(default_factory=list)
+
+
+def load_index(store) -> StoreIndex:
+    """The StoreIndex of `store`'s complete steps (a storage.trajectories.TrajectoryStore: reads INDEX_FIELDS)."""
+    steps = store.complete_steps()
+    T, B = store.T, store.num_envs
+    data = {f: store.read(f, steps) for f in INDEX_FIELDS}
+    P = len(steps) * T
+    flat = {f: v.reshape(P, B, *v.shape[3:]) for f, v in data.items()}
+    contiguous = np.ones(P, bool)
+    if P:
+        contiguous[0] = False
+        for i in range(1, len(steps)):
+            contiguous[i * T] = bool(steps[i] == steps[i - 1] + 1)
+    return StoreIndex(steps, T, B, contiguous=contiguous, **flat)
+
+
+def find_episodes(idx: StoreIndex) -> dict[int, Episode]:
+    """Every episode id with at least one executed action in the complete steps, in order of first step."""
+    P, B = idx.episode_id.shape
+    done = idx.terminated | idx.truncated
+    executed = idx.step_mask.any(axis=-1)  # idle envs (auto_reset=false, episode over) ran nothing
+    found: list[tuple[tuple[int, int], Episode]] = []
+    for b in range(B):
+        pos = np.flatnonzero(executed[:, b] & (idx.episode_id[:, b] >= 0))
+        if pos.size == 0:
+            continue
+        ids = idx.episode_id[pos, b]
+        order = np.argsort(ids, kind="stable")  # grouped by id, run order kept inside each group
+        groups = np.split(pos[order], np.flatnonzero(np.diff(ids[order])) + 1)
+        for g in groups:
+            p0, eid = int(g[0]), int(idx.episode_id[g[0], b])
+            run_first = p0 == 0 and int(idx.steps[0]) == 0
+            after_other = (p0 > 0 and bool(idx.contiguous[p0]) and int(idx.episode_id[p0 - 1, b]) != eid
+                           and bool(done[p0 - 1, b]))
+            ep = Episode(eid, b, int(idx.episode_seed[p0, b]), g.tolist(), run_first or after_other,
+                         bool(done[g[-1], b]))
+            found.append(((p0, b), ep))
+    found.sort(key=lambda x: x[0])
+    return {ep.id: ep for _, ep in found}
+
+
+@dataclass
+class EpisodeData:
+    """Stored obs [P_e, O], actions [P_e, C, D], rewards [P_e, C] of one env at the positions of an episode."""
+
+    obs: dict[int, np.ndarray]
+    actions: dict[int, np.ndarray]
+    rewards: dict[int, np.ndarray]
+
+
+def read_episode_data(store, idx: StoreIndex, ep: Episode) -> EpisodeData:
+    """obs / actions / rewards of `ep`'s env at its positions and the one after (the observation after its last
+    chunk step), read from `store`'s complete steps."""
+    pos = ep.positions + [ep.positions[-1] + 1]  # the next chunk step holds the observation after the last one
+    pos = [p for p in pos if p < len(idx.steps) * idx.T]
+    ei = sorted({p // idx.T for p in pos})
+    steps = [int(idx.steps[i]) for i in ei]
+    local = {i: j for j, i in enumerate(ei)}
+    arrays = {f: store.read(f, steps)[:, :, ep.env] for f in ("obs", "actions", "rewards")}
+    out = EpisodeData({}, {}, {})
+    for p in pos:
+        j, t = local[p // idx.T], p % idx.T
+        out.obs[p], out.actions[p], out.rewards[p] = (arrays["obs"][j, t], arrays["actions"][j, t],
+                                                      arrays["rewards"][j, t])
+    return out
