@@ -188,6 +188,18 @@ def to_config(dcfg: DictConfig, *, validate: bool = True, saved: bool = False) -
     return cfg.validate() if validate else cfg
 
 
+def load_saved_config(path, *, validate: bool = True) -> Config:
+    """A run's saved resolved config (`<run dir>/config.yaml`) as `Config`: the schema (unknown keys and wrong types
+    refused; keys removed since are upgraded: `to_config(saved=True)`) and, unless `validate=False`,
+    `Config.validate`. The one loader of saved configs (pipelines.record's teacher, pipelines.replay's env); a
+    composition from conf/ goes through `load_config`.
+
+    Raises:
+        ConfigError: as `to_config`. FileNotFoundError: no file at `path`. yaml.YAMLError: not YAML.
+    """
+    return to_config(OmegaConf.load(path), validate=validate, saved=True)
+
+
 def check_components(cfg: Config) -> None:
     """Validation that needs the component registries: policy name, simulator, env task, Vulkan.
 

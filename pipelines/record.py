@@ -45,9 +45,8 @@ def resolve_teacher(arg: str, run_root: str) -> tuple[Path, Path]:
 
 def teacher_config(run_dir: Path):
     """The teacher run's resolved config as a `Config` (validated against today's schema)."""
-    from omegaconf import OmegaConf
-    from pipelines.config import to_config
-    return to_config(OmegaConf.load(run_dir / "config.yaml"), saved=True)  # older runs: keys removed since
+    from pipelines.config import load_saved_config
+    return load_saved_config(run_dir / "config.yaml")  # older runs: keys removed since are upgraded
 
 
 def output_path(cfg) -> Path:

@@ -592,3 +592,22 @@ def test_checks_that_need_several_sections_are_config_check_across():
     cfg.algorithm.check()
     with pytest.raises(ConfigError, match="algorithm.critic_lr"):
         cfg.validate()
+
+
+# ----- saved run configs: one loader (record's teacher, replay's env) -----
+
+def test_saved_configs_load_through_one_path(tmp_path):
+    from pipelines.config import load_saved_config, to_yaml
+    from pipelines.replay import run_env_settings
+    cfg, _ = load_config(["conf=pushcube_ppo", "env.sim_backend=physx_cpu", "env.auto_reset=false"], components=False)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(to_yaml(cfg))
+    assert load_saved_config(run / "config.yaml") == cfg
+    env, note = run_env_settings(run / "trajectories.zarr")
+    assert note is None and (env["sim_backend"], env["auto_reset"], env["ignore_terminations"]) == ("physx_cpu", False, True)
+    (run / "config.yaml").write_text(to_yaml(cfg).replace("num_envs: 32", "num_envz: 32"))
+    with pytest.raises(ConfigError, match="num_envz"):
+        load_saved_config(run / "config.yaml")
+    env, note = run_env_settings(run / "trajectories.zarr")  # replay falls back to the defaults, with a note
+    assert env == {} and "is not a config this version reads" in note and "num_envz" in note
