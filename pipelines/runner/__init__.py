@@ -28,7 +28,7 @@ import numpy as np
 
 from pipelines import graphs
 from pipelines.cluster import ClusterHandle, Placement, plan_placement
-from pipelines.recovery import Recovery
+from pipelines.runner.recovery import Recovery
 from pipelines.runner.scheduler import Scheduler, StepFailed
 from pipelines.runner.setup import (Resume, RunResult, RunState, Setup, new_run_id, resolve_resume, run_params,
                                     trajectory_fields)
