@@ -188,6 +188,11 @@ ESTIMATORS: dict[str, EstimatorSpec] = {s.name: s for s in (
                           "each group",
                   critic=False, groups=True, whole_episodes=True, normalisation="group",
                   keys=("group_size", "filter_rewards", "rewards_lower_bound", "rewards_upper_bound")),
+    EstimatorSpec(name="rloo", advantage="rloo", label="RLOO",
+                  summary="RLOO is critic-free (no value loss), without GAE, and baselines each episode score with "
+                          "the mean of the other members of its group",
+                  critic=False, groups=True, whole_episodes=True, normalisation="batch",
+                  keys=("group_size", "normalize_advantages")),
 )}
 ESTIMATOR_KEYS: tuple[str, ...] = tuple(sorted({k for s in ESTIMATORS.values() for k in s.keys}))
 NORMALISATIONS = ("batch", "group")
@@ -235,8 +240,9 @@ class AlgorithmConfig:
     """PPO with GAE (ManiSkill's PPO baseline defaults for state-based tasks)."""
 
     name: str = "ppo"  # selects the advantage estimator (ESTIMATORS): ppo (actor-critic, GAE) | grpo (critic-free,
-    # group-relative advantages); or sft (behaviour cloning from sft.store, no estimator)
-    group_size: int = 1  # grpo: envs per group sharing a reset state; groups never straddle env shards
+    # group-relative advantages) | rloo (critic-free, leave-one-out group baseline); or sft (behaviour cloning from
+    # sft.store, no estimator)
+    group_size: int = 1  # grpo, rloo: envs per group sharing a reset state; groups never straddle env shards
     filter_rewards: bool = False  # grpo: mask out of the loss the groups whose mean score is outside the bounds
     rewards_lower_bound: float = 0.0
     rewards_upper_bound: float = 1.0

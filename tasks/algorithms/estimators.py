@@ -9,6 +9,7 @@ name     critic  groups  whole episodes  normalisation  advantages
 =======  ======  ======  ==============  =============  =====================================================
 ppo      yes     no      no              batch          GAE per env (``tasks.algorithms.advantages.gae``)
 grpo     no      yes     yes             group          group-relative scores (``tasks.algorithms.grpo``)
+rloo     no      yes     yes             batch          score - leave-one-out group mean (``tasks.algorithms.rloo``)
 =======  ======  ======  ==============  =============  =====================================================
 
 * critic: the update trains a value function; the estimator reads ``values`` / ``final_values`` /
@@ -54,10 +55,12 @@ import torch
 from tasks.algorithms.advantages import from_action_level, gae, to_action_level
 from tasks.algorithms.granularity import aggregate_rewards
 from tasks.algorithms.grpo import grpo_advantages
+from tasks.algorithms.rloo import rloo_advantages
 from tasks.config import ESTIMATORS as SPECS
 from tasks.config import AlgorithmConfig, EstimatorSpec
 
-__all__ = ["Estimator", "register_estimator", "get_estimator", "estimator_names", "GAEEstimator", "GRPOEstimator"]
+__all__ = ["Estimator", "register_estimator", "get_estimator", "estimator_names", "GAEEstimator", "GRPOEstimator",
+           "RLOOEstimator"]
 
 
 class Estimator:
@@ -171,11 +174,14 @@ class GAEEstimator(Estimator):
                 "stats": stats}
 
 
-@register_estimator("grpo")
-class GRPOEstimator(Estimator):
-    """GRPO (critic-free, ``grpo_advantages``): group-relative episode scores broadcast over each env's first
-    episode in the rollout; ``returns`` are zeros (no critic is trained). Mask mode: an env whose scored episode
-    holds a non-finite reward leaves its group (``env_mask``); ``bad_steps`` leave the loss."""
+class _GroupEstimator(Estimator):
+    """Critic-free estimators that score each env's first episode against its group (``_group`` gives the
+    advantages); ``returns`` are zeros (no critic is trained). Mask mode: an env whose scored episode holds a
+    non-finite reward leaves its group (``env_mask``); ``bad_steps`` leave the loss."""
+
+    def _group(self, a: AlgorithmConfig, *, rewards: torch.Tensor, traj: dict, env_mask: torch.Tensor) -> dict:
+        """{"advantages": tensor, "loss_mask": [T, B] bool tensor, "stats": {...}} of the group math."""
+        raise NotImplementedError
 
     def advantages(self, *, traj, algorithm, num_action_chunks, bad_steps, bad_inputs):
         a, found = algorithm, bad_inputs
@@ -183,11 +189,7 @@ class GRPOEstimator(Estimator):
         first_episode = (np.cumsum(done, 0) - done) == 0  # [T, B] up to and including the first done
         bad_env = (found["rewards"] & first_episode).any(0) if "rewards" in found else np.zeros(done.shape[1], bool)
         rewards = aggregate_rewards(torch.from_numpy(traj["rewards"]) * a.reward_scale, reward_type=a.reward_type)
-        res = grpo_advantages(rewards=rewards, terminated=torch.from_numpy(traj["terminated"]),
-                              truncated=torch.from_numpy(traj["truncated"]),
-                              step_mask=torch.from_numpy(traj["step_mask"]), group_size=a.group_size,
-                              filter_rewards=a.filter_rewards, rewards_lower_bound=a.rewards_lower_bound,
-                              rewards_upper_bound=a.rewards_upper_bound, env_mask=torch.from_numpy(~bad_env))
+        res = self._group(a, rewards=rewards, traj=traj, env_mask=torch.from_numpy(~bad_env))
         adv, loss_mask = res["advantages"], res["loss_mask"].numpy()
         in_loss = first_episode & traj["step_mask"].any(-1)  # [T, B] trained on without non-finite values
         dropped = in_loss & (bad_env[None] | bad_steps)
@@ -196,8 +198,38 @@ class GRPOEstimator(Estimator):
             zero = torch.from_numpy(bad_steps).view(*bad_steps.shape, *([1] * (adv.dim() - 2)))
             adv = torch.where(zero, torch.zeros_like(adv), adv)
         stats = {"rollout/reward_mean": float(traj["rewards"].sum(-1).mean()),
-                 "rollout/score_mean": float(res["scores"].mean()),
+                 "rollout/score_mean": res["stats"]["rollout/score_mean"],
                  "rollout/advantage_mean": float(adv.mean()),
-                 "rollout/groups_filtered": float(res["filtered"].float().mean())}
+                 **{k: v for k, v in res["stats"].items() if k != "rollout/score_mean"}}
         return {"advantages": adv.numpy(), "returns": np.zeros_like(adv.numpy()), "loss_mask": loss_mask,
                 "dropped": dropped, "stats": stats}
+
+
+def _group_inputs(traj: dict) -> dict:
+    return {"terminated": torch.from_numpy(traj["terminated"]), "truncated": torch.from_numpy(traj["truncated"]),
+            "step_mask": torch.from_numpy(traj["step_mask"])}
+
+
+@register_estimator("grpo")
+class GRPOEstimator(_GroupEstimator):
+    """GRPO (``grpo_advantages``): group-relative episode scores, (score - group mean) / (group std + eps),
+    broadcast over each env's first episode in the rollout; ``algorithm.filter_rewards`` masks groups."""
+
+    def _group(self, a, *, rewards, traj, env_mask):
+        res = grpo_advantages(rewards=rewards, **_group_inputs(traj), group_size=a.group_size,
+                              filter_rewards=a.filter_rewards, rewards_lower_bound=a.rewards_lower_bound,
+                              rewards_upper_bound=a.rewards_upper_bound, env_mask=env_mask)
+        return {"advantages": res["advantages"], "loss_mask": res["loss_mask"],
+                "stats": {"rollout/score_mean": float(res["scores"].mean()),
+                          "rollout/groups_filtered": float(res["filtered"].float().mean())}}
+
+
+@register_estimator("rloo")
+class RLOOEstimator(_GroupEstimator):
+    """RLOO (``rloo_advantages``): the episode score minus the mean score of the other members of its group,
+    broadcast over each env's first episode in the rollout; normalised over the batch by the update."""
+
+    def _group(self, a, *, rewards, traj, env_mask):
+        res = rloo_advantages(rewards=rewards, **_group_inputs(traj), group_size=a.group_size, env_mask=env_mask)
+        return {"advantages": res["advantages"], "loss_mask": res["loss_mask"],
+                "stats": {"rollout/score_mean": float(res["scores"].mean())}}

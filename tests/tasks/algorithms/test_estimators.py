@@ -26,19 +26,19 @@ def test_every_spec_has_an_estimator_and_back():
 
 def test_unknown_duplicate_and_undeclared_names_list_the_known_ones(monkeypatch):
     monkeypatch.setattr(est_mod, "_ESTIMATORS", dict(est_mod._ESTIMATORS))
-    with pytest.raises(ValueError, match=r"unknown advantage estimator 'gae'; known: \['grpo', 'ppo'\]"):
+    with pytest.raises(ValueError, match=r"unknown advantage estimator 'gae'; known: \['grpo', 'ppo', 'rloo'\]"):
         get_estimator("gae")
-    with pytest.raises(ValueError, match=r"'ppo' is already registered; known: \['grpo', 'ppo'\]"):
+    with pytest.raises(ValueError, match=r"'ppo' is already registered; known: \['grpo', 'ppo', 'rloo'\]"):
         register_estimator("ppo")(type("Again", (Estimator,), {}))
     with pytest.raises(ValueError, match=r"'dummy' has no EstimatorSpec in tasks.config.ESTIMATORS \(known: "
-                                         r"\['grpo', 'ppo'\]\)"):
+                                         r"\['grpo', 'ppo', 'rloo'\]\)"):
         register_estimator("dummy")(type("Dummy", (Estimator,), {}))
     spec = dataclasses.replace(ESTIMATORS["grpo"], name="dummy")
     monkeypatch.setitem(config_mod.ESTIMATORS, "dummy", spec)
     monkeypatch.setattr(est_mod, "SPECS", config_mod.ESTIMATORS)
     cls = register_estimator("dummy")(type("Dummy", (Estimator,), {}))
     assert isinstance(get_estimator("dummy"), cls) and get_estimator("dummy").spec is spec
-    assert estimator_names() == ["dummy", "grpo", "ppo"]
+    assert estimator_names() == ["dummy", "grpo", "ppo", "rloo"]
 
 
 def test_algorithm_name_selects_the_spec():
@@ -49,7 +49,7 @@ def test_algorithm_name_selects_the_spec():
     a.name = "sft"
     assert a.spec is None
     a.name = "gae"
-    with pytest.raises(ConfigError, match=r"algorithm.name='gae': known: \['ppo', 'grpo', 'sft'\]"):
+    with pytest.raises(ConfigError, match=r"algorithm.name='gae': known: \['ppo', 'grpo', 'rloo', 'sft'\]"):
         a.spec
 
 
@@ -91,6 +91,32 @@ def test_grpo_estimator_hand_computed():
     a = 1 / (math.sqrt(2) + 1e-6)
     np.testing.assert_allclose(out["advantages"], [[-a, a], [-a, a]], rtol=1e-6)
     assert (out["returns"] == 0).all() and out["loss_mask"].all()
+
+
+def test_rloo_estimator_hand_computed():
+    """One group of 3 envs with episode scores 1, 2, 6 (T=1): leave-one-out baselines (2+6)/2 = 4, (1+6)/2 = 3.5,
+    (1+2)/2 = 1.5, so A = -3, -1.5, 4.5 (no std division; they sum to 0 as g/(g-1) * (score - mean) does)."""
+    out = _call("rloo", _traj([[1.0, 2.0, 6.0]]), group_size=3)
+    np.testing.assert_allclose(out["advantages"], [[-3.0, -1.5, 4.5]], rtol=1e-6)
+    assert (out["returns"] == 0).all() and out["loss_mask"].all()
+
+
+def test_rloo_masks_like_grpo_and_drops_members_it_cannot_compare():
+    """Two groups of 2 (T=2). Env 0 ends at t=0, so t=1 (a new episode) is not scored: score 1. Mask mode, a NaN
+    reward in env 3's scored episode: env 3 leaves its group, env 2 has no other member left -> A = 0 for both and
+    env 3 is dropped. Group 0: scores 1 and 1 + 3 = 4 -> A = 1 - 4 = -3 and 4 - 1 = 3."""
+    r = np.array([[1.0, 1.0, 5.0, np.nan], [7.0, 3.0, 5.0, 1.0]], np.float32)
+    term = np.zeros((2, 4), bool)
+    term[0, 0] = True
+    traj = _traj(np.nan_to_num(r), terminated=term)
+    bad = {"rewards": np.isnan(r)}
+    a = Config().algorithm
+    a.name, a.group_size = "rloo", 2
+    out = get_estimator("rloo").advantages(traj=traj, algorithm=a, num_action_chunks=1,
+                                           bad_steps=np.zeros((2, 4), bool), bad_inputs=bad)
+    np.testing.assert_allclose(out["advantages"], [[-3.0, 3.0, 0.0, 0.0], [0.0, 3.0, 0.0, 0.0]], rtol=1e-6)
+    assert out["loss_mask"].tolist() == [[True, True, True, False], [False, True, True, False]]
+    assert out["dropped"].tolist() == [[False, False, False, True], [False, False, False, True]]
 
 
 def test_update_asks_the_estimator_not_the_name(monkeypatch):
