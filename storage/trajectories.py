@@ -426,20 +426,6 @@ class TrajectoryStore:
             raise IndexError(f"steps {idx.tolist()} out of range for N={arr.shape[0]} in {self._path}")
         return arr.oindex[idx]
 
-    # ---- schema-1 names (a training step was called an "epoch"), kept while callers move; same behaviour ----
-    def complete_epochs(self) -> np.ndarray:
-        """Deprecated name of :meth:`complete_steps`."""
-        return self.complete_steps()
-
-    def epoch_scalar(self, name: str) -> np.ndarray:
-        """Deprecated name of :meth:`step_scalar`."""
-        return self.step_scalar(name)
-
-    @property
-    def num_epochs(self) -> int:
-        """Deprecated name of :attr:`num_steps`."""
-        return self.num_steps
-
     # ---- helpers ---------------------------------------------------------------------------------------
     def _field_array(self, name: str) -> zarr.Array:
         if name not in self._fields:

@@ -17,7 +17,7 @@ STORE = "trajectories.zarr"
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    """A smoke run of 4 steps x 30 chunk steps x 4 envs: episodes (50 env steps) cross rollout epochs."""
+    """A smoke run of 4 steps x 30 chunk steps x 4 envs: episodes (50 env steps) cross training steps."""
     from pipelines.run import main as run_main
 
     root = tmp_path_factory.mktemp("runs")
@@ -81,14 +81,14 @@ def test_tampered_action_is_detected(run_dir, tmp_path, capsys):
     assert other["verified"] and other["max_abs_obs_diff"] == 0.0  # the other episodes are untouched
 
 
-def test_episode_starting_before_the_first_complete_epoch_is_skipped(run_dir, tmp_path, capsys):
+def test_episode_starting_before_the_first_complete_step_is_skipped(run_dir, tmp_path, capsys):
     run = _copy_run(run_dir, tmp_path)
     complete = zarr.open_array(str(run / STORE / "steps" / "complete"), mode="r+")
-    complete[0] = False  # now the store starts at epoch 1: episodes 0-3 started in epoch 0
+    complete[0] = False  # now the store starts at step 1: episodes 0-3 started in step 0
     rc, rep = _replay_json(capsys, run, "--num-episodes", "10")
-    assert rc == 0 and rep["layout"]["complete_epochs"] == "1-3"
+    assert rc == 0 and rep["layout"]["complete_steps"] == "1-3"
     assert {s["episode"] for s in rep["skipped"]} == {0, 1, 2, 3}
-    # episodes 4-7 start at chunk step 20 of epoch 1 (after episode k-4 ended): replayable and complete
+    # episodes 4-7 start at chunk step 20 of step 1 (after episode k-4 ended): replayable and complete
     assert [e["episode"] for e in rep["episodes"]] == [4, 5, 6, 7]
     assert all(e["verified"] and e["max_abs_obs_diff"] == 0.0 for e in rep["episodes"])
     capsys.readouterr()
@@ -132,11 +132,11 @@ def test_unknown_run_id_exits_2(tmp_path, capsys):
 
 
 def test_find_episodes_start_detection():
-    """Synthetic index, 1 env, T=3, epochs 0 and 2 complete: ids 0,0,0 | (epoch 1 missing) | 0,4,4 ."""
+    """Synthetic index, 1 env, T=3, steps 0 and 2 complete: ids 0,0,0 | (step 1 missing) | 0,4,4 ."""
     ids = np.array([[0], [0], [0], [0], [4], [4]])
     done = np.zeros((6, 1), bool)
     done[3] = True
-    idx = replay.StoreIndex(epochs=np.array([0, 2]), T=3, num_envs=1, episode_id=ids, episode_seed=ids,
+    idx = replay.StoreIndex(steps=np.array([0, 2]), T=3, num_envs=1, episode_id=ids, episode_seed=ids,
                             step_mask=np.ones((6, 1, 1), bool), terminated=np.zeros((6, 1), bool), truncated=done,
                             success=np.zeros((6, 1), bool), contiguous=np.array([0, 1, 1, 0, 1, 1], bool))
     eps = replay.find_episodes(idx)

@@ -370,7 +370,7 @@ def test_replay_and_sft_readers_accept_a_schema_1_store(tmp_path):
                                                         "reward_mode": "normalized_dense"})  # what replay rebuilds from
     store = replay.open_store(path)  # the checks replay runs (its required fields) pass
     idx = replay.load_index(store)
-    assert idx.epochs.tolist() == [0, 2] and idx.contiguous[T] == False  # noqa: E712 (step 1 is missing)
+    assert idx.steps.tolist() == [0, 2] and idx.contiguous[T] == False  # noqa: E712 (step 1 is missing)
     mask = np.stack([np.concatenate([_shard_data(e, s, fields)["step_mask"] for s in range(B // S)], axis=1)
                      for e in (0, 2)])  # [2, T, B, C]: the executed chunk steps of the complete steps
     rows = sft_index(str(path), only_success=False)

@@ -45,7 +45,7 @@ def store(tmp_path):
     clear_cache()
 
 
-def test_sft_index_keeps_executed_chunk_steps_of_successful_episodes_in_complete_epochs(store):
+def test_sft_index_keeps_executed_chunk_steps_of_successful_episodes_in_complete_steps(store):
     rows = sft_index(str(store), only_success=True)
     # episode 0: t=0,1 of env 0 in epoch 0 (t=2 idle); episode 3: t=0..2 of env 1 in epoch 1
     assert rows.tolist() == [[0, 0, 0], [0, 1, 0], [1, 0, 1], [1, 1, 1], [1, 2, 1]]
