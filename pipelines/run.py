@@ -2,8 +2,9 @@
 
 Composes the Hydra config (conf/config.yaml + conf/conf/NAME.yaml + overrides), validates it completely before any
 worker starts, starts the local Dask cluster (or connects to `cluster.address`), prints the dashboard link, and
-trains. Exit codes: 0 done, 2 bad config or cluster (one line on stderr, nothing written), 1 a failure during
-training, 130 interrupted. The first SIGINT (Ctrl-C) or SIGTERM during training finishes the step in flight,
+trains. Exit codes: 0 done, 2 bad config or cluster (one line on stderr, nothing written; a `runner.resume` that
+cannot be honoured is found before the cluster starts), 1 a failure during training (a lost cluster, or a step
+stopped by a non-finite value: one line `error: training step N: ...`), 130 interrupted. The first SIGINT (Ctrl-C) or SIGTERM during training finishes the step in flight,
 writes a checkpoint and exits 130 (resume with `runner.resume=<run_id>` or `runner.resume=latest`); a second one
 exits at once.
 
@@ -45,6 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     if show:
         print(to_yaml(cfg))
         return 0
+    if cfg.runner.resume is not None:  # which run, which checkpoint, same training keys: offline, before any worker
+        from pipelines.runner.setup import resolve_resume
+        try:
+            resolve_resume(cfg)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     return with_cluster(cfg, lambda handle: _train(cfg, handle))
 
 
@@ -53,7 +61,8 @@ def with_cluster(cfg, body) -> int:
     cannot start or a ConfigError raised by `body` (one line on stderr), 130 when interrupted (SIGTERM too)."""
     import signal
     from pipelines.cluster import start_cluster
-    from pipelines.recovery import RunStalled
+    from pipelines.runner.recovery import RunStalled
+    from pipelines.runner.scheduler import StepFailed
     from tasks.config import ConfigError
     from tasks.envs.vulkan import VulkanMissingError
     try:
@@ -71,8 +80,8 @@ def with_cluster(cfg, body) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except RunStalled as exc:  # no healthy placement left (pipelines.recovery): one line, with how to resume
-        print(f"error: {exc}", file=sys.stderr)
+    except (RunStalled, StepFailed) as exc:  # no healthy placement left (recovery) or a non-finite value stopped
+        print(f"error: {exc}", file=sys.stderr)  # a step (scheduler): one line, exit 1
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
