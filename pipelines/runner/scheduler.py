@@ -107,8 +107,6 @@ class Scheduler:
         t0 = time.perf_counter()
 
         def once(attempt: int):
-            if attempt:  # after a recovery: refill from the current (possibly rolled back) step and weights
-                self._reset_pipeline()
             if not self._ahead:
                 self._submit_step()
             while len(self._ahead) <= k and self._may_submit_ahead(st.step + len(self._ahead)):
@@ -134,7 +132,7 @@ class Scheduler:
         return self._retrying(once, "training step")
 
     def _reset_pipeline(self) -> None:
-        """Start the pipeline afresh from `self.weights` at the current step (start, resume, after a recovery)."""
+        """Start the pipeline afresh from `self.weights` at the current step (`_submit_step` with nothing in flight)."""
         self._ahead: list[tuple[int, object, list]] = []  # submitted steps (step, graph, futures), oldest first
         self._w = {self.state.step: self.weights}  # step j -> the weights update j starts from (v(j))
         self._w_base = self.state.step
@@ -155,6 +153,8 @@ class Scheduler:
     def _submit_step(self) -> None:
         """Reserve the store's step and submit the next step's graph (j = current step + steps in flight)."""
         cfg, st = self.cfg, self.state
+        if not self._ahead:  # drained (start, after an eval/checkpoint, a recovery or a rollback): restart the
+            self._reset_pipeline()  # pipeline from the current step and weights, whoever changed them
         j = st.step + len(self._ahead)
         store_attempt = self.store.reserve(j) if self.store is not None else None
         attempt = self._submits.get(j, 0)  # keys unique per resubmission of step j (released keys may linger)
