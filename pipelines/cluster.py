@@ -22,6 +22,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+from tasks import resident
 from tasks.config import ClusterConfig, Config, ConfigError
 
 COMPONENTS = ClusterConfig.COMPONENTS  # ("actor", "env", "rollout")
@@ -373,6 +374,7 @@ def start_cluster(cfg: Config) -> ClusterHandle:
         logging.getLogger(name).setLevel(logging.ERROR)
     if c.address:
         client = connect(c.address, c.connect_timeout_s)
+        resident.install(client)  # worker-resident objects live in a worker plugin (tasks.resident)
         return ClusterHandle(client, None, client.dashboard_link)
     gpus = gpu_worker_specs(cfg, _cuda_device_count())
     from distributed import Nanny, Scheduler, SpecCluster
@@ -407,6 +409,7 @@ def start_cluster(cfg: Config) -> ClusterHandle:
         ClusterHandle(client, cluster, "").close()
         raise ConnectionError(f"cluster.start_timeout_s={c.start_timeout_s:g}: only {have} of the embedded cluster's "
                               f"{len(workers)} workers registered within {c.start_timeout_s:g} s; {fix}")
+    resident.install(client)  # worker-resident objects live in a worker plugin (tasks.resident)
     return ClusterHandle(client, cluster, client.dashboard_link)
 
 
