@@ -1,0 +1,53 @@
+"""The step scheduler's store attempts (issue 9 leftover): the attempt id `TrajectoryStore.reserve` returns for a
+submission reaches every `store_s` node, so a write of a given-up attempt that runs late (a released task still
+executing) does not count for the retry's attempt. No cluster."""
+from __future__ import annotations
+
+import numpy as np
+
+from pipelines import graphs
+from pipelines.cluster import Placement
+from pipelines.runner import trajectory_fields
+from storage.trajectories import TrajectoryStore
+from tasks.config import Config
+
+PLACEMENT = Placement(shard_workers=["tcp://10.0.0.1:4001", "tcp://10.0.0.2:4002"],
+                      actor_worker="tcp://10.0.0.3:4003")
+
+
+def _cfg() -> Config:
+    cfg = Config()
+    cfg.env.num_envs, cfg.env.num_shards = 4, 2
+    cfg.rollout.chunk_steps, cfg.rollout.chunk_steps_per_node = 6, 2
+    cfg.policy.hidden_sizes = [16, 16]
+    cfg.algorithm.num_minibatches, cfg.algorithm.update_epochs = 2, 2
+    return cfg.validate()
+
+
+def test_store_nodes_carry_the_reserved_attempt():
+    cfg = _cfg()
+    sg = graphs.build_train_step(cfg, run_id="20260101-120000-a1b2", step=3, weights={"version": 0},
+                                 cursors=[None, None], placement=PLACEMENT, store_path="/nowhere.zarr",
+                                 store_attempt=5)
+    tasks = {k: sg.graph.layers[k][k] for k in sg.stores}
+    assert sorted(tasks) == ["store_s0-20260101-120000-a1b2-3", "store_s1-20260101-120000-a1b2-3"]
+    for s, (key, task) in enumerate(sorted(tasks.items())):
+        fn, path, step, shard, _traj, attempt = task
+        assert (fn, path, step, shard, attempt) == (graphs._store, "/nowhere.zarr", 3, s, 5)
+
+
+def test_a_late_write_of_a_given_up_attempt_does_not_count(tmp_path):
+    cfg = _cfg()
+    T, S = cfg.rollout.chunk_steps, cfg.env.shard_size
+    fields = trajectory_fields(cfg, 3, 2)
+    store = TrajectoryStore.create(tmp_path / "t.zarr", fields=fields, T=T, num_envs=cfg.env.num_envs,
+                                   shard_size=S)
+    traj = {name: np.zeros((T, S, *spec.shape), spec.dtype) for name, spec in fields.items()}
+    first = store.reserve(0)
+    retry = store.reserve(0)  # the step was retried: a new attempt
+    assert retry == first + 1
+    graphs._store(str(store.path), 0, 0, traj, retry)
+    graphs._store(str(store.path), 0, 1, traj, retry)
+    graphs._store(str(store.path), 0, 1, traj, first)  # the first attempt's shard-1 task, finishing late
+    reopened = TrajectoryStore.open(store.path)
+    assert reopened.shards_written(0).tolist() == [True, False]  # shard 1 now holds the old attempt: not whole
