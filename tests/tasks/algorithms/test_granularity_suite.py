@@ -37,6 +37,7 @@ from tasks.algorithms import (
     to_action_level,
 )
 from tasks.update import SAMPLE_FIELDS, _flatten
+from tasks.trajectory import FIELDS
 
 T, B, C, D = 2, 2, 2, 2
 N = T * B
@@ -120,8 +121,9 @@ def _train_batch(adv: torch.Tensor, loss_mask: torch.Tensor, ro: dict) -> dict[s
         "step_mask": ro["step_mask"].numpy(),
         "loss_mask": loss_mask.numpy(),
     }
-    assert set(SAMPLE_FIELDS) <= set(fields), f"update consumes new fields: {set(SAMPLE_FIELDS) - set(fields)}"
-    data = _flatten([{k: fields[k] for k in SAMPLE_FIELDS}])
+    always = [f.name for f in FIELDS if f.name in SAMPLE_FIELDS and not f.when]  # rgb: only with env.obs_mode=rgb
+    assert set(always) <= set(fields), f"update consumes new fields: {set(always) - set(fields)}"
+    data = _flatten([{k: fields[k] for k in always}])
     lm = data["loss_mask"] if "loss_mask" in data else loss_mask.reshape(N)  # [T, B] -> [N]
     data["step_mask"] = data["step_mask"] & lm[:, None]  # [N, C] & [N, 1]
     return data
