@@ -19,6 +19,10 @@ scheduler still sees only key names. Today the multi-rank update gathers the ful
 which is the R = 1 path above; GPU-resident replicas would instead receive the shards by an NCCL broadcast
 inside a rollout/actor process group (RLinf, verl), with the handle as the version check.
 
+Why not a Dask public API: `benchmarks/weight_transfer.py` measures the custom pull against a task dependency
+(same speed, but a managed copy of the full weights on every replica worker) and a driver scatter (2-4x slower,
+the weights through the driver); see its docstring for the numbers.
+
 Accounting: `get_replica` (tasks.rollout) times each load (fetch + `load_state_dict`) and counts its bytes
 (`state_dict_nbytes`); rollout nodes report them as `weight_sync` = {"seconds", "bytes"} and the step's metrics
 hold `time/weight_sync` (the slowest worker's load, s) and `system/weight_sync_mb` (MB loaded into replicas in the
