@@ -35,7 +35,7 @@ Weights (tasks.weights): when `weights` is a Future (the runner's), a `weights_h
 turns it into a handle (version, key, size; no tensors) and the rollout nodes take the handle: a replica pulls
 the state dict worker to worker, and only when its version changed. `step_metrics` likewise takes the update's
 handle (`update_handle`), so the new weights never leave the actor's worker except to replicas that need them.
-With `algorithm.offload` the update node runs `tasks.offload.actor_update_offload` (same key).
+With `algorithm.offload` the update node runs `tasks.update.actor_update_offload` (same key).
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ from typing import Any
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from pipelines.cluster import Placement
-from tasks import distributed, offload, rollout, seeding, trajectory, update, weights as weights_mod
+from tasks import distributed, rollout, seeding, trajectory, update, weights as weights_mod
 from tasks.config import Config
 
 
@@ -178,7 +178,7 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
         advs.append(g.add(f"advantages_s{s}-{tag}", update.advantages, cfg, traj, s, deps=(traj,)))
     R = cfg.algorithm.num_actor_ranks
     if R == 1:
-        fn = offload.actor_update_offload if cfg.algorithm.offload else update.actor_update
+        fn = update.actor_update_offload if cfg.algorithm.offload else update.actor_update
         upd = g.add(f"actor_update-{tag}", fn, cfg, run_id,
                     full_weights if update_weights is None else update_weights, *advs, deps=tuple(advs),
                     worker=placement.actor_worker, resources={"GPU": 1})

@@ -7,7 +7,7 @@ before the next one; a replica moves to CPU memory after its worker's last rollo
 the next one needs it. On a CPU-only machine every move is cpu -> cpu, i.e. a no-op: the same code path runs,
 measures and logs zero device savings.
 
-Metrics of the actor update node (`actor_update_offload`): `time/offload` (seconds moving the actor: onload
+Metrics of the actor update node (`tasks.update.actor_update_offload`): `time/offload` (seconds moving the actor: onload
 before + offload after), `system/actor_device_mb_before_offload` / `..._after_offload` (MB of the actor's
 parameter, gradient and optimizer-state tensors on its compute device right after the update and after the
 offload) and, on CUDA, `system/cuda_allocated_mb_before_offload` / `..._after_offload`
@@ -120,33 +120,3 @@ def _sync(device) -> None:
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def actor_update_offload(cfg, run_id: str, weights: dict, *samples: dict) -> dict:
-    """`tasks.update.actor_update` between an onload and an offload of the resident actor (algorithm.offload).
-
-    The actor's compute device is recorded on first use (`{run_id}/actor_device`: where `actor_update` trains
-    it); before the update the actor is moved there, after it back to CPU memory. Adds the metrics of the module
-    docstring to the update's output.
-    """
-    from tasks import resident, update
-    key = f"{run_id}/actor"
-    actor = resident.get(key)
-    onload_s = 0.0
-    if actor is not None:
-        home = resident.get(f"{run_id}/actor_device") or module_device(actor.policy)
-        resident.put(f"{run_id}/actor_device", home)
-        onload_s = onload(actor.policy, actor.optimizer, home)
-    out = update.actor_update(cfg, run_id, weights, *samples)
-    actor = resident.get(key)  # actor_update may have rebuilt it
-    home = resident.get(f"{run_id}/actor_device") or module_device(actor.policy)
-    resident.put(f"{run_id}/actor_device", home)
-    res = offload(actor.policy, actor.optimizer, home)
-    m = out["metrics"]
-    m["time/offload"] = onload_s + res["seconds"]
-    m["system/actor_device_mb_before_offload"] = res["device_mb_before"]
-    m["system/actor_device_mb_after_offload"] = res["device_mb_after"]
-    for k in ("cuda_allocated_mb_before", "cuda_allocated_mb_after"):
-        if k in res:
-            m[f"system/{k}_offload"] = res[k]
-    return out

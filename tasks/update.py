@@ -551,7 +551,7 @@ def run_update(cfg: Config, policy: torch.nn.Module, opt: torch.optim.Optimizer,
 def one_rank_plan(cfg: Config, N: int):
     """The batch plan of the one-rank update: num_minibatches optimizer steps of N // num_minibatches samples per
     epoch, no gradient accumulation (tasks.distributed.check_batch_sizes)."""
-    from tasks.distributed import check_batch_sizes
+    from tasks.config import check_batch_sizes
     nm = cfg.algorithm.num_minibatches
     G = max(N // nm, 1)
     return check_batch_sizes(G * min(nm, N // G), 1, G, G)  # N % num_minibatches samples are never drawn, as before
@@ -593,4 +593,33 @@ def actor_update(cfg: Config, run_id: str, weights: dict, *samples: dict) -> dic
                     "time/update": time.perf_counter() - t0, **nonfinite_metrics(samples)})
     out = actor.weights()
     out["metrics"] = metrics
+    return out
+
+def actor_update_offload(cfg, run_id: str, weights: dict, *samples: dict) -> dict:
+    """`tasks.update.actor_update` between an onload and an offload of the resident actor (algorithm.offload).
+
+    The actor's compute device is recorded on first use (`{run_id}/actor_device`: where `actor_update` trains
+    it); before the update the actor is moved there, after it back to CPU memory. Adds the metrics of the module
+    docstring to the update's output.
+    """
+    from tasks.offload import module_device, offload, onload
+    key = f"{run_id}/actor"
+    actor = resident.get(key)
+    onload_s = 0.0
+    if actor is not None:
+        home = resident.get(f"{run_id}/actor_device") or module_device(actor.policy)
+        resident.put(f"{run_id}/actor_device", home)
+        onload_s = onload(actor.policy, actor.optimizer, home)
+    out = actor_update(cfg, run_id, weights, *samples)
+    actor = resident.get(key)  # actor_update may have rebuilt it
+    home = resident.get(f"{run_id}/actor_device") or module_device(actor.policy)
+    resident.put(f"{run_id}/actor_device", home)
+    res = offload(actor.policy, actor.optimizer, home)
+    m = out["metrics"]
+    m["time/offload"] = onload_s + res["seconds"]
+    m["system/actor_device_mb_before_offload"] = res["device_mb_before"]
+    m["system/actor_device_mb_after_offload"] = res["device_mb_after"]
+    for k in ("cuda_allocated_mb_before", "cuda_allocated_mb_after"):
+        if k in res:
+            m[f"system/{k}_offload"] = res[k]
     return out

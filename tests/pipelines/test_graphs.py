@@ -291,7 +291,6 @@ def test_offload_step_logs_the_actor_memory_around_the_move(monkeypatch):
     """algorithm.offload on a CPU-only machine: the update node is the offload wrapper (same key), the moves are
     cpu -> cpu no-ops, and the metrics say so: the actor's bytes on its device are the parameters plus Adam's two
     moments (and the gradients), before and after alike."""
-    from tasks import offload
     monkeypatch.setattr(tasks.envs, "make_single_env", lambda cfg: FakeEnv(cfg))
     cfg = small_config()
     cfg.algorithm.offload = True
@@ -299,7 +298,7 @@ def test_offload_step_logs_the_actor_memory_around_the_move(monkeypatch):
     weights = update.actor_init(cfg, RUN_A, (FakeEnv.obs_dim, FakeEnv.action_dim))
     sg = graphs.build_train_step(cfg, run_id=RUN_A, step=0, weights=weights, cursors=[None, None],
                                  placement=PLACEMENT, store_path=None)
-    assert dict(sg.graph)[sg.update][0] is offload.actor_update_offload
+    assert dict(sg.graph)[sg.update][0] is update.actor_update_offload
     upd, met = dask.get(sg.graph, [sg.update, sg.metrics])
     m = upd["metrics"]
     actor = resident.get(f"{RUN_A}/actor")
