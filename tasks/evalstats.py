@@ -1,0 +1,192 @@
+"""Intervals for eval success rates: Wilson's score interval for one rate, Newcombe's paired interval for a gain.
+
+Every eval of a run plays the SAME fixed episodes (episode i: reset seed `env.eval.seed + i`, tasks.seeding), so two
+evals of one run are paired data: the gain between them is a difference of paired proportions, whose interval is
+much narrower than one treating the evals as independent samples when the outcomes are correlated (most episodes
+are solved, or failed, by both policies).
+
+- `wilson_interval(k, n)`: E. B. Wilson (1927), "Probable inference, the law of succession, and statistical
+  inference", JASA 22:209-212. Coverage near the nominal level for every p, also at k = 0 or k = n (where the
+  Wald interval has width 0).
+- `paired_diff_interval(a, b)`: R. G. Newcombe (1998), "Improved confidence intervals for the difference between
+  binomial proportions based on paired data", Statistics in Medicine 17:2635-2650, method 10: the Wilson
+  intervals of the two marginal rates combined ("square and add") with the phi correlation of the 2x2 table of
+  pairs, phi's numerator continuity-corrected as there (and as in Fagerland, Lydersen & Laake 2017, "Statistical
+  Analysis of Contingency Tables", ch. 8, whose worked example the tests check).
+- `compare_evals(now, before)`: the same for two eval outcome maps (episode seed -> outcome), on their common
+  episodes.
+
+Pure numpy/math: nothing of pipelines or storage is imported.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+Z95 = 1.959963984540054  # the two-sided 95 % standard normal quantile
+
+
+def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson's (1927) score interval for a binomial proportion.
+
+    Args:
+        successes: k, an int in [0, n] (a float equal to an int is accepted: a mean times n).
+        n: the number of trials, >= 0.
+        z: the normal quantile (1.96: 95 %).
+
+    Returns:
+        (low, high) floats in [0, 1]; (0.0, 1.0) for n = 0 (no data: every rate is possible).
+
+    Raises:
+        ValueError: n < 0, k outside [0, n], a non-integer k, or z <= 0.
+    """
+    n_i = int(n)
+    if n_i != n or n_i < 0:
+        raise ValueError(f"n must be an int >= 0, got {n!r}")
+    k = float(successes)
+    if abs(k - round(k)) > 1e-6 * max(1, n_i):
+        raise ValueError(f"successes must be an integer count, got {successes!r}")
+    k = round(k)
+    if not 0 <= k <= n_i:
+        raise ValueError(f"successes must be in [0, n={n_i}], got {successes!r}")
+    if not z > 0:
+        raise ValueError(f"z must be > 0, got {z!r}")
+    if n_i == 0:
+        return 0.0, 1.0
+    p = k / n_i
+    z2 = z * z
+    denom = 1.0 + z2 / n_i
+    center = (p + z2 / (2 * n_i)) / denom
+    half = z / denom * math.sqrt(p * (1 - p) / n_i + z2 / (4 * n_i * n_i))
+    low, high = max(0.0, center - half), min(1.0, center + half)
+    if k == 0:  # exact bounds (the formula gives them up to rounding)
+        low = 0.0
+    if k == n_i:
+        high = 1.0
+    return low, high
+
+
+def _binary(x, name: str) -> np.ndarray:
+    a = np.asarray(x)
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be a 1-d sequence of 0/1 outcomes, got shape {a.shape}")
+    if a.size and not np.isin(a.astype(float), (0.0, 1.0)).all():
+        raise ValueError(f"{name} must hold only 0/1 (or False/True) outcomes")
+    return a.astype(bool)
+
+
+def paired_diff_interval(now: Sequence, before: Sequence, z: float = Z95) -> tuple[float, float, float]:
+    """Newcombe's (1998, method 10) interval for p_now - p_before on paired binary outcomes.
+
+    Args:
+        now, before: 1-d sequences of the same length n of 0/1 outcomes; element i of both is the same episode.
+        z: the normal quantile (1.96: 95 %).
+
+    Returns:
+        (diff, low, high): diff = mean(now) - mean(before); low <= diff <= high, both in [-1, 1]. With n = 0:
+        (0.0, -1.0, 1.0).
+
+    With the 2x2 table of pairs a = both succeed, b = only `now`, c = only `before`, d = neither, the Wilson
+    intervals (l1, u1) of p1 = (a+b)/n and (l2, u2) of p2 = (a+c)/n, and the correlation estimate
+    phi = A' / sqrt((a+b)(c+d)(a+c)(b+d)) with A = ad - bc corrected as in Newcombe (1998): A' = A - n/2 when
+    A > n/2, 0 when 0 <= A <= n/2, A when A < 0 (phi = 0 when a marginal total is 0):
+        low  = diff - sqrt((p1-l1)^2 - 2 phi (p1-l1)(u2-p2) + (u2-p2)^2)
+        high = diff + sqrt((u1-p1)^2 - 2 phi (u1-p1)(p2-l2) + (p2-l2)^2)
+
+    Raises:
+        ValueError: lengths differ, or an outcome is not 0/1.
+    """
+    x, y = _binary(now, "now"), _binary(before, "before")
+    if x.shape != y.shape:
+        raise ValueError(f"paired outcomes need the same episodes: now has {x.size}, before {y.size}")
+    n = int(x.size)
+    if n == 0:
+        return 0.0, -1.0, 1.0
+    a = int(np.sum(x & y))
+    b = int(np.sum(x & ~y))
+    c = int(np.sum(~x & y))
+    d = n - a - b - c
+    return paired_diff_interval_counts(a, b, c, d, z)
+
+
+def paired_diff_interval_counts(a: int, b: int, c: int, d: int, z: float = Z95) -> tuple[float, float, float]:
+    """`paired_diff_interval` from the 2x2 table of pairs (ints >= 0): a = both succeed, b = only the first
+    (`now`), c = only the second (`before`), d = neither. Returns (diff, low, high) for p1 - p2,
+    p1 = (a+b)/n, p2 = (a+c)/n. Raises ValueError for a negative count."""
+    if min(a, b, c, d) < 0:
+        raise ValueError(f"counts must be >= 0, got {(a, b, c, d)}")
+    n = a + b + c + d
+    if n == 0:
+        return 0.0, -1.0, 1.0
+    p1, p2 = (a + b) / n, (a + c) / n
+    l1, u1 = wilson_interval(a + b, n, z)
+    l2, u2 = wilson_interval(a + c, n, z)
+    marg = float(a + b) * (c + d) * (a + c) * (b + d)
+    A = a * d - b * c  # phi's numerator, continuity-corrected towards 0 when positive (Newcombe 1998)
+    if marg == 0 or 0 <= A <= n / 2:
+        phi = 0.0
+    else:
+        phi = (A - n / 2 if A > 0 else A) / math.sqrt(marg)
+    diff = p1 - p2
+    dl = (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2
+    du = (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2
+    low = diff - math.sqrt(max(dl, 0.0))
+    high = diff + math.sqrt(max(du, 0.0))
+    return diff, max(-1.0, low), min(1.0, high)
+
+
+def fmt_rate(p: float, low: float, high: float, n: int | None = None) -> str:
+    """`0.438 [0.30, 0.58]` (and ` over 48 episodes` with `n`): how every success rate is printed."""
+    s = f"{p:.3f} [{low:.2f}, {high:.2f}]"
+    return s if n is None else f"{s} over {n} episodes"
+
+
+def fmt_gain(diff: float, low: float, high: float) -> str:
+    """`+0.125 [+0.03, +0.22]`: a gain (difference of rates) with its interval."""
+    return f"{diff:+.3f} [{low:+.2f}, {high:+.2f}]"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """`compare_evals`' answer: the paired gain of `key` between two evals on their common episodes."""
+
+    key: str
+    n: int  # common episodes
+    now: float  # success rate of the later eval on them
+    before: float
+    diff: float  # now - before
+    low: float
+    high: float
+
+    @property
+    def significant_drop(self) -> bool:
+        """The whole interval lies below 0 (a regression at the interval's level)."""
+        return self.n > 0 and self.high < 0
+
+    @property
+    def significant_gain(self) -> bool:
+        return self.n > 0 and self.low > 0
+
+
+def compare_evals(now: Mapping, before: Mapping, key: str = "success_once", z: float = Z95) -> Comparison:
+    """The paired gain of `key` between two evals' per-episode outcomes.
+
+    Args:
+        now, before: {episode seed (int or str) -> {"success_once": bool, "success_at_end": bool, ...}}, as
+            written to a run's `evals/step_N.json` ("episodes"); only seeds in both are paired.
+        key: the outcome compared.
+
+    Returns:
+        Comparison (n = 0 when no seed is common: diff 0, interval [-1, 1]).
+    """
+    common = sorted(set(map(str, now)) & set(map(str, before)), key=lambda s: (len(s), s))
+    nowm = {str(k): v for k, v in now.items()}
+    befm = {str(k): v for k, v in before.items()}
+    x = [bool(nowm[s][key]) for s in common]
+    y = [bool(befm[s][key]) for s in common]
+    diff, low, high = paired_diff_interval(x, y, z)
+    n = len(common)
+    return Comparison(key, n, float(np.mean(x)) if n else 0.0, float(np.mean(y)) if n else 0.0, diff, low, high)

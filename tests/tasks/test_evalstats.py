@@ -1,0 +1,142 @@
+"""tasks.evalstats: Wilson intervals and Newcombe's paired interval (published values, hand-worked cases, coverage by
+simulation). Pure numpy, < 2 s."""
+import math
+
+import numpy as np
+import pytest
+
+from tasks.evalstats import (compare_evals, fmt_gain, fmt_rate, paired_diff_interval, paired_diff_interval_counts,
+                             wilson_interval)
+
+
+@pytest.mark.parametrize("k,n,low,high", [
+    # Newcombe (1998), "Two-sided confidence intervals for the single proportion", Table II, method 3 (Wilson)
+    (81, 263, 0.2553, 0.3662), (15, 148, 0.0624, 0.1605), (0, 20, 0.0, 0.1611), (1, 29, 0.0061, 0.1718)])
+def test_wilson_published_values(k, n, low, high):
+    lo, hi = wilson_interval(k, n)
+    assert lo == pytest.approx(low, abs=6e-5) and hi == pytest.approx(high, abs=6e-5)
+
+
+def test_wilson_hand_computed():
+    # k=5, n=10, z=2: center = (0.5 + 4/20) / (1 + 4/10) = 0.5; half = 2/1.4 * sqrt(0.025 + 4/400) = 0.26726
+    lo, hi = wilson_interval(5, 10, z=2.0)
+    half = 2 / 1.4 * math.sqrt(0.025 + 0.01)
+    assert (lo, hi) == pytest.approx((0.5 - half, 0.5 + half), abs=1e-12)
+    # k=0, n=4, z=2: center = (0 + 0.5) / 2 = 0.25, half = 2/2 * sqrt(4/64) = 0.25 -> [0, 0.5]
+    assert wilson_interval(0, 4, z=2.0) == pytest.approx((0.0, 0.5), abs=1e-12)
+    assert wilson_interval(4, 4, z=2.0) == pytest.approx((0.5, 1.0), abs=1e-12)
+
+
+def test_wilson_edges_and_errors():
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    for n in (1, 7, 48, 200):
+        prev = None
+        for k in range(n + 1):
+            lo, hi = wilson_interval(k, n)
+            assert 0 <= lo <= k / n <= hi <= 1
+            if prev is not None:  # monotone in k
+                assert lo >= prev[0] and hi >= prev[1]
+            prev = (lo, hi)
+            assert wilson_interval(n - k, n) == pytest.approx((1 - hi, 1 - lo), abs=1e-12)  # symmetric
+    assert wilson_interval(0.4375 * 48, 48) == wilson_interval(21, 48)  # a mean times n
+    for bad in [(3, 2), (-1, 5), (1.5, 5), (1, -1)]:
+        with pytest.raises(ValueError):
+            wilson_interval(*bad)
+    # 200 episodes at p ~ 0.44: about +-7 points (the issue's claim); 48: about +-14
+    lo, hi = wilson_interval(88, 200)
+    assert 0.06 < (hi - lo) / 2 < 0.075
+    lo, hi = wilson_interval(21, 48)
+    assert 0.12 < (hi - lo) / 2 < 0.15
+
+
+def test_paired_published_example():
+    # Fagerland, Lydersen & Laake (2017) ch. 8: Cavo et al. (2012), table [[59, 6], [16, 80]]:
+    # "Newcombe square-and-add CI: estimate = -0.0621 (95% CI -0.1186 to -0.0046)"
+    d, lo, hi = paired_diff_interval_counts(59, 6, 16, 80)
+    assert (d, lo, hi) == pytest.approx((-0.0621, -0.1186, -0.0046), abs=6e-5)
+
+
+def test_paired_hand_worked():
+    # identical outcomes, a = d = 5, n = 10: diff 0; A = ad - bc = 25 > n/2 -> A' = 20; marginals 5*5*5*5 -> phi
+    # = 20/25 = 0.8; Wilson(5, 10) = [0.23659, 0.76341] (p - l = u - p = 0.26341):
+    # low = -sqrt(2 (1 - 0.8)) * 0.26341 = -0.16660, high = +0.16660
+    d, lo, hi = paired_diff_interval([1] * 5 + [0] * 5, [1] * 5 + [0] * 5)
+    l, u = wilson_interval(5, 10)
+    assert l == pytest.approx(0.23659, abs=1e-5)
+    assert d == 0 and lo == pytest.approx(-math.sqrt(0.4) * 0.26341, abs=1e-4) and hi == pytest.approx(-lo)
+    # the same table with the order of episodes shuffled: the same interval (only the 2x2 table counts)
+    rng = np.random.default_rng(0)
+    now = rng.integers(0, 2, 50)
+    before = rng.integers(0, 2, 50)
+    perm = rng.permutation(50)
+    assert paired_diff_interval(now, before) == pytest.approx(paired_diff_interval(now[perm], before[perm]))
+    # swapping the evals negates the interval
+    d1, l1, h1 = paired_diff_interval(now, before)
+    d2, l2, h2 = paired_diff_interval(before, now)
+    assert (d2, l2, h2) == pytest.approx((-d1, -h1, -l1))
+    # pairing narrows the interval when outcomes are correlated: 40 shared successes of 100, 10 more in `now`
+    d, lo, hi = paired_diff_interval_counts(40, 10, 0, 50)
+    wn, wb = wilson_interval(50, 100), wilson_interval(40, 100)
+    unpaired_low = 0.1 - math.sqrt((0.5 - wn[0]) ** 2 + (wb[1] - 0.4) ** 2)  # Newcombe's independent method 10
+    assert d == pytest.approx(0.1) and unpaired_low < 0 < lo < d < hi
+
+
+def test_paired_edges_and_errors():
+    assert paired_diff_interval([], []) == (0.0, -1.0, 1.0)
+    assert paired_diff_interval_counts(0, 0, 0, 0) == (0.0, -1.0, 1.0)
+    d, lo, hi = paired_diff_interval([1, 1, 1], [0, 0, 0])
+    assert d == 1 and -1 <= lo < 1 and hi == 1
+    for bad in [([1, 0], [1]), ([2, 0], [1, 0]), ([[1]], [[1]])]:
+        with pytest.raises(ValueError):
+            paired_diff_interval(*bad)
+    with pytest.raises(ValueError):
+        paired_diff_interval_counts(-1, 0, 0, 1)
+    # every table of n = 12: the interval holds the estimate and stays in [-1, 1]
+    n = 12
+    for a in range(n + 1):
+        for b in range(n + 1 - a):
+            for c in range(n + 1 - a - b):
+                d, lo, hi = paired_diff_interval_counts(a, b, c, n - a - b - c)
+                assert -1 <= lo <= d <= hi <= 1 and d == pytest.approx((b - c) / n)
+
+
+@pytest.mark.parametrize("probs,n", [((0.35, 0.20, 0.10, 0.35), 200),  # p_now 0.55, p_before 0.45: gain +0.10
+                                     ((0.40, 0.04, 0.04, 0.52), 200),  # no gain, strongly correlated
+                                     ((0.20, 0.10, 0.15, 0.55), 48)])  # a loss of 0.05 on 48 episodes
+def test_paired_coverage_by_simulation(probs, n):
+    rng = np.random.default_rng(1234)
+    true = probs[1] - probs[2]
+    reps = 3000
+    tables = rng.multinomial(n, probs, size=reps)
+    hits = sum(lo <= true <= hi for _, lo, hi in (paired_diff_interval_counts(*map(int, t)) for t in tables))
+    cov = hits / reps
+    assert 0.93 <= cov <= 0.975, cov  # nominal 0.95 (Newcombe: method 10 is close to nominal, slightly above)
+
+
+def test_wilson_coverage_by_simulation():
+    rng = np.random.default_rng(7)
+    for p, n in [(0.44, 200), (0.1, 48), (0.7, 48)]:
+        ks = rng.binomial(n, p, size=3000)
+        cov = np.mean([lo <= p <= hi for lo, hi in (wilson_interval(int(k), n) for k in ks)])
+        assert 0.92 <= cov <= 0.98, (p, n, cov)
+
+
+def test_compare_evals_pairs_by_seed():
+    before = {"100": {"success_once": True}, "101": {"success_once": False}, "102": {"success_once": False},
+              "103": {"success_once": True}}
+    now = {101: {"success_once": True}, 102: {"success_once": True}, 100: {"success_once": True},
+           999: {"success_once": False}}  # int keys, a seed the other eval lacks (ignored)
+    c = compare_evals(now, before)
+    assert c.n == 3 and c.now == 1.0 and c.before == pytest.approx(1 / 3) and c.diff == pytest.approx(2 / 3)
+    assert (c.diff, c.low, c.high) == pytest.approx(paired_diff_interval([1, 1, 1], [1, 0, 0]))
+    assert compare_evals({}, before).n == 0
+    drop = compare_evals({str(i): {"success_once": i >= 150} for i in range(200)},
+                         {str(i): {"success_once": i >= 80} for i in range(200)})
+    assert drop.diff == pytest.approx(-0.35) and drop.significant_drop and not drop.significant_gain
+
+
+def test_formats():
+    assert fmt_rate(0.4375, 0.3, 0.58, 48) == "0.438 [0.30, 0.58] over 48 episodes"
+    assert fmt_rate(0.5, 0.25, 0.75) == "0.500 [0.25, 0.75]"
+    assert fmt_gain(0.125, 0.03, 0.22) == "+0.125 [+0.03, +0.22]"
+    assert fmt_gain(-0.1, -0.2, 0.01) == "-0.100 [-0.20, +0.01]"
