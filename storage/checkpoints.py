@@ -12,6 +12,10 @@ Writing goes to a hidden temp dir in ``checkpoints/`` (files fsynced), then ``os
 ``global_step_<N>`` is first renamed aside and removed only after the new one is in place. A directory without a
 readable ``index.json`` or whose files do not match it is incomplete and ignored by :func:`latest_checkpoint`.
 
+The best checkpoint (:func:`mark_best`): ``checkpoints/best.json`` names its step and ``checkpoints/best`` links to
+it (both replaced atomically); :func:`prune_checkpoints` keeps it besides the newest ``keep``; :func:`sync_best`
+re-points or removes it after a resume or rollback.
+
 Only what can be loaded back is written: :func:`save_checkpoint` refuses, before writing anything, a value that
 ``torch.load(weights_only=True)`` would not load (a numpy array, a numpy RNG state tuple, a custom object), naming
 its key path (``rng.numpy[1]``). :func:`rng_state` / :func:`set_rng_state` give the process's torch, numpy and
@@ -316,11 +320,105 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
 
 
 def prune_checkpoints(run_dir: str | os.PathLike, keep: int) -> list[Path]:
-    """Remove all but the ``keep`` newest complete checkpoints; returns the removed paths."""
+    """Remove all but the ``keep`` newest complete checkpoints, never the best one (:func:`best_checkpoint`: it
+    is kept in addition to the ``keep`` newest); returns the removed paths, oldest first."""
     if keep < 0:
         raise ValueError(f"keep must be >= 0, got {keep}")
     found = list_checkpoints(run_dir)
-    doomed = found[:-keep] if keep else found
+    best = best_checkpoint(run_dir)
+    doomed = [p for p in (found[:-keep] if keep else found) if best is None or p.name != best.name]
     for p in doomed:
         shutil.rmtree(p)
     return doomed
+
+
+# ----- the best checkpoint: a pointer file and a `best` link in checkpoints/ -----
+BEST_FILE = "best.json"  # {"step": N, "checkpoint": "global_step_N", "metric": ..., "value": ...}
+BEST_LINK = "best"  # a relative symlink to global_step_N: <run_dir>/checkpoints/best/hf is the best hf dir
+
+
+def _replace_atomically(parent: Path, name: str, make) -> None:
+    """Create ``parent/name`` by `make(tmp_path)` on a hidden temp name, then ``os.replace`` it into place."""
+    tmp = parent / f".tmp-{name}-{os.getpid()}-{os.urandom(4).hex()}"
+    try:
+        make(tmp)
+        os.replace(tmp, parent / name)
+    except BaseException:
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        raise
+    _fsync_dir(parent)
+
+
+def mark_best(run_dir: str | os.PathLike, step: int, value: float, metric: str = "eval/success_once") -> Path:
+    """Mark the complete checkpoint of ``step`` as the run's best: write ``checkpoints/best.json`` and point the
+    link ``checkpoints/best`` at ``global_step_<step>``, each atomically (temp name, fsync, ``os.replace``: a
+    reader sees the old pointer or the new one, never a partial file). :func:`prune_checkpoints` never removes
+    it. Returns the checkpoint's path.
+
+    Raises:
+        ValueError: no complete checkpoint of ``step`` exists (the pointer is left as it was).
+    """
+    step = int(step)
+    path = checkpoint_dir(run_dir, step)
+    if not _is_complete(path):
+        raise ValueError(f"cannot mark step {step} best: {path} is not a complete checkpoint")
+    parent = path.parent
+    record = {"step": step, "checkpoint": path.name, "metric": metric, "value": float(value),
+              "marked_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    _replace_atomically(parent, BEST_FILE, lambda tmp: _write_file(
+        tmp, lambda f: f.write(json.dumps(record, indent=1, sort_keys=True).encode())))
+    try:
+        _replace_atomically(parent, BEST_LINK, lambda tmp: os.symlink(path.name, tmp, target_is_directory=True))
+    except OSError:  # a file system without symlinks: best.json alone is the pointer
+        pass
+    return path
+
+
+def read_best(run_dir: str | os.PathLike) -> dict | None:
+    """The best pointer ``checkpoints/best.json`` ({"step", "checkpoint", "metric", "value", "marked_at"}), or
+    None when there is none or it is unreadable."""
+    f = Path(run_dir) / CHECKPOINTS_DIR / BEST_FILE
+    try:
+        record = json.loads(f.read_text())
+        int(record["step"])
+        return record
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def best_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    """The complete checkpoint the best pointer names (``checkpoints/global_step_<N>``), or None (no pointer, or
+    its checkpoint is incomplete or gone). Its ``hf/`` subdirectory (VLA policies) is what ``policy.model_path``
+    takes; ``<run_dir>/checkpoints/best/hf`` is the same directory through the link."""
+    record = read_best(run_dir)
+    if record is None:
+        return None
+    path = checkpoint_dir(run_dir, int(record["step"]))
+    return path if _is_complete(path) else None
+
+
+def clear_best(run_dir: str | os.PathLike) -> None:
+    """Remove the best pointer and link (if any)."""
+    parent = Path(run_dir) / CHECKPOINTS_DIR
+    for name in (BEST_FILE, BEST_LINK):
+        p = parent / name
+        if p.is_symlink() or p.is_file():
+            p.unlink()
+    _fsync_dir(parent)
+
+
+def sync_best(run_dir: str | os.PathLike, step: int, value: float, metric: str = "eval/success_once") -> Path | None:
+    """Make the best pointer agree with a restored run state (a resume or a rollback) whose best eval was at
+    ``step`` with ``value``: point at that step's checkpoint when it is complete, else (no best yet, step < 0, or
+    its checkpoint was never written: runs from before best checkpoints) remove the pointer, so a best from a
+    superseded timeline (a step after a rollback's) never survives. Returns the best checkpoint or None."""
+    step = int(step)
+    if step >= 0 and _is_complete(checkpoint_dir(run_dir, step)):
+        rec = read_best(run_dir)
+        if rec is not None and int(rec["step"]) == step and rec.get("value") == float(value) \
+                and (Path(run_dir) / CHECKPOINTS_DIR / BEST_LINK).is_symlink():
+            return checkpoint_dir(run_dir, step)
+        return mark_best(run_dir, step, value, metric)
+    clear_best(run_dir)
+    return None
