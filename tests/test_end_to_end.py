@@ -93,9 +93,9 @@ def test_smoke_run_stores_trajectories(smoke):
                       "logprobs": (3, 10, 4, 1, 8), "values": (3, 10, 4, 1), "step_mask": (3, 10, 4, 1),
                       "terminated": (3, 10, 4), "episode_seed": (3, 10, 4)}
     obs = da.from_zarr(str(run_dir / "trajectories.zarr" / "fields" / "obs"))
-    assert obs.shape == (3, 10, 4, 35) and obs.numblocks == (3, 1, 2, 1)  # one block per (epoch, shard)
+    assert obs.shape == (3, 10, 4, 35) and obs.numblocks == (3, 1, 2, 1)  # one block per (step, shard)
     obs = obs.compute()
-    assert np.isfinite(obs).all() and (obs != 0).any(axis=-1).all()  # every (epoch, t, env) was written
+    assert np.isfinite(obs).all() and (obs != 0).any(axis=-1).all()  # every (step, t, env) was written
     rewards = store.read("rewards")
     assert ((rewards >= 0) & (rewards <= 1)).all() and store.read("step_mask").all()
     # seeds: episode 0 of env g has seed 0 + g; no episode ended within 30 steps unless it succeeded

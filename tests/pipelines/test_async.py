@@ -203,7 +203,7 @@ def test_smoke_run_with_max_staleness_one(tmp_path):
 @pytest.mark.slow  # timing-dependent (where the kill lands); run with `pytest -m slow`
 def test_killed_env_worker_with_steps_in_flight_is_recovered(tmp_path):
     """max_staleness=1: an env worker killed while step 3 (and step 4's rollout) are in flight; every step in
-    flight is cancelled, the shard re-created from the cursor and the run finishes with every epoch stored."""
+    flight is cancelled, the shard re-created from the cursor and the run finishes with every step stored."""
     import os
     import signal
     import threading

@@ -1,7 +1,7 @@
 """Asynchronous steps (runner.max_staleness=1) with a worker killed at a deterministic point
 (`pipelines.faults.FaultAt`): shard 1's worker dies as step 3's first env node starts, while step 3 runs ahead of
 step 2's update or is the one waited for. Every step in flight is dropped, the shard re-created from the cursor and
-the run finishes with every epoch stored and the weight versions in order."""
+the run finishes with every step stored and the weight versions in order."""
 from __future__ import annotations
 
 import pytest

@@ -248,7 +248,7 @@ def test_rollback_redoes_the_steps_after_the_checkpoint_in_one_timeline(tmp_path
     pipelines.recovery does for a lost actor (Runner._rollback, shards released, actor re-initialised from the
     checkpoint), so step 3 is redone. The active MLflow run then has one value per step per key, the redone step
     equals the first attempt (same checkpoint, same cursors: the replay is exact), the superseded run is
-    soft-deleted, and the store shows epoch 2 once, from its second attempt."""
+    soft-deleted, and the store shows step 2 once, from its second attempt."""
     from mlflow.entities import ViewType
 
     from storage.checkpoints import latest_checkpoint
