@@ -16,13 +16,19 @@ are solved, or failed, by both policies).
 - `compare_evals(now, before)`: the same for two eval outcome maps (episode seed -> outcome), on their common
   episodes.
 
-Pure numpy/math: nothing of pipelines or storage is imported.
+Per-episode eval records of a run (`write_eval` / `read_evals`: `<run_dir>/evals/step_<N>.json`, episode seed ->
+outcome) let any two evals be compared later (`compare_evals`). Pure numpy/math/json: nothing of pipelines or
+storage is imported.
 """
 from __future__ import annotations
 
+import json
 import math
+import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -190,3 +196,96 @@ def compare_evals(now: Mapping, before: Mapping, key: str = "success_once", z: f
     diff, low, high = paired_diff_interval(x, y, z)
     n = len(common)
     return Comparison(key, n, float(np.mean(x)) if n else 0.0, float(np.mean(y)) if n else 0.0, diff, low, high)
+
+
+# ----- per-episode eval records of a run: <run_dir>/evals/step_<N>.json -----
+EVALS_DIR = "evals"
+OUTCOMES = ("success_once", "success_at_end", "return", "episode_len")
+RATES = ("success_once", "success_at_end")
+
+
+def episode_outcomes(episodes: Sequence[Mapping]) -> dict[str, dict]:
+    """{str(reset seed): {"success_once": bool, "success_at_end": bool, "return": float, "episode_len": int}} from
+    the finished-episode dicts of an eval (tasks.envs.shard.EnvShard: keys "seed" and OUTCOMES), sorted by seed.
+
+    Raises:
+        ValueError: two episodes share a seed (an eval plays each fixed episode once)."""
+    out: dict[int, dict] = {}
+    for e in episodes:
+        s = int(e["seed"])
+        if s in out:
+            raise ValueError(f"eval episode seed {s} occurs twice")
+        out[s] = {"success_once": bool(e["success_once"]), "success_at_end": bool(e["success_at_end"]),
+                  "return": float(e["return"]), "episode_len": int(e["episode_len"])}
+    return {str(s): out[s] for s in sorted(out)}
+
+
+def rate_summary(outcomes: Mapping[str, Mapping], z: float = Z95) -> dict[str, float]:
+    """{"success_once", "success_once_ci_low", "success_once_ci_high", the same for success_at_end, "num_episodes"}
+    (floats) from an outcome map (`episode_outcomes`); Wilson intervals."""
+    n = len(outcomes)
+    out: dict[str, float] = {"num_episodes": float(n)}
+    for key in RATES:
+        k = sum(bool(o[key]) for o in outcomes.values())
+        lo, hi = wilson_interval(k, n, z)
+        out[key], out[f"{key}_ci_low"], out[f"{key}_ci_high"] = (k / n if n else float("nan")), lo, hi
+    return out
+
+
+def write_eval(run_dir, step: int, outcomes: Mapping[str, Mapping], extra: Mapping | None = None):
+    """Write `<run_dir>/evals/step_<step>.json` atomically: {"step", "summary": rate_summary, "episodes": outcomes,
+    **extra}; an existing file of that step (a redone step) is replaced. Returns its path."""
+    d = Path(run_dir) / EVALS_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    rec = {"step": int(step), **dict(extra or {}), "summary": rate_summary(outcomes), "episodes": dict(outcomes)}
+    final = d / f"step_{int(step)}.json"
+    tmp = d / f".tmp-{final.name}-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(rec, f, indent=0, sort_keys=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    return final
+
+
+def read_evals(run_dir) -> dict[int, dict]:
+    """Every eval record of a run ({step: record}, ascending steps); unreadable files are skipped."""
+    d = Path(run_dir) / EVALS_DIR
+    found: dict[int, dict] = {}
+    if not d.is_dir():
+        return found
+    for f in d.iterdir():
+        m = re.match(r"^step_(\d+)\.json$", f.name)
+        if not m:
+            continue
+        try:
+            found[int(m.group(1))] = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+    return dict(sorted(found.items()))
+
+
+def discard_evals_after(run_dir, step: int) -> list[int]:
+    """Remove the eval records of steps > `step` (a rollback or resume to `step`: those evals belong to a superseded
+    timeline); returns the removed steps."""
+    gone = [s for s in read_evals(run_dir) if s > step]
+    for s in gone:
+        (Path(run_dir) / EVALS_DIR / f"step_{s}.json").unlink(missing_ok=True)
+    return gone
+
+
+def regression(now: Mapping[str, Mapping], first: Mapping[str, Mapping], key: str = "success_once",
+               z: float = Z95) -> Comparison | None:
+    """The paired comparison of eval `now` against the run's first eval when it is a significant drop (the whole
+    interval of now - first below 0), else None. Both are outcome maps (`episode_outcomes`)."""
+    c = compare_evals(now, first, key, z)
+    return c if c.significant_drop else None
+
+
+def regression_line(step_now: int, step_first: int, c: Comparison) -> str:
+    """One warning line naming both evals with their Wilson intervals and the paired interval of the change."""
+    lo_n, hi_n = wilson_interval(round(c.now * c.n), c.n)
+    lo_f, hi_f = wilson_interval(round(c.before * c.n), c.n)
+    return (f"dagrl: warning: eval regressed significantly: {c.key} at step {step_now} "
+            f"{fmt_rate(c.now, lo_n, hi_n)} vs step {step_first} {fmt_rate(c.before, lo_f, hi_f)} over {c.n} "
+            f"paired episodes: change {fmt_gain(c.diff, c.low, c.high)} (Newcombe 95 % interval entirely below 0)")

@@ -32,7 +32,8 @@ from pipelines.runner.recovery import Recovery
 from pipelines.runner.scheduler import Scheduler, StepFailed
 from pipelines.runner.setup import (Resume, RunResult, RunState, Setup, new_run_id, resolve_resume, run_params,
                                     trajectory_fields)
-from storage.checkpoints import prune_checkpoints
+from storage.checkpoints import mark_best, prune_checkpoints, read_best
+from tasks import evalstats
 from tasks.config import Config
 
 __all__ = ["Runner", "RunResult", "RunState", "Resume", "StepFailed", "new_run_id", "resolve_resume",
@@ -84,7 +85,7 @@ class Runner(Scheduler, Setup, Recovery):
         self._last_ckpt = None
         status = "FAILED"
         try:
-            self._eval_at_start()
+            self._eval_at_start(t_start)
             while True:
                 self._stopping = self._done(t_start)
                 if self._stopping and not self._ahead:  # steps in flight when the run is done still finish
@@ -111,11 +112,12 @@ class Runner(Scheduler, Setup, Recovery):
         return tqdm(total=self.cfg.runner.max_steps, initial=self.state.step, desc=self.cfg.experiment, unit="step",
                     dynamic_ncols=True)
 
-    def _eval_at_start(self) -> None:
+    def _eval_at_start(self, t_start: float) -> None:
         if self.cfg.runner.val_at_start and self.state.step == 0 and not self._eval_logged(0):
-            self.tracker.log_metrics(self.evaluate(), step=0)
-            self.echo(f"dagrl: eval before training: success_once {self.last_eval['eval/success_once']:.3f} "
-                      f"over {self.last_eval['eval/num_episodes']:.0f} episodes")
+            self.tracker.log_metrics(self.evaluate(echo=False), step=0)
+            self.echo(f"dagrl: eval before training: {self._eval_text()}")
+            if self._best_unmarked():  # the starting policy is the best so far: a checkpoint of step 0 holds it
+                self._last_ckpt = self.checkpoint(self.state.elapsed_s + time.perf_counter() - t_start)
 
     def _account_step(self, m: dict, t_start: float, bar) -> None:
         """After a training step: eval (every val_check_interval), log, checkpoint (every save_interval), hook, bar."""
@@ -123,7 +125,7 @@ class Runner(Scheduler, Setup, Recovery):
         if st.step % r.val_check_interval == 0:
             m.update(self.evaluate())
         self.tracker.log_metrics(m, step=st.step)  # before the checkpoint (module docstring)
-        if st.step % r.save_interval == 0:
+        if st.step % r.save_interval == 0 or self._best_unmarked():  # a new best eval is checkpointed too
             self._last_ckpt = self.checkpoint(st.elapsed_s + time.perf_counter() - t_start)
         if self.after_step is not None:
             self.after_step(self)
@@ -145,7 +147,7 @@ class Runner(Scheduler, Setup, Recovery):
                 and not self._eval_logged(st.step):  # a resume at the end: the kept timeline has it
             self.tracker.log_metrics(self.evaluate(), step=st.step)
         elapsed = st.elapsed_s + time.perf_counter() - t_start
-        if self._last_ckpt is None or st.step % cfg.runner.save_interval:
+        if self._last_ckpt is None or st.step % cfg.runner.save_interval or self._best_unmarked():
             self._last_ckpt = self.checkpoint(elapsed)
         if stopped is not None:
             self.echo(f"dagrl: stopped ({stopped}) after step {st.step}: checkpoint {self._last_ckpt}; continue "
@@ -182,23 +184,81 @@ class Runner(Scheduler, Setup, Recovery):
         return False
 
     # ----- eval and checkpoint graphs -----
-    def evaluate(self) -> dict:
-        """The eval graph on the current weights; returns `eval/*` metrics (and updates the best eval)."""
-        st = self.state
+    def evaluate(self, echo: bool = True) -> dict:
+        """The eval graph on the current weights; returns `eval/*` metrics (and updates the best eval).
+
+        Every eval plays the same fixed episodes (episode i: reset seed `env.eval.seed + i`); the metrics hold the
+        means, the Wilson 95 % interval of each success rate (`eval/success_once_ci_low` / `_ci_high`, the same for
+        success_at_end; tasks.evalstats) and, from the run's second eval on, the paired gain over the run's first
+        eval with Newcombe's interval (`eval/gain_success_once`, `_ci_low`, `_ci_high`). The per-episode outcomes
+        go to `<run_dir>/evals/step_<N>.json` (seed -> success_once, success_at_end, return, episode_len). An eval
+        significantly below the first one (the paired interval entirely below 0) prints one warning line and sets
+        the MLflow tag `dagrl.regression=step N`. `echo`: print the eval's one line.
+
+        Raises:
+            RuntimeError: the eval's episodes are not exactly the fixed ones (a bug: evals would not be paired).
+        """
+        st, ev = self.state, self.cfg.env.eval
         t0 = time.perf_counter()
         _, parts = self._compute(lambda attempt: graphs.build_eval(
             self.cfg, run_id=st.run_id, step=st.step, weights=self.weights, placement=self.placement,
             attempt=attempt), "evaluation")
         episodes = [e for part in parts for e in part]
-        m = {f"eval/{k}": float(np.mean([e[k] for e in episodes])) for k in
-             ("success_once", "success_at_end", "return", "episode_len")}
+        outcomes = evalstats.episode_outcomes(episodes)
+        expected = {str(ev.seed + i) for i in range(ev.num_episodes)}
+        if set(outcomes) != expected:
+            missing, extra = sorted(expected - set(outcomes), key=int), sorted(set(outcomes) - expected, key=int)
+            raise RuntimeError(f"eval at step {st.step}: expected the {ev.num_episodes} episodes with seeds "
+                               f"env.eval.seed + i = {ev.seed}..{ev.seed + ev.num_episodes - 1}; missing "
+                               f"{missing[:5]}, unexpected {extra[:5]}")
+        m = {f"eval/{k}": float(np.mean([e[k] for e in episodes])) for k in evalstats.OUTCOMES}
+        summary = evalstats.rate_summary(outcomes)
+        for key in evalstats.RATES:
+            m[f"eval/{key}_ci_low"], m[f"eval/{key}_ci_high"] = summary[f"{key}_ci_low"], summary[f"{key}_ci_high"]
         m["eval/num_episodes"] = float(len(episodes))
         m["time/eval"] = time.perf_counter() - t0
         if m["eval/success_once"] > st.best_eval_success_once:
             st.best_eval_success_once, st.best_eval_step = m["eval/success_once"], st.step
         m["eval/best_success_once"] = st.best_eval_success_once
+        earlier = [s for s in evalstats.read_evals(self.run_dir) if s < st.step]  # this timeline's (rollback)
+        evalstats.write_eval(self.run_dir, st.step, outcomes, {"run_id": st.run_id, "eval_seed": ev.seed})
         self.last_eval = m
+        if echo:
+            self.echo(f"dagrl: eval at step {st.step}: {self._eval_text()}")
+        if earlier:
+            self._compare_with_first(m, outcomes, earlier[0])
         return m
+
+    def _eval_text(self) -> str:
+        """`success_once 0.438 [0.30, 0.58] over 48 episodes (success_at_end 0.290 [0.18, 0.43])` of the last eval."""
+        m = self.last_eval
+        once = evalstats.fmt_rate(m["eval/success_once"], m["eval/success_once_ci_low"],
+                                  m["eval/success_once_ci_high"], int(m["eval/num_episodes"]))
+        end = evalstats.fmt_rate(m["eval/success_at_end"], m["eval/success_at_end_ci_low"],
+                                 m["eval/success_at_end_ci_high"])
+        return f"success_once {once} (success_at_end {end})"
+
+    def _compare_with_first(self, m: dict, outcomes: dict, first_step: int) -> None:
+        """The paired gain of this eval over the run's first one (`m` gets `eval/gain_*`); a significant drop: one
+        warning line and the MLflow tag `dagrl.regression`."""
+        first = evalstats.read_evals(self.run_dir)[first_step]["episodes"]
+        c = evalstats.compare_evals(outcomes, first, "success_once")
+        m["eval/gain_success_once"], m["eval/gain_success_once_ci_low"], m["eval/gain_success_once_ci_high"] = \
+            c.diff, c.low, c.high
+        if c.significant_drop:
+            self.echo(evalstats.regression_line(self.state.step, first_step, c))
+            try:
+                self.tracker.client.set_tag(self.tracker.run_id, "dagrl.regression", f"step {self.state.step}")
+            except Exception as exc:  # noqa: BLE001 - the warning line is printed; never fail a run for the tag
+                self.echo(f"dagrl: could not set the MLflow tag dagrl.regression: {exc}")
+
+    def _best_unmarked(self) -> bool:
+        """The best eval is at the current step and no checkpoint of this step is marked best yet."""
+        st = self.state
+        if st.best_eval_step != st.step:
+            return False
+        rec = read_best(self.run_dir)
+        return rec is None or int(rec["step"]) != st.step or rec.get("value") != st.best_eval_success_once
 
     def checkpoint(self, elapsed: float) -> str:
         """Write a checkpoint of the current step (the pipeline must be drained); returns its path."""
@@ -216,5 +276,7 @@ class Runner(Scheduler, Setup, Recovery):
             return graph, [key]
 
         path = self._compute(build, "checkpoint")[1][0]
-        prune_checkpoints(self.run_dir, self.cfg.runner.keep_checkpoints)
+        if st.best_eval_step == st.step:  # written after the eval that set it: this checkpoint holds the best
+            mark_best(self.run_dir, st.step, st.best_eval_success_once)
+        prune_checkpoints(self.run_dir, self.cfg.runner.keep_checkpoints)  # never the best
         return path

@@ -24,12 +24,13 @@ from pathlib import Path
 from pipelines import graphs
 from pipelines.cluster import _host
 from pipelines.config import to_dict, to_yaml
-from storage.checkpoints import latest_checkpoint, load_checkpoint
+from storage.checkpoints import latest_checkpoint, load_checkpoint, sync_best
 from storage.rundir import find_run_dir, latest_started_run, new_run_dir, write_resolved_config
 from storage.tracking import Tracker, default_tracking_uri, flatten_config
 from storage.trajectories import FieldSpec, TrajectoryStore
 from tasks import trajectory
 from tasks.config import Config, ConfigError
+from tasks.evalstats import discard_evals_after
 from tasks.rollout import group_size
 from tasks.seeding import TRAIN_SEED_RULE
 
@@ -178,6 +179,7 @@ class Setup:
         uri = tracking_uri(cfg)
         self.run_dir = new_run_dir(self.root, cfg.experiment, self.state.run_id)
         write_resolved_config(self.run_dir, to_yaml(cfg))
+        self._one_timeline_on_disk()  # a resume: evals after its step go, the best pointer follows its state
         self.tracker = Tracker(uri=uri, experiment=cfg.tracking.experiment or cfg.experiment,
                                run_name=self.state.run_id)
         self.tracking_uri = uri
@@ -244,6 +246,15 @@ class Setup:
     # ----- one timeline (resume, rollback) -----
     _NOT_ROLLED_BACK = ("run_id", "mlflow_run_id", "elapsed_s", "actor_generation")
 
+    def _one_timeline_on_disk(self) -> None:
+        """After the state was set to step k (a new run, a resume, a rollback): the eval records of steps > k
+        (`<run_dir>/evals/`, a superseded timeline) are removed and the best-checkpoint pointer is made to agree with
+        the state's best eval (`storage.checkpoints.sync_best`: its checkpoint if complete, else no pointer), so a
+        best set after k never survives."""
+        st = self.state
+        discard_evals_after(self.run_dir, st.step)
+        sync_best(self.run_dir, st.best_eval_step, st.best_eval_success_once)
+
     def _rollback(self, ckpt) -> None:
         """Roll the run back to checkpoint `ckpt` (a path; None: to a fresh start at step 0), e.g. after the
         actor's worker was lost (its weights and optimizer with it).
@@ -252,7 +263,8 @@ class Setup:
         env_steps, env cursors, best eval, and any field added later; not run_id, the MLflow run, the wall time
         spent, the actor group generation), marks the store's steps >= the restored step incomplete
         (`TrajectoryStore.invalidate_from`) and continues MLflow in a new run holding the points with step <= the
-        restored step (`Tracker.fork`; the old run is soft-deleted), so every reader sees one timeline. The actor
+        restored step (`Tracker.fork`; the old run is soft-deleted), and drops the eval records after it and a best
+        pointer beyond it (`_one_timeline_on_disk`), so every reader sees one timeline. The actor
         itself is not touched: the caller re-runs the init graph from the same checkpoint (`_init_actor`).
         """
         st = self.state
@@ -265,6 +277,7 @@ class Setup:
                 setattr(st, f.name, getattr(saved, f.name))
         if self.store is not None:
             self.store.invalidate_from(st.step)
+        self._one_timeline_on_disk()
         st.mlflow_run_id = self.tracker.fork(st.step, reason=f"rollback to {'step %d' % st.step if ckpt else 'start'}")
         self.echo(f"dagrl: rolled back to {ckpt or 'a fresh actor (no checkpoint yet)'} (step {st.step}); MLflow "
                   f"continues in run {st.mlflow_run_id}")

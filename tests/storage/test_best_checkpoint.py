@@ -107,3 +107,110 @@ def test_sync_best_after_rollback_and_resume(tmp_path):
     (tmp_path / "checkpoints" / BEST_LINK).unlink()
     sync_best(tmp_path, 8, 0.6)
     assert os.readlink(tmp_path / "checkpoints" / BEST_LINK) == "global_step_8"
+
+
+# ----- the runner's use of it (no cluster: the methods on a stand-in object) -----
+
+class _FakeClient:
+    def __init__(self):
+        self.tags = {}
+
+    def set_tag(self, run_id, key, value):
+        self.tags[(run_id, key)] = value
+
+
+def _stand_in(run_dir, step, best_step=-1, best=-1.0):
+    from types import SimpleNamespace
+
+    from pipelines.runner.setup import RunState
+    said = []
+    tracker = SimpleNamespace(run_id="mlf1", client=_FakeClient())
+    st = RunState(run_id="r1", step=step, best_eval_step=best_step, best_eval_success_once=best)
+    return SimpleNamespace(run_dir=run_dir, state=st, echo=said.append, tracker=tracker), said
+
+
+def _outcomes(successes, base=1_000_000):
+    from tasks.evalstats import episode_outcomes
+    return episode_outcomes([{"seed": base + i, "success_once": bool(s), "success_at_end": bool(s), "return": 0.0,
+                              "episode_len": 50} for i, s in enumerate(successes)])
+
+
+def test_runner_regression_warning_and_tag(tmp_path):
+    from pipelines.runner import Runner
+    from tasks.evalstats import write_eval
+    write_eval(tmp_path, 0, _outcomes([1] * 30 + [0] * 18))
+    fake, said = _stand_in(tmp_path, 8)
+    m = {}
+    Runner._compare_with_first(fake, m, _outcomes([1] * 27 + [0] * 21), 0)  # -3 of 48: noise
+    assert said == [] and fake.tracker.client.tags == {}
+    assert m["eval/gain_success_once"] == pytest.approx(-3 / 48)
+    assert m["eval/gain_success_once_ci_low"] < m["eval/gain_success_once"] < 0 < m["eval/gain_success_once_ci_high"]
+    fake.state.step = 12
+    Runner._compare_with_first(fake, m, _outcomes([1] * 12 + [0] * 36), 0)
+    assert len(said) == 1 and "step 12" in said[0] and "step 0" in said[0]
+    assert fake.tracker.client.tags == {("mlf1", "dagrl.regression"): "step 12"}
+    assert m["eval/gain_success_once_ci_high"] < 0
+
+
+def test_runner_best_unmarked_and_one_timeline(tmp_path):
+    from pipelines.runner import Runner
+    from tasks.evalstats import read_evals, write_eval
+    for s in (0, 4, 8):
+        _save(tmp_path, s)
+        write_eval(tmp_path, s, _outcomes([1, 0]))
+    fake, _ = _stand_in(tmp_path, 8, best_step=8, best=0.5)
+    assert Runner._best_unmarked(fake)  # a new best at this step, not marked yet
+    mark_best(tmp_path, 8, 0.5)
+    assert not Runner._best_unmarked(fake)
+    fake.state.step = 9
+    assert not Runner._best_unmarked(fake)  # the best is at another step
+    # a rollback / resume to step 4 whose state's best is step 0: the evals after 4 and the best at 8 go
+    fake.state.step, fake.state.best_eval_step, fake.state.best_eval_success_once = 4, 0, 0.5
+    Runner._one_timeline_on_disk(fake)
+    assert list(read_evals(tmp_path)) == [0, 4] and read_best(tmp_path)["step"] == 0
+    # a restored state without a best (rolled back to a fresh start): no pointer
+    fake.state.step, fake.state.best_eval_step = 0, -1
+    Runner._one_timeline_on_disk(fake)
+    assert list(read_evals(tmp_path)) == [0] and read_best(tmp_path) is None
+
+
+def test_smoke_run_keeps_the_best_and_writes_eval_records(tmp_path, capsys):
+    """One small cluster run (conf=smoke, evals at steps 0..3, keep_checkpoints=1): every eval's per-episode record
+    on the same fixed seeds, the intervals in MLflow and the echo lines, the best checkpoint kept besides the
+    newest. ~60-90 s under load."""
+    from mlflow import MlflowClient
+
+    from pipelines.run import main
+    from storage.tracking import default_tracking_uri
+    from tasks.evalstats import fmt_rate, read_evals, wilson_interval
+    n = 4
+    assert main(["conf=smoke", f"run_root={tmp_path}", "cluster.dashboard_address=127.0.0.1:0",
+                 "runner.val_at_start=true", "runner.val_check_interval=1", "runner.save_interval=3",
+                 "runner.keep_checkpoints=1", f"env.eval.num_episodes={n}", "env.eval.num_envs=2"]) == 0
+    out = capsys.readouterr().out
+    run_dir = next(p for p in (tmp_path / "smoke").iterdir() if p.is_dir())
+    recs = read_evals(run_dir)
+    assert list(recs) == [0, 1, 2, 3]
+    for r in recs.values():  # the same fixed episodes at every eval: seeds env.eval.seed + i
+        assert list(r["episodes"]) == [str(1_000_000 + i) for i in range(n)]
+    rates = {s: sum(e["success_once"] for e in r["episodes"].values()) / n for s, r in recs.items()}
+    best_step = max(rates, key=lambda s: (rates[s], -s))  # the first eval reaching the maximum
+    client = MlflowClient(tracking_uri=default_tracking_uri(tmp_path))
+    run = client.search_runs([client.get_experiment_by_name("smoke").experiment_id])[0]
+    hist = {k: {m.step: m.value for m in client.get_metric_history(run.info.run_id, k)}
+            for k in ("eval/success_once", "eval/success_once_ci_low", "eval/success_once_ci_high",
+                      "eval/success_at_end_ci_low", "eval/best_success_once")}
+    assert sorted(hist["eval/success_once"]) == [0, 1, 2, 3]
+    for s, p in rates.items():
+        assert hist["eval/success_once"][s] == pytest.approx(p)
+        lo, hi = wilson_interval(round(p * n), n)
+        assert (hist["eval/success_once_ci_low"][s], hist["eval/success_once_ci_high"][s]) == pytest.approx((lo, hi))
+    assert f"dagrl: eval before training: success_once {fmt_rate(rates[0], *wilson_interval(round(rates[0] * n), n), n)}" in out
+    assert f"dagrl: eval at step 3: success_once {fmt_rate(rates[3], *wilson_interval(round(rates[3] * n), n), n)}" in out
+    # the best eval's step is checkpointed and marked; pruning kept it besides the newest (step 3)
+    assert read_best(run_dir)["step"] == best_step and read_best(run_dir)["value"] == pytest.approx(rates[best_step])
+    assert _steps(run_dir) == sorted({best_step, 3})
+    assert (run_dir / "checkpoints" / "best" / "index.json").is_file()
+    state = __import__("storage.checkpoints", fromlist=["load_checkpoint"]).load_checkpoint(
+        best_checkpoint(run_dir), keys=("run",))
+    assert state["run"]["runner"]["step"] == best_step and state["run"]["runner"]["best_eval_step"] == best_step

@@ -5,8 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from tasks.evalstats import (compare_evals, fmt_gain, fmt_rate, paired_diff_interval, paired_diff_interval_counts,
-                             wilson_interval)
+from tasks.evalstats import (compare_evals, discard_evals_after, episode_outcomes, fmt_gain, fmt_rate,
+                             paired_diff_interval, paired_diff_interval_counts, rate_summary, read_evals, regression,
+                             regression_line, wilson_interval, write_eval)
 
 
 @pytest.mark.parametrize("k,n,low,high", [
@@ -140,3 +141,53 @@ def test_formats():
     assert fmt_rate(0.5, 0.25, 0.75) == "0.500 [0.25, 0.75]"
     assert fmt_gain(0.125, 0.03, 0.22) == "+0.125 [+0.03, +0.22]"
     assert fmt_gain(-0.1, -0.2, 0.01) == "-0.100 [-0.20, +0.01]"
+
+
+def _episodes(successes, base=1000):
+    return [{"seed": base + i, "episode_id": i, "success_once": bool(s), "success_at_end": bool(s) and i % 2 == 0,
+             "return": float(i), "episode_len": 50} for i, s in enumerate(successes)]
+
+
+def test_episode_outcomes_and_summary():
+    eps = _episodes([1, 0, 1, 1])[::-1]  # any order: keyed and sorted by seed
+    out = episode_outcomes(eps)
+    assert list(out) == ["1000", "1001", "1002", "1003"]
+    assert out["1001"] == {"success_once": False, "success_at_end": False, "return": 1.0, "episode_len": 50}
+    summ = rate_summary(out)
+    assert summ["num_episodes"] == 4 and summ["success_once"] == 0.75 and summ["success_at_end"] == 0.5
+    assert (summ["success_once_ci_low"], summ["success_once_ci_high"]) == wilson_interval(3, 4)
+    assert (summ["success_at_end_ci_low"], summ["success_at_end_ci_high"]) == wilson_interval(2, 4)
+    with pytest.raises(ValueError, match="seed 1000 occurs twice"):
+        episode_outcomes(eps + eps[-1:])
+
+
+def test_eval_records_write_read_discard(tmp_path):
+    for step, succ in [(0, [0, 0, 1, 0]), (4, [1, 0, 1, 0]), (8, [1, 1, 1, 0])]:
+        write_eval(tmp_path, step, episode_outcomes(_episodes(succ)), {"run_id": "r"})
+    write_eval(tmp_path, 4, episode_outcomes(_episodes([1, 1, 1, 1])))  # a redone step replaces its record
+    (tmp_path / "evals" / "step_9.json").write_text("{truncated")  # unreadable: skipped
+    recs = read_evals(tmp_path)
+    assert list(recs) == [0, 4, 8]
+    assert recs[4]["summary"]["success_once"] == 1.0 and recs[0]["run_id"] == "r" and recs[8]["step"] == 8
+    assert not [p for p in (tmp_path / "evals").iterdir() if p.name.startswith(".tmp")]
+    assert discard_evals_after(tmp_path, 4) == [8]
+    assert list(read_evals(tmp_path)) == [0, 4]
+    assert read_evals(tmp_path / "none") == {}
+
+
+def test_regression_decision_and_line():
+    first = episode_outcomes(_episodes([1] * 30 + [0] * 18))  # 0.625 on 48
+    same = episode_outcomes(_episodes([1] * 30 + [0] * 18))
+    assert regression(same, first) is None
+    slight = episode_outcomes(_episodes([1] * 26 + [0] * 22))  # -4 points: within noise
+    assert regression(slight, first) is None
+    worse = episode_outcomes(_episodes([1] * 15 + [0] * 33))  # the 15 lost episodes were all solved before
+    c = regression(worse, first)
+    assert c is not None and c.diff == pytest.approx(-15 / 48) and c.high < 0
+    line = regression_line(12, 0, c)
+    assert "\n" not in line and line.startswith("dagrl: warning: eval regressed")
+    assert f"step 12 {fmt_rate(15 / 48, *wilson_interval(15, 48))}" in line
+    assert f"step 0 {fmt_rate(30 / 48, *wilson_interval(30, 48))}" in line
+    assert fmt_gain(c.diff, c.low, c.high) in line and "48 paired episodes" in line
+    # a gain is never a regression
+    assert regression(first, worse) is None
