@@ -410,17 +410,80 @@ def check_given(cfg: Config, overrides: Sequence[str] = (), command: str = "run"
 
 def check_command(cfg: Config, command: str = "run", *, require_teacher: bool = True) -> None:
     """The checks of one command that need no cluster (run: the config trains something; record: the teacher,
-    the output path, `pipelines.record.check_record`). Raises ConfigError."""
+    the output path: `check_record`). Raises ConfigError."""
     if command == "run":
         if cfg.env.obs_mode == "rgb" and cfg.policy.name == "mlp":
             raise ConfigError("policy.name", cfg.policy.name,
                               "the mlp reads only the state vector, env.obs_mode=rgb would render images for nothing: "
                               "use policy.name=flow_vla|token_vla (or `python -m pipelines.record` for a record conf)")
     elif command == "record":
-        from pipelines.record import check_record
         check_record(cfg, require_teacher=require_teacher)
     else:
         raise ValueError(f"command {command!r}: use 'run' or 'record'")
+
+
+# The checks of `pipelines.record` that need no cluster: the teacher run, the output path (this module, so that
+# the one check path imports nothing of the command it checks).
+
+def resolve_teacher(arg: str, run_root: str) -> tuple[Path, Path]:
+    """(run directory, latest checkpoint) of a teacher run given as a directory or a run id.
+
+    Raises:
+        ConfigError (key record.teacher): no such run, no config.yaml, or no checkpoint.
+    """
+    from storage.checkpoints import latest_checkpoint
+    from storage.rundir import find_run_dir
+    if arg is None:
+        raise ConfigError("record.teacher", arg, "name the teacher run: record.teacher=runs/<experiment>/<run_id> "
+                                                  "or its run id")
+    p = Path(arg)
+    if not p.is_dir():
+        try:
+            p = find_run_dir(run_root, arg)
+        except (FileNotFoundError, ValueError) as exc:
+            raise ConfigError("record.teacher", arg, f"no such run directory or run id under {run_root} ({exc})")
+    if not (p / "config.yaml").is_file():
+        raise ConfigError("record.teacher", arg, f"{p} has no config.yaml: not a dagrl run directory")
+    ckpt = latest_checkpoint(p)
+    if ckpt is None:
+        raise ConfigError("record.teacher", arg, f"{p} has no complete checkpoint yet")
+    return p, ckpt
+
+
+def teacher_config(run_dir: Path) -> Config:
+    """The teacher run's resolved config as a `Config` (validated against today's schema; `load_saved_config`)."""
+    return load_saved_config(run_dir / "config.yaml")  # older runs: keys removed since are upgraded
+
+
+def record_output_path(cfg: Config) -> Path:
+    """Where `pipelines.record` writes its store: `record.out`, else `<run_root>/demos/<experiment>.zarr`."""
+    return Path(cfg.record.out or Path(cfg.run_root) / "demos" / f"{cfg.experiment}.zarr")
+
+
+def check_record(cfg: Config, *, require_teacher: bool = True) -> None:
+    """Every check of a recording that needs no cluster (`check_command`, command "record").
+    `require_teacher=False` (pipelines.validate of a record conf without `record.teacher`): everything but the
+    teacher's checks. Raises ConfigError (one line, nothing written)."""
+    if cfg.env.obs_mode != "rgb":
+        raise ConfigError("env.obs_mode", cfg.env.obs_mode, "record with env.obs_mode=rgb (images for a VLA)")
+    if cfg.record.num_episodes < 1:
+        raise ConfigError("record.num_episodes", cfg.record.num_episodes, "must be >= 1")
+    if record_output_path(cfg).exists():
+        raise ConfigError("record.out", str(record_output_path(cfg)),
+                          "exists; choose another path (a store is never overwritten)")
+    if cfg.record.teacher is None and not require_teacher:
+        return
+    run_dir, _ = resolve_teacher(cfg.record.teacher, cfg.run_root)
+    tcfg = teacher_config(run_dir)
+    if tcfg.policy.name != "mlp" or tcfg.env.obs_mode != "state":
+        raise ConfigError("record.teacher", cfg.record.teacher,
+                          f"is a {tcfg.policy.name} run on {tcfg.env.obs_mode} observations; the recorder runs a "
+                          f"state-based mlp teacher (e.g. the default job's run)")
+    for key in ("env_id", "control_mode"):
+        if getattr(tcfg.env, key) != getattr(cfg.env, key):
+            raise ConfigError(f"env.{key}", getattr(cfg.env, key),
+                              f"the teacher was trained with env.{key}={getattr(tcfg.env, key)}; use the same")
+
 
 
 def command_for(overrides: Sequence[str] = ()) -> str:

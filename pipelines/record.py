@@ -14,69 +14,6 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
-
-
-def resolve_teacher(arg: str, run_root: str) -> tuple[Path, Path]:
-    """(run directory, latest checkpoint) of a teacher run given as a directory or a run id.
-
-    Raises:
-        ConfigError (key record.teacher): no such run, no config.yaml, or no checkpoint.
-    """
-    from storage.checkpoints import latest_checkpoint
-    from storage.rundir import find_run_dir
-    from tasks.config import ConfigError
-    if arg is None:
-        raise ConfigError("record.teacher", arg, "name the teacher run: record.teacher=runs/<experiment>/<run_id> "
-                                                  "or its run id")
-    p = Path(arg)
-    if not p.is_dir():
-        try:
-            p = find_run_dir(run_root, arg)
-        except (FileNotFoundError, ValueError) as exc:
-            raise ConfigError("record.teacher", arg, f"no such run directory or run id under {run_root} ({exc})")
-    if not (p / "config.yaml").is_file():
-        raise ConfigError("record.teacher", arg, f"{p} has no config.yaml: not a dagrl run directory")
-    ckpt = latest_checkpoint(p)
-    if ckpt is None:
-        raise ConfigError("record.teacher", arg, f"{p} has no complete checkpoint yet")
-    return p, ckpt
-
-
-def teacher_config(run_dir: Path):
-    """The teacher run's resolved config as a `Config` (validated against today's schema)."""
-    from pipelines.config import load_saved_config
-    return load_saved_config(run_dir / "config.yaml")  # older runs: keys removed since are upgraded
-
-
-def output_path(cfg) -> Path:
-    return Path(cfg.record.out or Path(cfg.run_root) / "demos" / f"{cfg.experiment}.zarr")
-
-
-def check_record(cfg, *, require_teacher: bool = True) -> None:
-    """Every check of a recording that needs no cluster (`pipelines.config.check_command`, command "record").
-    `require_teacher=False` (pipelines.validate of a record conf without `record.teacher`): everything but the
-    teacher's checks. Raises ConfigError (one line, nothing written)."""
-    from tasks.config import ConfigError
-    if cfg.env.obs_mode != "rgb":
-        raise ConfigError("env.obs_mode", cfg.env.obs_mode, "record with env.obs_mode=rgb (images for a VLA)")
-    if cfg.record.num_episodes < 1:
-        raise ConfigError("record.num_episodes", cfg.record.num_episodes, "must be >= 1")
-    if output_path(cfg).exists():
-        raise ConfigError("record.out", str(output_path(cfg)),
-                          "exists; choose another path (a store is never overwritten)")
-    if cfg.record.teacher is None and not require_teacher:
-        return
-    run_dir, _ = resolve_teacher(cfg.record.teacher, cfg.run_root)
-    tcfg = teacher_config(run_dir)
-    if tcfg.policy.name != "mlp" or tcfg.env.obs_mode != "state":
-        raise ConfigError("record.teacher", cfg.record.teacher,
-                          f"is a {tcfg.policy.name} run on {tcfg.env.obs_mode} observations; the recorder runs a "
-                          f"state-based mlp teacher (e.g. the default job's run)")
-    for key in ("env_id", "control_mode"):
-        if getattr(tcfg.env, key) != getattr(cfg.env, key):
-            raise ConfigError(f"env.{key}", getattr(cfg.env, key),
-                              f"the teacher was trained with env.{key}={getattr(tcfg.env, key)}; use the same")
 
 
 def record(cfg, handle, *, echo=print) -> dict:
@@ -85,8 +22,9 @@ def record(cfg, handle, *, echo=print) -> dict:
     from tqdm import tqdm
 
     from pipelines.cluster import plan_placement
+    from pipelines.config import check_record, record_output_path, resolve_teacher, teacher_config
     from pipelines.graphs import GraphBuilder
-    from pipelines.recovery import Watcher
+    from pipelines.runner.recovery import Watcher
     from storage.trajectories import TrajectoryStore
     from tasks import demos, trajectory
     from tasks.rollout import env_dims
@@ -95,7 +33,7 @@ def record(cfg, handle, *, echo=print) -> dict:
     check_record(cfg)
     run_dir, ckpt = resolve_teacher(cfg.record.teacher, cfg.run_root)
     tcfg = teacher_config(run_dir)
-    out = output_path(cfg)
+    out = record_output_path(cfg)
     client = handle.client
     placement = plan_placement(cfg, client)
     watch = Watcher(cfg, client, placement)  # every wait watched: a lost or stalled worker ends it (RunStalled)
@@ -145,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     if {"-h", "--help"} & set(argv):
         print(__doc__)
         return 0
-    from pipelines.run import _quiet, with_cluster
-    _quiet()
+    from pipelines.cli import quiet, with_cluster
+    quiet()
     from pipelines.config import load_config
     from tasks.config import ConfigError
     from tasks.envs.vulkan import VulkanMissingError

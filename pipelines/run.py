@@ -12,23 +12,14 @@ Extra flags: `--show` prints the resolved config and exits.
 """
 from __future__ import annotations
 
-import logging
-import os
 import sys
-import warnings
 
-
-def _quiet() -> None:
-    warnings.filterwarnings("ignore")
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    for name in ("mani_skill", "mani_skill ", "distributed", "alembic", "mlflow"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+from pipelines.cli import quiet, with_cluster  # the entry points' shared plumbing
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    _quiet()
+    quiet()
     from pipelines.config import load_config, to_yaml
     from tasks.config import ConfigError
     from tasks.envs.vulkan import VulkanMissingError
@@ -54,40 +45,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     return with_cluster(cfg, lambda handle: _train(cfg, handle))
-
-
-def with_cluster(cfg, body) -> int:
-    """Start the cluster of `cfg`, run `body(handle) -> exit code`, close the cluster. Exit 2 for a cluster that
-    cannot start or a ConfigError raised by `body` (one line on stderr), 130 when interrupted (SIGTERM too)."""
-    import signal
-    from pipelines.cluster import start_cluster
-    from pipelines.runner.recovery import RunStalled
-    from pipelines.runner.scheduler import StepFailed
-    from tasks.config import ConfigError
-    from tasks.envs.vulkan import VulkanMissingError
-    try:
-        handle = start_cluster(cfg)
-    except (ConnectionError, ConfigError, VulkanMissingError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-    def _term(signum, frame):  # SIGTERM (timeout, kill, schedulers) ends the run like Ctrl-C: MLflow run KILLED
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _term)
-    try:
-        return body(handle)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except (RunStalled, StepFailed) as exc:  # no healthy placement left (recovery) or a non-finite value stopped
-        print(f"error: {exc}", file=sys.stderr)  # a step (scheduler): one line, exit 1
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    finally:
-        handle.close()
 
 
 class graceful_stop:

@@ -51,8 +51,8 @@ def describe(cfg, placement=None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from pipelines.run import _quiet
-    _quiet()
+    from pipelines.cli import quiet
+    quiet()
     from pipelines.config import load_config, to_yaml
     from tasks.config import ConfigError
     from tasks.envs.vulkan import VulkanMissingError

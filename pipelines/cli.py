@@ -1,0 +1,59 @@
+"""What the command-line entry points share (`pipelines.run`, `pipelines.record`, `pipelines.validate`).
+
+- `quiet()`: warnings and the chatty libraries' loggers silenced before anything heavy is imported;
+- `with_cluster(cfg, body)`: start the cluster, run the command's body, close the cluster, map the errors a body
+  can raise to the exit codes every command documents (2 bad config or cluster, 1 a stalled run or a stopped step,
+  130 interrupted).
+
+A leaf of `pipelines/`: it imports the modules it needs inside its functions and nothing imports it back from there.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+
+
+def quiet() -> None:
+    """Silence warnings and the loggers of ManiSkill, Dask distributed, alembic and MLflow (errors still show)."""
+    warnings.filterwarnings("ignore")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for name in ("mani_skill", "mani_skill ", "distributed", "alembic", "mlflow"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+
+
+def with_cluster(cfg, body) -> int:
+    """Start the cluster of `cfg`, run `body(handle) -> exit code`, close the cluster. Exit 2 for a cluster that
+    cannot start or a ConfigError raised by `body` (one line on stderr), 1 for a run with no healthy placement
+    left (`RunStalled`) or a step stopped by a non-finite value (`StepFailed`), 130 when interrupted (SIGTERM too)."""
+    import signal
+    from pipelines.cluster import start_cluster
+    from pipelines.runner.recovery import RunStalled
+    from pipelines.runner.scheduler import StepFailed
+    from tasks.config import ConfigError
+    from tasks.envs.vulkan import VulkanMissingError
+    try:
+        handle = start_cluster(cfg)
+    except (ConnectionError, ConfigError, VulkanMissingError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    def _term(signum, frame):  # SIGTERM (timeout, kill, schedulers) ends the run like Ctrl-C: MLflow run KILLED
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)
+    try:
+        return body(handle)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (RunStalled, StepFailed) as exc:  # no healthy placement left (recovery) or a non-finite value stopped
+        print(f"error: {exc}", file=sys.stderr)  # a step (scheduler): one line, exit 1
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        handle.close()
