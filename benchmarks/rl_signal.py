@@ -49,7 +49,7 @@ FIELDS = ("obs", "rgb", "actions", "chain", "rewards", "terminated", "truncated"
 
 def rollout(policy, shard, instr: str, chunk_steps: int, deterministic: bool = False) -> dict[str, np.ndarray]:
     """One episode per env from a reset: the fields [T, B, ...] of FIELDS (chain: the flow VLA's denoising chain)."""
-    shard.needs_reset = True
+    shard.begin_rollout()  # auto_reset=False: every env starts a new episode (the eval shard's seeds ignore k)
     rec: dict[str, list] = {k: [] for k in FIELDS}
     for _ in range(chunk_steps):
         o, rgb = shard.current_obs(), shard.current_rgb()

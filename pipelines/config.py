@@ -485,7 +485,6 @@ def check_record(cfg: Config, *, require_teacher: bool = True) -> None:
                               f"the teacher was trained with env.{key}={getattr(tcfg.env, key)}; use the same")
 
 
-
 def command_for(overrides: Sequence[str] = ()) -> str:
     """The command an experiment is for, as `pipelines.validate` infers it: "record" when its experiment file sets
     `record.*` keys (conf=pushcube_record), else "run" (then `record.*` on the command line is refused as by run)."""

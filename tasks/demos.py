@@ -57,8 +57,8 @@ def record_round(cfg: Config, teacher_cfg: Config, checkpoint_path: str, shard: 
         ignore_terminations=e.ignore_terminations, base_seed=e.seed))
     teacher = _teacher(teacher_cfg, checkpoint_path, sh.obs_dim, sh.action_dim)
     B, D, T = sh.num_envs, sh.action_dim, chunk_steps_per_episode(cfg)
-    state = sh.reset_all()
-    rgb = sh.current_rgb()
+    sh.begin_rollout()  # DISABLED lifecycle (auto_reset=False): round k starts episode k in every env
+    state, rgb = sh.current_obs(), sh.current_rgb()
     rows: dict[str, list] = {}
     episodes: list[dict] = []
     for _ in range(T):

@@ -205,7 +205,7 @@ def test_run_refuses_a_record_conf_and_prints_help(capsys):
 # ----- every key a user sets takes effect, or is refused -----
 
 def _fake_sft_store(path: Path, C: int = 5, image: int = 32) -> Path:
-    """A one-epoch trajectory store with what `check_sft_store` reads: C-action chunks, rgb images, a success."""
+    """A one-step trajectory store with what `check_sft_store` reads: C-action chunks, rgb images, a success."""
     import numpy as np
 
     from storage.trajectories import FieldSpec, TrajectoryStore, write_shard

@@ -23,8 +23,8 @@ FIELDS = {
 ATTRS = {"env_id": "PickCube-v1", "seeds": [1, 2], "reset_state_ids": [0, 1, 2, 3, 4, 5], "config_hash": "abc"}
 
 
-def _shard_data(epoch, shard, fields=FIELDS):
-    rng = np.random.default_rng(100 * epoch + shard)
+def _shard_data(step, shard, fields=FIELDS):
+    rng = np.random.default_rng(100 * step + shard)
     out = {}
     for name, spec in fields.items():
         shape = (T, S, *spec.shape)
@@ -35,9 +35,9 @@ def _shard_data(epoch, shard, fields=FIELDS):
     return out
 
 
-def _write_all(path, epoch, attempt=None):
+def _write_all(path, step, attempt=None):
     for s in range(B // S):
-        write_shard(str(path), step=epoch, shard=s, data=_shard_data(epoch, s), attempt=attempt)
+        write_shard(str(path), step=step, shard=s, data=_shard_data(step, s), attempt=attempt)
 
 
 def _make(path):
@@ -45,8 +45,8 @@ def _make(path):
 
 
 def _write_in_subprocess(args):
-    path, epoch, shard = args
-    return write_shard(path, step=epoch, shard=shard, data=_shard_data(epoch, shard))
+    path, step, shard = args
+    return write_shard(path, step=step, shard=shard, data=_shard_data(step, shard))
 
 
 def test_create_layout_and_chunks(tmp_path):
@@ -64,7 +64,7 @@ def test_create_layout_and_chunks(tmp_path):
         assert d.dtype == np.dtype(spec.dtype)
         arr = store._field_array(name)
         assert arr.chunks == (1, T, S, *spec.shape)
-        # one dask chunk per (epoch, shard)
+        # one dask chunk per (step, shard)
         assert d.chunks[:3] == ((1,), (T,), (S, S))
 
 
@@ -94,11 +94,11 @@ def test_write_shard_in_dask_tasks_and_cache_reopens_after_reserve(tmp_path):
     path = str(tmp_path / "traj")
     store = _make(path)
     clear_cache()
-    for epoch in range(3):  # step 1 and 2 need the cached handle re-opened (E grew on the driver)
-        store.reserve(epoch)
-        tasks = [dask.delayed(write_shard)(path, step=epoch, shard=s, data=_shard_data(epoch, s)) for s in (0, 1)]
+    for step in range(3):  # step 1 and 2 need the cached handle re-opened (E grew on the driver)
+        store.reserve(step)
+        tasks = [dask.delayed(write_shard)(path, step=step, shard=s, data=_shard_data(step, s)) for s in (0, 1)]
         dask.compute(*tasks, scheduler="threads")
-        store.mark_complete(epoch, weight_version=epoch, global_step=10 * epoch)
+        store.mark_complete(step, weight_version=step, global_step=10 * step)
     np.testing.assert_array_equal(store.read("reward", steps=[2])[0, :, S:], _shard_data(2, 1)["reward"])
     np.testing.assert_array_equal(store.complete_steps(), [0, 1, 2])
 
@@ -119,7 +119,7 @@ def test_reserve_and_mark_complete(tmp_path):
     assert store.step_scalar("global_step").dtype == np.int64
     ret = store.step_scalar("mean_return")
     assert ret[1] == 0.5 and np.isnan(ret[0]) and np.isnan(ret[2])
-    store.reserve(4)  # per-epoch arrays grow with the fields
+    store.reserve(4)  # per-step arrays grow with the fields
     assert store.step_scalar("weight_version").tolist() == [-1, 7, -1, -1, -1]
     _write_all(store.path, 4)
     store.mark_complete(4, weight_version=8)
@@ -206,14 +206,14 @@ def test_write_shard_validation(tmp_path):
     assert not store.read("obs").any()
 
 
-def _rewrite(path, epoch, shard, scale):
-    data = {k: (v * scale if v.dtype != bool else v) for k, v in _shard_data(epoch, shard).items()}
-    write_shard(str(path), step=epoch, shard=shard, data=data)
+def _rewrite(path, step, shard, scale):
+    data = {k: (v * scale if v.dtype != bool else v) for k, v in _shard_data(step, shard).items()}
+    write_shard(str(path), step=step, shard=shard, data=data)
     return data
 
 
-def test_redone_epoch_is_complete_only_when_every_shard_of_the_latest_attempt_is_written(tmp_path):
-    """Issue 9 item 4: reserve(0) after mark_complete(0), then only shard 0 rewritten: epoch 0 is NOT complete
+def test_redone_step_is_complete_only_when_every_shard_of_the_latest_attempt_is_written(tmp_path):
+    """Issue 9 item 4: reserve(0) after mark_complete(0), then only shard 0 rewritten: step 0 is NOT complete
     (shard 0 new, shard 1 old), and cannot be marked complete until shard 1 writes the new attempt too."""
     path = tmp_path / "traj"
     store = _make(path)
@@ -254,8 +254,8 @@ def test_a_stale_write_of_an_older_attempt_does_not_count(tmp_path):
 
 
 @pytest.mark.parametrize("restored_step, left", [(0, []), (1, [0]), (2, [0, 1]), (3, [0, 1, 2]), (9, [0, 1, 2])])
-def test_invalidate_from_drops_the_epochs_after_the_restored_step(tmp_path, restored_step, left):
-    """A rollback/resume to step k (k steps done: epochs 0..k-1) leaves only epochs < k complete."""
+def test_invalidate_from_drops_the_steps_after_the_restored_step(tmp_path, restored_step, left):
+    """A rollback/resume to step k (k steps done: steps 0..k-1) leaves only steps < k complete."""
     path = tmp_path / "traj"
     store = _make(path)
     clear_cache()
@@ -287,7 +287,7 @@ def test_a_store_written_before_attempts_existed_reads_as_before(tmp_path):
     clear_cache()
     old = TrajectoryStore.open(path)
     assert old.complete_steps().tolist() == [0] and old.attempt(0) == 1
-    again = _make(path)  # the driver reopening it (resume) adds the attempt arrays: epoch 0 stays complete
+    again = _make(path)  # the driver reopening it (resume) adds the attempt arrays: step 0 stays complete
     assert again.complete_steps().tolist() == [0]
     assert again.reserve(0) == 2 and again.complete_steps().tolist() == []
 

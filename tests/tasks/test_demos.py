@@ -13,12 +13,13 @@ from tasks.demos import sft_index, sft_load
 
 @pytest.fixture()
 def store(tmp_path):
-    """2 complete epochs + 1 incomplete, T=3 chunk steps, B=2 envs (one shard), C=2, D=1.
+    """2 complete steps (the store's leading dimension: training steps, here recording rounds) + 1 incomplete,
+    T=3 chunk steps, B=2 envs (one shard), C=2, D=1.
 
-    epoch 0: env 0 = episode 0, successful at t=1, ends at t=1 (t=2 idle: no executed action);
-             env 1 = episode 1, never successful.
-    epoch 1: env 0 = episode 2, never successful; env 1 = episode 3, successful at t=2.
-    epoch 2: written but not marked complete (must be ignored).
+    step 0: env 0 = episode 0, successful at t=1, ends at t=1 (t=2 idle: no executed action);
+            env 1 = episode 1, never successful.
+    step 1: env 0 = episode 2, never successful; env 1 = episode 3, successful at t=2.
+    step 2: written but not marked complete (must be ignored).
     """
     path = tmp_path / "demos.zarr"
     fields = {"obs": FieldSpec((1,), "float32"), "actions": FieldSpec((2, 1), "float32"),
@@ -26,7 +27,7 @@ def store(tmp_path):
               "episode_id": FieldSpec((), "int64")}
     st = TrajectoryStore.create(path, fields=fields, T=3, num_envs=2, shard_size=2)
     step_mask = np.ones((3, 3, 2, 2), bool)
-    step_mask[0, 2, 0] = False  # epoch 0, env 0 idle at t=2
+    step_mask[0, 2, 0] = False  # step 0, env 0 idle at t=2
     success = np.zeros((3, 3, 2), bool)
     success[0, 1, 0] = True
     success[1, 2, 1] = True
@@ -47,10 +48,10 @@ def store(tmp_path):
 
 def test_sft_index_keeps_executed_chunk_steps_of_successful_episodes_in_complete_steps(store):
     rows = sft_index(str(store), only_success=True)
-    # episode 0: t=0,1 of env 0 in epoch 0 (t=2 idle); episode 3: t=0..2 of env 1 in epoch 1
+    # episode 0: t=0,1 of env 0 in step 0 (t=2 idle); episode 3: t=0..2 of env 1 in step 1
     assert rows.tolist() == [[0, 0, 0], [0, 1, 0], [1, 0, 1], [1, 1, 1], [1, 2, 1]]
     everything = sft_index(str(store), only_success=False)
-    assert len(everything) == 2 * 3 * 2 - 1  # every executed chunk step of the 2 complete epochs
+    assert len(everything) == 2 * 3 * 2 - 1  # every executed chunk step of the 2 complete steps
 
 
 def test_sft_load_draws_seeded_minibatches_of_the_selected_samples(store):
@@ -182,3 +183,59 @@ def test_value_warm_start_settings_are_checked_offline(store, overrides, words):
     with pytest.raises(ConfigError) as info:
         load_config(["conf=pushcube_flow_sft", f"sft.store={store}", *overrides], components=False)
     assert words in str(info.value) and "sft." in str(info.value)
+
+
+class _EpisodeEnv:
+    """Single env whose episodes last `length` steps (then truncated); obs = [reset seed], reward 1 per step."""
+    obs_dim, action_dim = 1, 2
+
+    def __init__(self, length: int):
+        self.length, self.t, self.s = length, 0, 0
+
+    def reset(self, seed):
+        self.t, self.s = 0, seed
+        return np.array([seed], np.float32)
+
+    def step(self, action):
+        self.t += 1
+        return np.array([self.s], np.float32), 1.0, False, self.t >= self.length, False
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("length", [5, 3, 50])  # an episode fills the round, ends early, is cut by the round's end
+def test_record_rounds_follow_the_record_seed_rule(monkeypatch, length):
+    """record_round's episodes: round k of global env g has reset seed env.seed + g + k * num_envs
+    (tasks.seeding.RECORD_SEED_RULE) in every round, one episode per env per round, on the resident shard that
+    the rounds share (fake envs, no simulator, no store: write_shard is captured)."""
+    from storage import trajectories
+    from tasks import demos
+    from tasks.envs.shard import EnvShard
+    cfg = Config()
+    cfg.env.num_envs, cfg.env.num_shards, cfg.env.seed, cfg.env.max_episode_steps = 4, 2, 100, 5
+    cfg.policy.num_action_chunks = 2  # T = ceil(5 / 2) = 3 chunk steps per round
+    written = {}
+
+    class Teacher:
+        def act(self, obs, deterministic):
+            return {"actions": torch.zeros(len(obs["state"]), 1, 2)}
+
+    monkeypatch.setattr(demos, "make_shard", lambda e, shard, num_shards, num_envs, **kw: EnvShard(
+        [_EpisodeEnv(length) for _ in range(num_envs // num_shards)], env_offset=shard * (num_envs // num_shards),
+        num_envs_total=num_envs, **kw))
+    monkeypatch.setattr(demos, "_teacher", lambda *a: Teacher())
+    monkeypatch.setattr(trajectories, "write_shard", lambda path, step, shard, data: written.update(
+        {(step, shard): data}))
+    try:
+        out = {(k, s): demos.record_round(cfg, cfg, "ckpt", s, k, "mem://demos") for k in range(3) for s in range(2)}
+    finally:
+        resident.release("record/mem://demos")
+    for (k, s), data in written.items():
+        g = np.arange(2) + 2 * s
+        np.testing.assert_array_equal(data["episode_seed"][0], 100 + g + 4 * k)
+        np.testing.assert_array_equal(data["obs"][0, :, 0], 100 + g + 4 * k)  # the env was reset with it
+        np.testing.assert_array_equal(data["episode_id"][0], g + 4 * k)
+        assert data["step_mask"].sum() == 2 * min(length, 6)  # executed actions: the episode's, at most T * C = 6
+        ended = [e["seed"] for e in out[k, s]["episodes"]]  # a cut episode (length 50) is not reported
+        assert ended == ([] if length > 6 else (100 + g + 4 * k).tolist())
