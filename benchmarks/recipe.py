@@ -1,0 +1,436 @@
+"""The VLA recipe end to end, for teachers x seeds, with intervals: record -> SFT -> RL, one table.
+
+    .venv/bin/python benchmarks/recipe.py --teachers runs/pushcube_ppo/<A> runs/pushcube_ppo/<B> --seeds 1 2 3 \
+        --out runs/recipe [--family flow|token] [--sft-conf NAME] [--rl-conf NAME] \
+        [--record "k=v ..."] [--sft "k=v ..."] [--rl "k=v ..."] [--sft-checkpoint latest|best] \
+        [--redo record|sft|rl] [--dry-run] [--table-only]
+
+Per teacher (an existing PPO run dir, or a run id under the default run root), once:
+    python -m pipelines.record conf=pushcube_record record.teacher=T record.out=OUT/<t>/demos.zarr ...
+per (teacher, seed):
+    python -m pipelines.run conf=<sft conf> sft.store=OUT/<t>/demos.zarr seed=S ...
+    python -m pipelines.run conf=<rl conf> policy.model_path=<SFT run>/checkpoints/global_step_N/hf seed=S ...
+each with `run_root=OUT/runs tracking.uri=sqlite:///OUT/runs/mlflow.db` and the stage's extra overrides (`--record`,
+`--sft`, `--rl`: one string of space-separated Hydra overrides, applied last). `--family` picks the confs
+(flow: pushcube_flow_sft / pushcube_flow_grpo; token: pushcube_token_sft / pushcube_token_grpo), `--sft-conf` /
+`--rl-conf` override them (e.g. `--rl-conf pushcube_flow_ppo`). N is the SFT run's newest checkpoint
+(`--sft-checkpoint best`: the one its best eval marked, `checkpoints/best`).
+
+Resumable: a stage is complete once its marker `OUT/<t>/[seed<S>/]<stage>.json` exists (written after the CLI
+exited 0 and its outputs were found: the store, the run dir with its eval records and checkpoint); a rerun skips
+complete stages. A stage interrupted after its run started (the run line `dagrl: run ID | run dir ...` was seen,
+`<stage>.started.json`) continues with `runner.resume=ID` when that run has a checkpoint, else starts again; an
+incomplete record store is removed and recorded again. A complete stage whose command differs from the marker's
+(other overrides) is refused with one line: use another `--out`, or `--redo STAGE` (that stage and the ones after
+it are run again). Every CLI's output goes to `OUT/logs/`.
+
+The table (printed, and written to OUT/recipe.md and OUT/recipe.json) reads each run's per-episode eval records
+(`<run dir>/evals/step_N.json`, pipelines.runner): per (teacher, seed) the SFT run's last eval, the RL run's eval at
+every eval step with its Wilson 95 % interval, the best RL eval, the gain of the last and of the best eval over the
+RL run's step-0 eval (the SFT policy on the same fixed episodes) with Newcombe's paired 95 % interval
+(tasks.evalstats), and the wall time of each stage. The best eval is picked on the same episodes it is scored on,
+so its gain is optimistic; the last eval's is not. Below the table: the mean gain and in how many runs the lower
+bound is above 0. Exit: 0 done, 2 bad arguments (one line), 1 a stage failed (its log named).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from storage.checkpoints import best_checkpoint, latest_checkpoint  # noqa: E402
+from storage.tracking import default_tracking_uri  # noqa: E402
+from tasks.evalstats import compare_evals, fmt_gain, fmt_rate, read_evals, wilson_interval  # noqa: E402
+
+FAMILIES = {"flow": ("pushcube_flow_sft", "pushcube_flow_grpo"), "token": ("pushcube_token_sft", "pushcube_token_grpo")}
+RECORD_CONF = "pushcube_record"
+STAGES = ("record", "sft", "rl")
+RUN_LINE = re.compile(r"^dagrl: run (\S+) \| run dir (.+?) \| MLflow ")
+
+
+class RecipeError(Exception):
+    """A bad argument or state (printed as one line `error: ...`, exit 2)."""
+
+
+class StageFailed(Exception):
+    """A CLI exited non-zero or its outputs are missing (exit 1)."""
+
+
+# ----- the table: pure functions of eval records -----
+
+def _rate(rec: dict, key: str = "success_once") -> tuple[float, float, float, int]:
+    eps = rec["episodes"]
+    n = len(eps)
+    k = sum(bool(e[key]) for e in eps.values())
+    lo, hi = wilson_interval(k, n)
+    return (k / n if n else float("nan")), lo, hi, n
+
+
+def summarize(teacher: str, seed, sft_evals: dict[int, dict], rl_evals: dict[int, dict],
+              walls: dict[str, float | None], key: str = "success_once") -> dict:
+    """One table row from a (teacher, seed)'s eval records ({step: record} as `tasks.evalstats.read_evals`).
+
+    Returns a JSON-able dict: teacher, seed, sft {step, rate, low, high, n} (its last eval) or None, rl_evals
+    [{step, rate, low, high, n}] ascending, best {step, ...} (the highest rate, the first such step), gain_last /
+    gain_best {vs_step, step, diff, low, high, n} (paired, Newcombe) vs the RL run's first eval (its step 0 with
+    runner.val_at_start) or None, wall_s {stage: seconds or None}."""
+    row: dict = {"teacher": teacher, "seed": seed, "key": key, "sft": None, "rl_evals": [], "best": None,
+                 "gain_last": None, "gain_best": None, "wall_s": dict(walls)}
+    if sft_evals:
+        s = max(sft_evals)
+        p, lo, hi, n = _rate(sft_evals[s], key)
+        row["sft"] = {"step": s, "rate": p, "low": lo, "high": hi, "n": n}
+    for s in sorted(rl_evals):
+        p, lo, hi, n = _rate(rl_evals[s], key)
+        row["rl_evals"].append({"step": s, "rate": p, "low": lo, "high": hi, "n": n})
+    if row["rl_evals"]:
+        best = max(row["rl_evals"], key=lambda e: (e["rate"], -e["step"]))
+        row["best"] = dict(best)
+        first = min(rl_evals)
+
+        def gain(step: int) -> dict:
+            c = compare_evals(rl_evals[step]["episodes"], rl_evals[first]["episodes"], key)
+            return {"vs_step": first, "step": step, "diff": c.diff, "low": c.low, "high": c.high, "n": c.n}
+
+        if len(rl_evals) > 1:
+            row["gain_last"] = gain(max(rl_evals))
+            row["gain_best"] = gain(best["step"])
+    return row
+
+
+def _cell_rate(e: dict | None) -> str:
+    return "—" if e is None else fmt_rate(e["rate"], e["low"], e["high"])
+
+
+def _cell_gain(g: dict | None) -> str:
+    return "—" if g is None else fmt_gain(g["diff"], g["low"], g["high"])
+
+
+def _cell_wall(s) -> str:
+    return "—" if s is None else f"{s:.0f}"
+
+
+def table_markdown(rows: list[dict]) -> str:
+    """The one table (markdown) of `summarize` rows, and two summary lines under it."""
+    steps = sorted({e["step"] for r in rows for e in r["rl_evals"]})
+    n_eps = sorted({e["n"] for r in rows for e in r["rl_evals"]} | {r["sft"]["n"] for r in rows if r["sft"]})
+    key = rows[0]["key"] if rows else "success_once"
+    head = (["teacher", "seed", "SFT"] + [f"RL step {s}" for s in steps]
+            + ["best (step)", "gain last", "gain best", "wall record / SFT / RL (s)"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        by_step = {e["step"]: e for e in r["rl_evals"]}
+        best = "—" if r["best"] is None else f"{_cell_rate(r['best'])} ({r['best']['step']})"
+        w = r["wall_s"]
+        cells = ([str(r["teacher"]), str(r["seed"]), _cell_rate(r["sft"])] + [_cell_rate(by_step.get(s)) for s in steps]
+                 + [best, _cell_gain(r["gain_last"]), _cell_gain(r["gain_best"]),
+                    " / ".join(_cell_wall(w.get(k)) for k in STAGES)])
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(f"{key} on {', '.join(map(str, n_eps)) or '?'} fixed eval episodes; [Wilson 95 %]; gains vs the RL "
+                 f"run's first eval with [Newcombe paired 95 %]; the best eval is picked on the episodes it is scored "
+                 f"on (optimistic), the last is not.")
+    for which in ("gain_last", "gain_best"):
+        gs = [r[which] for r in rows if r[which] is not None]
+        if gs:
+            mean = sum(g["diff"] for g in gs) / len(gs)
+            pos = sum(g["low"] > 0 for g in gs)
+            neg = sum(g["high"] < 0 for g in gs)
+            lines.append(f"{which.replace('_', ' ')}: mean {mean:+.3f} over {len(gs)} runs; lower bound > 0 in "
+                         f"{pos}/{len(gs)}, upper bound < 0 in {neg}/{len(gs)}")
+    return "\n".join(lines) + "\n"
+
+
+def write_table(rows: list[dict], out: Path, meta: dict | None = None) -> str:
+    """Write OUT/recipe.md and OUT/recipe.json (rows + meta); returns the markdown."""
+    md = table_markdown(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "recipe.md").write_text(md)
+    (out / "recipe.json").write_text(json.dumps({"meta": meta or {}, "rows": rows}, indent=1))
+    return md
+
+
+# ----- running the stages -----
+
+def _launch(cmd: list[str], log: Path, on_line: Callable[[str], None]) -> int:
+    """Run `cmd` from the repo root, its stdout+stderr to `log` (and each line to `on_line`); returns the exit code."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(log, "a") as f:
+        f.write(f"$ {shlex.join(cmd)}\n")
+        f.flush()
+        p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                             bufsize=1)
+        try:
+            for line in p.stdout:
+                f.write(line)
+                on_line(line.rstrip("\n"))
+            return p.wait()
+        except BaseException:
+            p.terminate()
+            p.wait()
+            raise
+
+
+@dataclass
+class Recipe:
+    """record -> SFT -> RL for teachers x seeds under `out` (module docstring). `launch(cmd, log, on_line) -> rc`
+    runs one CLI (tests pass a fake)."""
+
+    teachers: list[str]
+    seeds: list[int]
+    out: Path
+    sft_conf: str
+    rl_conf: str
+    record_args: list[str] = field(default_factory=list)
+    sft_args: list[str] = field(default_factory=list)
+    rl_args: list[str] = field(default_factory=list)
+    sft_checkpoint: str = "latest"
+    redo: str | None = None
+    dry_run: bool = False
+    python: str = sys.executable
+    launch: Callable = _launch
+    echo: Callable = print
+
+    def __post_init__(self):
+        self.out = Path(self.out).resolve()
+        self.runs = self.out / "runs"
+        self.uri = default_tracking_uri(self.runs)
+        names = [Path(t).name or t for t in self.teachers]
+        self.names = [n if names.count(n) == 1 else f"t{i}_{n}" for i, n in enumerate(names)]
+
+    def _common(self) -> list[str]:
+        return [f"run_root={self.runs}", f"tracking.uri={self.uri}"]
+
+    def _marker(self, name: str, seed, stage: str) -> Path:
+        d = self.out / name if seed is None else self.out / name / f"seed{seed}"
+        return d / f"{stage}.json"
+
+    def _redo(self, stage: str) -> bool:
+        return self.redo is not None and STAGES.index(stage) >= STAGES.index(self.redo)
+
+    def _done(self, marker: Path, cmd: list[str], stage: str) -> dict | None:
+        """The marker's record when the stage is complete with this command; raises RecipeError on another one."""
+        if not marker.is_file():
+            return None
+        if self._redo(stage):
+            marker.unlink()
+            return None
+        rec = json.loads(marker.read_text())
+        if rec.get("cmd") != cmd:
+            raise RecipeError(f"{marker}: stage {stage} was completed with another command ({shlex.join(rec.get('cmd', []))}); "
+                              f"use another --out, or --redo {stage}")
+        return rec
+
+    def _run_cli(self, stage: str, name: str, seed, cmd: list[str]) -> tuple[dict, float]:
+        """Run a pipelines.run stage (resuming a started one); returns ({run_id, run_dir}, wall seconds)."""
+        marker = self._marker(name, seed, stage)
+        started = marker.with_name(f"{stage}.started.json")
+        full = list(cmd)
+        if started.is_file() and not self._redo(stage):
+            s = json.loads(started.read_text())
+            if s.get("cmd") == cmd and latest_checkpoint(s["run_dir"]) is not None:
+                full.append(f"runner.resume={s['run_id']}")
+                self.echo(f"recipe: {stage} {name} seed {seed}: resuming run {s['run_id']}")
+        seen: dict = {}
+
+        def on_line(line: str) -> None:
+            m = RUN_LINE.match(line)
+            if m and not seen:
+                seen.update(run_id=m.group(1), run_dir=m.group(2))
+                started.parent.mkdir(parents=True, exist_ok=True)
+                started.write_text(json.dumps({"cmd": cmd, **seen}))
+
+        log = self.out / "logs" / f"{name}_seed{seed}_{stage}.log"
+        self.echo(f"recipe: {stage} {name} seed {seed}: {shlex.join(full)}  (log {log})")
+        t0 = time.perf_counter()
+        rc = self.launch(full, log, on_line)
+        wall = time.perf_counter() - t0
+        if rc != 0:
+            raise StageFailed(f"{stage} of teacher {name} seed {seed} exited {rc}; see {log}")
+        if not seen:
+            raise StageFailed(f"{stage} of teacher {name} seed {seed}: no 'dagrl: run ... | run dir ...' line in {log}")
+        return seen, wall
+
+    def record(self, i: int) -> dict:
+        name, teacher = self.names[i], self.teachers[i]
+        store = self.out / name / "demos.zarr"
+        cmd = [self.python, "-m", "pipelines.record", f"conf={RECORD_CONF}", f"record.teacher={teacher}",
+               f"record.out={store}", *self._common(), *self.record_args]
+        marker = self._marker(name, None, "record")
+        rec = self._done(marker, cmd, "record")
+        if rec is not None:
+            return rec
+        if self.dry_run:
+            self.echo(shlex.join(cmd))
+            return {"store": str(store), "wall_s": None, "dry_run": True}
+        if store.exists():  # an interrupted recording (no marker): the recorder refuses an existing store
+            self.echo(f"recipe: removing the incomplete store {store}")
+            shutil.rmtree(store)
+        log = self.out / "logs" / f"{name}_record.log"
+        self.echo(f"recipe: record {name}: {shlex.join(cmd)}  (log {log})")
+        t0 = time.perf_counter()
+        rc = self.launch(cmd, log, lambda line: None)
+        wall = time.perf_counter() - t0
+        if rc != 0 or not store.exists():
+            raise StageFailed(f"record of teacher {name} exited {rc}" + ("" if store.exists() else
+                                                                         f" without writing {store}") + f"; see {log}")
+        rec = {"cmd": cmd, "store": str(store), "wall_s": wall}
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps(rec))
+        return rec
+
+    def _run_stage(self, stage: str, i: int, seed: int, cmd: list[str]) -> dict:
+        name = self.names[i]
+        marker = self._marker(name, seed, stage)
+        rec = self._done(marker, cmd, stage)
+        if rec is not None:
+            return rec
+        if self.dry_run:
+            self.echo(shlex.join(cmd))
+            return {"run_dir": None, "wall_s": None, "dry_run": True}
+        seen, wall = self._run_cli(stage, name, seed, cmd)
+        run_dir = Path(seen["run_dir"])
+        if not read_evals(run_dir) or latest_checkpoint(run_dir) is None:
+            raise StageFailed(f"{stage} of teacher {name} seed {seed}: {run_dir} has no eval records or no checkpoint")
+        rec = {"cmd": cmd, "run_id": seen["run_id"], "run_dir": str(run_dir), "wall_s": wall}
+        marker.write_text(json.dumps(rec))
+        return rec
+
+    def sft_hf(self, sft_run: Path) -> Path:
+        ckpt = best_checkpoint(sft_run) if self.sft_checkpoint == "best" else latest_checkpoint(sft_run)
+        if ckpt is None:
+            raise StageFailed(f"SFT run {sft_run} has no {self.sft_checkpoint} checkpoint")
+        return ckpt / "hf"
+
+    def run(self) -> list[dict]:
+        """Every stage that is not complete, then the table's rows."""
+        rows = []
+        for i, name in enumerate(self.names):
+            rec = self.record(i)
+            for seed in self.seeds:
+                sft_cmd = [self.python, "-m", "pipelines.run", f"conf={self.sft_conf}", f"sft.store={rec['store']}",
+                           f"seed={seed}", *self._common(), *self.sft_args]
+                sft = self._run_stage("sft", i, seed, sft_cmd)
+                hf = self.sft_hf(Path(sft["run_dir"])) if sft.get("run_dir") else "<SFT run>/checkpoints/global_step_N/hf"
+                rl_cmd = [self.python, "-m", "pipelines.run", f"conf={self.rl_conf}", f"policy.model_path={hf}",
+                          f"seed={seed}", *self._common(), *self.rl_args]
+                rl = self._run_stage("rl", i, seed, rl_cmd)
+                if self.dry_run:
+                    continue
+                rows.append(summarize(name, seed, read_evals(sft["run_dir"]), read_evals(rl["run_dir"]),
+                                      {"record": rec.get("wall_s"), "sft": sft.get("wall_s"), "rl": rl.get("wall_s")}))
+        return rows
+
+    def rows_from_markers(self) -> list[dict]:
+        """The rows of every (teacher, seed) whose RL stage is complete (`--table-only`)."""
+        rows = []
+        for i, name in enumerate(self.names):
+            rmark = self._marker(name, None, "record")
+            rec = json.loads(rmark.read_text()) if rmark.is_file() else {}
+            for seed in self.seeds:
+                sm, lm = self._marker(name, seed, "sft"), self._marker(name, seed, "rl")
+                if not (sm.is_file() and lm.is_file()):
+                    continue
+                sft, rl = json.loads(sm.read_text()), json.loads(lm.read_text())
+                rows.append(summarize(name, seed, read_evals(sft["run_dir"]), read_evals(rl["run_dir"]),
+                                      {"record": rec.get("wall_s"), "sft": sft.get("wall_s"), "rl": rl.get("wall_s")}))
+        return rows
+
+
+def _conf_exists(name: str) -> bool:
+    return (ROOT / "conf" / "conf" / f"{name}.yaml").is_file()
+
+
+def _resolve_teacher(t: str) -> Path:
+    """A teacher run dir (absolute: the stages run with another run_root), given as a dir or a run id under
+    <repo>/runs. Raises RecipeError."""
+    p = Path(t)
+    if p.is_dir():
+        return p.resolve()
+    from storage.rundir import find_run_dir
+    try:
+        return find_run_dir(ROOT / "runs", t).resolve()
+    except (FileNotFoundError, ValueError) as exc:
+        raise RecipeError(f"--teachers {t}: not a run directory nor a run id under {ROOT / 'runs'} ({exc})") from None
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--teachers", nargs="+", required=True, help="teacher PPO run dirs (or run ids)")
+    ap.add_argument("--seeds", nargs="+", type=int, default=[1])
+    ap.add_argument("--out", type=Path, required=True, help="output folder (run_root, MLflow, markers, table)")
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="flow")
+    ap.add_argument("--sft-conf", default=None)
+    ap.add_argument("--rl-conf", default=None)
+    ap.add_argument("--record", default="", help='extra overrides of the record stage, "k=v k=v"')
+    ap.add_argument("--sft", default="", help='extra overrides of the SFT stage, "k=v k=v"')
+    ap.add_argument("--rl", default="", help='extra overrides of the RL stage, "k=v k=v"')
+    ap.add_argument("--sft-checkpoint", choices=("latest", "best"), default="latest")
+    ap.add_argument("--redo", choices=STAGES, default=None, help="run this stage and the later ones again")
+    ap.add_argument("--dry-run", action="store_true", help="print the commands of the stages left; run nothing")
+    ap.add_argument("--table-only", action="store_true", help="only the table of the complete (teacher, seed)s")
+    return ap.parse_args(argv)
+
+
+def make_recipe(a: argparse.Namespace, **kw) -> Recipe:
+    """A Recipe from parsed arguments. Raises RecipeError (a conf that does not exist, a bad override string)."""
+    sft_conf = a.sft_conf or FAMILIES[a.family][0]
+    rl_conf = a.rl_conf or FAMILIES[a.family][1]
+    for flag, conf in (("--sft-conf", sft_conf), ("--rl-conf", rl_conf)):
+        if not _conf_exists(conf):
+            raise RecipeError(f"{flag}={conf}: no conf/conf/{conf}.yaml (family {a.family}); name an existing conf")
+    lists = {}
+    for flag in ("record", "sft", "rl"):
+        try:
+            items = shlex.split(getattr(a, flag))
+        except ValueError as exc:
+            raise RecipeError(f"--{flag}={getattr(a, flag)!r}: {exc}") from None
+        bad = [x for x in items if "=" not in x]
+        if bad:
+            raise RecipeError(f"--{flag}={getattr(a, flag)!r}: {bad[0]!r} is not a k=v override")
+        lists[flag] = items
+    teachers = [str(_resolve_teacher(t)) for t in a.teachers]
+    if len(set(a.seeds)) != len(a.seeds):
+        raise RecipeError(f"--seeds {' '.join(map(str, a.seeds))}: a seed is repeated")
+    return Recipe(teachers=teachers, seeds=list(a.seeds), out=a.out, sft_conf=sft_conf, rl_conf=rl_conf,
+                  record_args=lists["record"], sft_args=lists["sft"], rl_args=lists["rl"],
+                  sft_checkpoint=a.sft_checkpoint, redo=a.redo, dry_run=a.dry_run, **kw)
+
+
+def main(argv: list[str] | None = None, **kw) -> int:
+    a = parse_args(argv)
+    try:
+        r = make_recipe(a, **kw)
+        rows = r.rows_from_markers() if a.table_only else r.run()
+    except RecipeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except StageFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if a.dry_run:
+        return 0
+    meta = {"teachers": r.teachers, "names": r.names, "seeds": r.seeds, "sft_conf": r.sft_conf, "rl_conf": r.rl_conf,
+            "record": r.record_args, "sft": r.sft_args, "rl": r.rl_args, "sft_checkpoint": r.sft_checkpoint,
+            "written_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    print(write_table(rows, r.out, meta), end="")
+    print(f"recipe: table -> {r.out / 'recipe.md'}, {r.out / 'recipe.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

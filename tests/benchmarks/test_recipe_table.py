@@ -1,0 +1,212 @@
+"""benchmarks/recipe.py: the table from fake eval records, and the stage logic (commands, record once per teacher,
+skipping complete stages, resume of a started one, refusing changed overrides) with a fake CLI launcher. No real
+runs, ~2 s."""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from storage.checkpoints import save_checkpoint
+from tasks.evalstats import compare_evals, episode_outcomes, fmt_gain, fmt_rate, wilson_interval, write_eval
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def recipe():
+    spec = importlib.util.spec_from_file_location("recipe_under_test", ROOT / "benchmarks" / "recipe.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _outcomes(succ, base=1_000_000):
+    return episode_outcomes([{"seed": base + i, "success_once": bool(s), "success_at_end": False, "return": 0.0,
+                              "episode_len": 50} for i, s in enumerate(succ)])
+
+
+def _records(tmp_path, name, evals: dict[int, list[int]]):
+    d = tmp_path / name
+    for step, succ in evals.items():
+        write_eval(d, step, _outcomes(succ))
+    from tasks.evalstats import read_evals
+    return read_evals(d)
+
+
+N = 48
+S0 = [1] * 20 + [0] * 28  # 20/48
+S4 = [1] * 24 + [0] * 24  # the 20 plus 4 more
+S8 = [1] * 18 + [0] * 30  # two of the 20 lost
+
+
+def test_summarize_row(recipe, tmp_path):
+    sft = _records(tmp_path, "sft", {10: [1] * 10 + [0] * 38, 30: S0})
+    rl = _records(tmp_path, "rl", {0: S0, 4: S4, 8: S8})
+    row = recipe.summarize("A", 1, sft, rl, {"record": 69.0, "sft": 293.0, "rl": 1505.0})
+    assert row["sft"]["step"] == 30 and row["sft"]["rate"] == pytest.approx(20 / N) and row["sft"]["n"] == N
+    assert (row["sft"]["low"], row["sft"]["high"]) == wilson_interval(20, N)
+    assert [e["step"] for e in row["rl_evals"]] == [0, 4, 8]
+    assert [e["rate"] for e in row["rl_evals"]] == pytest.approx([20 / N, 24 / N, 18 / N])
+    assert row["best"]["step"] == 4
+    c_last = compare_evals(rl[8]["episodes"], rl[0]["episodes"])
+    c_best = compare_evals(rl[4]["episodes"], rl[0]["episodes"])
+    assert row["gain_last"] == {"vs_step": 0, "step": 8, "diff": c_last.diff, "low": c_last.low, "high": c_last.high,
+                                "n": N}
+    assert row["gain_best"]["diff"] == pytest.approx(4 / N) and row["gain_best"]["low"] == c_best.low
+    assert row["gain_last"]["diff"] == pytest.approx(-2 / N)
+    json.dumps(row)  # JSON-able
+    # ties: the first step reaching the best rate; one RL eval only: no gain
+    tie = recipe.summarize("A", 1, {}, _records(tmp_path, "tie", {0: S4, 4: S0, 8: S4}), {})
+    assert tie["best"]["step"] == 0 and tie["sft"] is None
+    one = recipe.summarize("A", 1, sft, _records(tmp_path, "one", {0: S0}), {})
+    assert one["gain_last"] is None and one["best"]["step"] == 0
+
+
+def test_table_markdown(recipe, tmp_path):
+    sft = _records(tmp_path, "sft", {30: S0})
+    rows = [recipe.summarize("A", 1, sft, _records(tmp_path, "r1", {0: S0, 4: S4, 8: S4}), {"record": 69.4, "sft": 293.0,
+                                                                                            "rl": 1505.2}),
+            recipe.summarize("A", 2, sft, _records(tmp_path, "r2", {0: S0, 4: S8}), {"record": 69.4, "sft": None,
+                                                                                  "rl": 10.0}),
+            recipe.summarize("B", 1, sft, _records(tmp_path, "r3", {0: [0] * N, 4: [1] * 30 + [0] * 18}),
+                             {"record": 1.0, "sft": 2.0, "rl": 3.0})]
+    md = recipe.write_table(rows, tmp_path / "out", {"x": 1})
+    lines = md.splitlines()
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert head == ["teacher", "seed", "SFT", "RL step 0", "RL step 4", "RL step 8", "best (step)", "gain last",
+                    "gain best", "wall record / SFT / RL (s)"]
+    r1 = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert r1[:3] == ["A", "1", fmt_rate(20 / N, *wilson_interval(20, N))]
+    assert r1[4] == r1[5] == fmt_rate(24 / N, *wilson_interval(24, N)) and r1[6] == f"{r1[4]} (4)"
+    g = compare_evals(_outcomes(S4), _outcomes(S0))
+    assert r1[7] == r1[8] == fmt_gain(g.diff, g.low, g.high) and r1[9] == "69 / 293 / 1505"
+    r2 = [c.strip() for c in lines[3].strip("|").split("|")]
+    assert r2[5] == "—" and r2[9] == "69 / — / 10"  # no eval at step 8, an unknown wall time
+    # summary: gains last +4/48, -2/48, +30/48; the third alone has its lower bound above 0
+    summ = [x for x in lines if x.startswith("gain last")][0]
+    mean = (4 - 2 + 30) / N / 3
+    assert f"mean {mean:+.3f} over 3 runs" in summ and "lower bound > 0 in 1/3" in summ
+    assert "48 fixed eval episodes" in md
+    back = json.loads((tmp_path / "out" / "recipe.json").read_text())
+    assert back["meta"] == {"x": 1} and len(back["rows"]) == 3 and (tmp_path / "out" / "recipe.md").read_text() == md
+
+
+class FakeCLI:
+    """Stands in for the three CLIs: writes what each would (the store; a run dir with eval records and a
+    checkpoint), prints the run line, and records the commands. `fail` = set of stage names that exit 1 once after
+    their run line (an interrupted stage)."""
+
+    def __init__(self, tmp_path, fail=()):
+        self.calls, self.fail, self.n = [], set(fail), 0
+        self.tmp = tmp_path
+
+    def __call__(self, cmd, log, on_line):
+        self.calls.append(cmd)
+        args = dict(a.split("=", 1) for a in cmd[3:] if "=" in a)
+        if cmd[2] == "pipelines.record":
+            Path(args["record.out"]).mkdir(parents=True)
+            return 0
+        stage = "sft" if args["conf"].endswith("_sft") else "rl"
+        resume = args.get("runner.resume")
+        self.n += 1
+        run_id = resume or f"run{self.n}"
+        run_dir = Path(args["run_root"]) / args["conf"] / run_id
+        on_line(f"dagrl: run {run_id} | run dir {run_dir} | MLflow x (run y)")
+        seed = int(args["seed"])
+        save_checkpoint(run_dir, 30 if stage == "sft" else 0, {"run": {"step": 0}})
+        if stage in self.fail:
+            self.fail.discard(stage)
+            return 1
+        evals = {30: S0} if stage == "sft" else {0: S0, 4: S4 if seed == 1 else S8}
+        for step, succ in evals.items():
+            write_eval(run_dir, step, _outcomes(succ))
+        if stage == "sft":
+            (run_dir / "checkpoints" / "global_step_30" / "hf").mkdir()
+        return 0
+
+
+def test_recipe_stages_commands_and_resumability(recipe, tmp_path, capsys):
+    fake = FakeCLI(tmp_path)
+    rl = ["--rl", "runner.max_steps=8 algorithm.lr=1e-5", "--sft", "runner.max_steps=30"]
+    (tmp_path / "teachers" / "tA").mkdir(parents=True)
+    (tmp_path / "teachers" / "tB").mkdir(parents=True)
+    r = recipe.make_recipe(recipe.parse_args(_argv(tmp_path, *rl)), launch=fake, echo=lambda s: None)
+    rows = r.run()
+    out = (tmp_path / "out").resolve()
+    mods = [c[2] for c in fake.calls]
+    assert mods.count("pipelines.record") == 2 and mods.count("pipelines.run") == 8  # record once per teacher
+    rec = [c for c in fake.calls if c[2] == "pipelines.record"]
+    assert f"record.out={out}/tA/demos.zarr" in rec[0] and f"record.teacher={tmp_path.resolve()}/teachers/tA" in rec[0]
+    sft_calls = [c for c in fake.calls if "conf=pushcube_flow_sft" in c]
+    rl_calls = [c for c in fake.calls if "conf=pushcube_flow_grpo" in c]
+    assert len(sft_calls) == len(rl_calls) == 4
+    for c in fake.calls:
+        assert f"run_root={out}/runs" in c and f"tracking.uri=sqlite:///{out}/runs/mlflow.db" in c
+    assert sft_calls[0][-1] == "runner.max_steps=30" and f"sft.store={out}/tA/demos.zarr" in sft_calls[0]
+    assert rl_calls[0][-2:] == ["runner.max_steps=8", "algorithm.lr=1e-5"]
+    # RL starts from the SFT run's newest checkpoint's hf dir, same seed
+    sft_run = out / "runs" / "pushcube_flow_sft" / "run1"
+    assert f"policy.model_path={sft_run}/checkpoints/global_step_30/hf" in rl_calls[0] and "seed=1" in rl_calls[0]
+    assert [(row["teacher"], row["seed"]) for row in rows] == [("tA", 1), ("tA", 2), ("tB", 1), ("tB", 2)]
+    assert rows[0]["gain_last"]["diff"] == pytest.approx(4 / N) and rows[1]["gain_last"]["diff"] == pytest.approx(-2 / N)
+    assert all(row["wall_s"]["rl"] is not None for row in rows)
+
+    # a rerun: every stage complete, nothing launched; the table comes from the markers
+    fake.calls.clear()
+    assert recipe.main(_argv(tmp_path, *rl), launch=fake) == 0
+    assert fake.calls == []
+    printed = capsys.readouterr().out
+    assert printed.count("| tA |") == 2 and "recipe.md" in printed
+    # other RL overrides on a complete stage: refused (exit 2, one line) ...
+    assert recipe.main(_argv(tmp_path, "--rl", "runner.max_steps=12", "--sft", "runner.max_steps=30"),
+                       launch=fake) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "--redo rl" in err and err.count("\n") == 1 and fake.calls == []
+    # ... unless --redo rl: only the RL stages run again
+    assert recipe.main(_argv(tmp_path, "--rl", "runner.max_steps=12", "--sft", "runner.max_steps=30", "--redo", "rl"),
+                       launch=fake) == 0
+    assert len(fake.calls) == 4 and all("conf=pushcube_flow_grpo" in c and "runner.max_steps=12" in c
+                                        for c in fake.calls)
+
+
+def _argv(tmp_path, *extra):
+    return ["--teachers", str(tmp_path / "teachers" / "tA"), str(tmp_path / "teachers" / "tB"), "--seeds", "1", "2",
+            "--out", str(tmp_path / "out"), *extra]
+
+
+def test_recipe_resumes_an_interrupted_stage(recipe, tmp_path):
+    fake = FakeCLI(tmp_path, fail={"rl"})  # the RL run starts, writes a checkpoint, then exits 1
+    (tmp_path / "teachers" / "tA").mkdir(parents=True)
+    argv = ["--teachers", str(tmp_path / "teachers" / "tA"), "--seeds", "1", "--out", str(tmp_path / "out")]
+    assert recipe.main(argv, launch=fake) == 1
+    started = json.loads((tmp_path / "out" / "tA" / "seed1" / "rl.started.json").read_text())
+    assert not (tmp_path / "out" / "tA" / "seed1" / "rl.json").exists()
+    fake.calls.clear()
+    assert recipe.main(argv, launch=fake) == 0
+    assert len(fake.calls) == 1 and fake.calls[0][-1] == f"runner.resume={started['run_id']}"  # record, SFT skipped
+    # an interrupted recording (store, no marker) is recorded again into a fresh store
+    (tmp_path / "out" / "tA" / "record.json").unlink()
+    fake.calls.clear()
+    assert recipe.main(argv, launch=fake) == 0
+    assert [c[2] for c in fake.calls] == ["pipelines.record"]
+
+
+def test_recipe_argument_errors(recipe, tmp_path, capsys):
+    (tmp_path / "t").mkdir()
+    for argv, needle in [(["--family", "token"], "pushcube_token_sft"),
+                         (["--rl-conf", "nope"], "--rl-conf=nope"),
+                         (["--rl", "runner.max_steps"], "not a k=v override"),
+                         (["--seeds", "1", "1"], "repeated")]:
+        assert recipe.main(["--teachers", str(tmp_path / "t"), "--out", str(tmp_path / "o"), *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and needle in err and err.count("\n") == 1, err
+    assert recipe.main(["--teachers", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+    # --rl-conf pushcube_flow_ppo is accepted (an existing conf)
+    fake = FakeCLI(tmp_path)
+    assert recipe.main(["--teachers", str(tmp_path / "t"), "--out", str(tmp_path / "o"), "--rl-conf",
+                        "pushcube_flow_ppo", "--dry-run"], launch=fake) == 0
+    assert fake.calls == [] and "conf=pushcube_flow_ppo" in capsys.readouterr().out
