@@ -191,3 +191,60 @@ def test_regression_decision_and_line():
     assert fmt_gain(c.diff, c.low, c.high) in line and "48 paired episodes" in line
     # a gain is never a regression
     assert regression(first, worse) is None
+
+
+class _ToyEnv:
+    """A SingleEnv whose episodes end (truncated) after 5-7 steps, successful for seeds divisible by 4."""
+
+    obs_dim, action_dim, image_shape = 3, 2, None
+
+    def reset(self, seed):
+        self.seed, self.t = int(seed), 0
+        return np.full(3, seed % 7, np.float32)
+
+    def step(self, action):
+        self.t += 1
+        return np.full(3, self.t, np.float32), 0.1, False, self.t >= 5 + self.seed % 3, self.seed % 4 == 0
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("conf", ["pushcube_flow_grpo", "pushcube_flow_ppo", "pushcube_flow_sft"])
+def test_vla_confs_eval_200_fixed_episodes(conf, monkeypatch, tmp_path):
+    """env.eval.num_episodes=200 (and 203: not a multiple of eval.num_envs) with the VLA confs: every eval plays
+    exactly the episodes with reset seeds env.eval.seed + i, i < num_episodes, the same at every call (the real
+    tasks.rollout.evaluate per eval shard, on toy envs and a zero policy: no simulator, no model)."""
+    from types import SimpleNamespace
+
+    from pipelines.config import load_config
+    from tasks import rollout
+    from tasks.envs import EnvShard
+
+    def toy_shard(cfg_env, *, shard, num_shards, num_envs, auto_reset, ignore_terminations, base_seed, **_):
+        size = num_envs // num_shards
+        return EnvShard([_ToyEnv() for _ in range(size)], env_offset=shard * size, num_envs_total=num_envs,
+                        base_seed=base_seed, auto_reset=auto_reset, ignore_terminations=ignore_terminations)
+
+    monkeypatch.setattr(rollout, "make_shard", toy_shard)
+    monkeypatch.setattr(rollout, "get_replica", lambda *a, **k: SimpleNamespace(module=None))
+    monkeypatch.setattr(rollout, "policy_obs", lambda module, state, rgb, instr: state)
+    for n in (200, 203):
+        (tmp_path / "demos.zarr").mkdir(exist_ok=True)
+        (tmp_path / "demos.zarr" / "zarr.json").write_text("{}")  # the SFT conf's store check only
+        extra = [f"sft.store={tmp_path / 'demos.zarr'}"] if conf.endswith("sft") else []
+        cfg, _ = load_config([f"conf={conf}", f"env.eval.num_episodes={n}", *extra], components=False)
+        C = cfg.policy.num_action_chunks
+        monkeypatch.setattr(rollout, "_act", lambda rep, obs, deterministic=False: {
+            "actions": np.zeros((len(obs), C, 2), np.float32)})
+        ev = cfg.env.eval
+        seen = []
+        for call in range(2):  # two evals: the same episodes (the eval shards are reused, as on the workers)
+            eps = [e for s in range(cfg.env.num_shards)
+                   for e in rollout.evaluate(cfg, f"test-{conf}-{n}", s, {"version": 0})]
+            outcomes = episode_outcomes(eps)
+            assert list(outcomes) == [str(ev.seed + i) for i in range(n)]
+            assert sorted(e["episode_id"] for e in eps) == list(range(n))
+            seen.append(outcomes)
+        assert seen[0] == seen[1]
+        assert rate_summary(seen[0])["success_once"] == pytest.approx(sum((ev.seed + i) % 4 == 0 for i in range(n)) / n)
