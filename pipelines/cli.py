@@ -1,6 +1,9 @@
 """What the command-line entry points share (`pipelines.run`, `pipelines.record`, `pipelines.validate`).
 
+- `start(argv, doc)`: the command line's words, `doc` printed for `-h`/`--help`, the loggers quietened;
 - `quiet()`: warnings and the chatty libraries' loggers silenced before anything heavy is imported;
+- `load(overrides, **kw)`: the one check path (`pipelines.config.load_config`), a refused config printed as one
+  line `error: key=value: fix` (the command exits 2);
 - `with_cluster(cfg, body)`: start the cluster, run the command's body, close the cluster, map the errors a body
   can raise to the exit codes every command documents (2 bad config or cluster, 1 a stalled run or a stopped step,
   130 interrupted).
@@ -22,6 +25,30 @@ def quiet() -> None:
     for name in ("mani_skill", "mani_skill ", "distributed", "alembic", "mlflow"):
         logging.getLogger(name).setLevel(logging.ERROR)
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
+
+
+def start(argv: list[str] | None, doc: str) -> list[str] | None:
+    """The command's words (`sys.argv[1:]` when `argv` is None), after `quiet()`; None when they ask for help
+    (`-h`/`--help`: `doc` printed, the command exits 0)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if {"-h", "--help"} & set(argv):
+        print(doc)
+        return None
+    quiet()
+    return argv
+
+
+def load(overrides, **kw):
+    """`pipelines.config.load_config(overrides, **kw)[0]` (a checked `tasks.config.Config`), or None when the config
+    is refused (ConfigError, VulkanMissingError): then one line `error: ...` is on stderr and the command exits 2."""
+    from pipelines.config import load_config
+    from tasks.config import ConfigError
+    from tasks.envs.vulkan import VulkanMissingError
+    try:
+        return load_config(overrides, **kw)[0]
+    except (ConfigError, VulkanMissingError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
 
 
 def with_cluster(cfg, body) -> int:

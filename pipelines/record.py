@@ -79,20 +79,14 @@ def record(cfg, handle, *, echo=print) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if {"-h", "--help"} & set(argv):
-        print(__doc__)
+    from pipelines.cli import load, start, with_cluster
+    argv = start(argv, __doc__)
+    if argv is None:
         return 0
-    from pipelines.cli import quiet, with_cluster
-    quiet()
-    from pipelines.config import load_config
-    from tasks.config import ConfigError
-    from tasks.envs.vulkan import VulkanMissingError
-    try:
-        cfg, _ = load_config(argv, command="record")  # the shared check path, incl. check_record
-    except (ConfigError, VulkanMissingError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    cfg = load(argv, command="record")  # the shared check path, incl. check_record
+    if cfg is None:
         return 2
+
     def body(handle) -> int:
         print(f"dagrl record: dashboard {handle.dashboard_link}", flush=True)
         s = record(cfg, handle)

@@ -14,27 +14,19 @@ from __future__ import annotations
 
 import sys
 
-from pipelines.cli import quiet, with_cluster  # the entry points' shared plumbing
+from pipelines.cli import load, start, with_cluster  # the entry points' shared plumbing
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    quiet()
-    from pipelines.config import load_config, to_yaml
-    from tasks.config import ConfigError
-    from tasks.envs.vulkan import VulkanMissingError
-
-    if {"-h", "--help"} & set(argv):
-        print(__doc__)
+    argv = start(argv, __doc__)
+    if argv is None:
         return 0
-    show = "--show" in argv
-    overrides = [a for a in argv if a != "--show"]
-    try:
-        cfg, _ = load_config(overrides, command="run")  # the one check path (pipelines.validate runs the same)
-    except (ConfigError, VulkanMissingError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    from pipelines.config import to_yaml
+    from tasks.config import ConfigError
+    cfg = load([a for a in argv if a != "--show"], command="run")  # the one check path (pipelines.validate's too)
+    if cfg is None:
         return 2
-    if show:
+    if "--show" in argv:
         print(to_yaml(cfg))
         return 0
     if cfg.runner.resume is not None:  # which run, which checkpoint, same training keys: offline, before any worker

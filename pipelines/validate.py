@@ -50,15 +50,13 @@ def describe(cfg, placement=None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    from pipelines.cli import quiet
-    quiet()
+    from pipelines.cli import start
+    argv = start(argv, __doc__)
+    if argv is None:
+        return 0
     from pipelines.config import load_config, to_yaml
     from tasks.config import ConfigError
     from tasks.envs.vulkan import VulkanMissingError
-    if {"-h", "--help"} & set(argv):
-        print(__doc__)
-        return 0
     flags = {a for a in argv if a.startswith("--")}
     unknown = flags - {"--show", "--connect"}
     if unknown:
