@@ -46,6 +46,18 @@ def store(tmp_path):
     clear_cache()
 
 
+def _one_step_store(path, data: dict) -> str:
+    """A store holding one complete step: `data` name -> array [T, B, ...] (the fields' per-sample shapes and
+    dtypes read from it; B envs in one shard)."""
+    T, B = next(iter(data.values())).shape[:2]
+    fields = {k: FieldSpec(v.shape[2:], str(v.dtype)) for k, v in data.items()}
+    st = TrajectoryStore.create(path, fields=fields, T=T, num_envs=B, shard_size=B)
+    st.reserve(0)
+    write_shard(str(path), step=0, shard=0, data=data)
+    st.mark_complete(0)
+    return str(path)
+
+
 def test_sft_index_keeps_executed_chunk_steps_of_successful_episodes_in_complete_steps(store):
     rows = sft_index(str(store), only_success=True)
     # episode 0: t=0,1 of env 0 in step 0 (t=2 idle); episode 3: t=0..2 of env 1 in step 1
@@ -67,17 +79,11 @@ def test_sft_load_draws_seeded_minibatches_of_the_selected_samples(store):
 
 
 def test_sft_index_names_the_store_when_nothing_is_selectable(tmp_path):
-    path = tmp_path / "empty.zarr"
-    st = TrajectoryStore.create(path, fields={"step_mask": FieldSpec((1,), "bool"),
-                                              "success": FieldSpec((), "bool"),
-                                              "episode_id": FieldSpec((), "int64")}, T=1, num_envs=1, shard_size=1)
-    st.reserve(0)
-    write_shard(str(path), step=0, shard=0, data={"step_mask": np.ones((1, 1, 1), bool),
-                                                   "success": np.zeros((1, 1), bool),
-                                                   "episode_id": np.zeros((1, 1), np.int64)})
-    st.mark_complete(0)
+    path = _one_step_store(tmp_path / "empty.zarr", {"step_mask": np.ones((1, 1, 1), bool),
+                                                    "success": np.zeros((1, 1), bool),
+                                                    "episode_id": np.zeros((1, 1), np.int64)})
     with pytest.raises(ValueError, match="empty.zarr: no chunk step to learn from in a successful episode"):
-        sft_index(str(path), only_success=True)
+        sft_index(path, only_success=True)
     clear_cache()
 
 
@@ -101,21 +107,13 @@ def test_chunk_returns_hand_case():
 def test_sft_value_warm_start_loads_every_episode_with_returns_and_the_bc_flag(tmp_path):
     """With sft.value_coef > 0 the samples are all executed chunk steps; `bc` marks the successful episodes'
     ones and `returns` are the chunk returns of their step."""
-    path = tmp_path / "v.zarr"
-    fields = {"obs": FieldSpec((1,), "float32"), "actions": FieldSpec((1, 1), "float32"),
-              "rewards": FieldSpec((1,), "float32"), "step_mask": FieldSpec((1,), "bool"),
-              "truncated": FieldSpec((), "bool"), "success": FieldSpec((), "bool"),
-              "episode_id": FieldSpec((), "int64")}
-    st = TrajectoryStore.create(path, fields=fields, T=2, num_envs=2, shard_size=2)
-    st.reserve(0)
     obs = np.array([[[0.0], [1.0]], [[2.0], [3.0]]], np.float32)  # value = 2 t + b
-    write_shard(str(path), step=0, shard=0, data={
+    path = _one_step_store(tmp_path / "v.zarr", {
         "obs": obs, "actions": obs[..., None], "rewards": np.array([[[1.0], [0.0]], [[1.0], [2.0]]], np.float32),
         "step_mask": np.ones((2, 2, 1), bool), "truncated": np.array([[False, False], [True, True]]),
-        "success": np.array([[False, False], [True, False]]), "episode_id": np.array([[0, 1], [0, 1]])})
-    st.mark_complete(0)
+        "success": np.array([[False, False], [True, False]]), "episode_id": np.array([[0, 1], [0, 1]], np.int64)})
     cfg = Config()
-    cfg.sft.store, cfg.sft.batch_size, cfg.sft.value_coef = str(path), 64, 1.0
+    cfg.sft.store, cfg.sft.batch_size, cfg.sft.value_coef = path, 64, 1.0
     cfg.algorithm.gamma, cfg.algorithm.reward_scale = 0.5, 1.0
     resident.release("sft_data/")
     try:
@@ -134,27 +132,19 @@ def test_value_only_pass_moves_the_value_head_only(tmp_path):
     gradient steps every non-value tensor equals the loaded weights and the value head has moved."""
     from tasks.demos import sft_update
     from tasks.policies import make_policy
-    path = tmp_path / "v.zarr"
-    fields = {"obs": FieldSpec((3,), "float32"), "actions": FieldSpec((2, 2), "float32"),
-              "rewards": FieldSpec((2,), "float32"), "step_mask": FieldSpec((2,), "bool"),
-              "truncated": FieldSpec((), "bool"), "success": FieldSpec((), "bool"),
-              "episode_id": FieldSpec((), "int64")}
-    st = TrajectoryStore.create(path, fields=fields, T=2, num_envs=2, shard_size=2)
-    st.reserve(0)
     r = np.random.default_rng(0)
-    write_shard(str(path), step=0, shard=0, data={
+    path = _one_step_store(tmp_path / "v.zarr", {
         "obs": r.standard_normal((2, 2, 3)).astype(np.float32),
         "actions": r.uniform(-1, 1, (2, 2, 2, 2)).astype(np.float32),
         "rewards": r.uniform(0, 1, (2, 2, 2)).astype(np.float32), "step_mask": np.ones((2, 2, 2), bool),
         "truncated": np.array([[False, False], [True, True]]), "success": np.array([[False, False], [True, False]]),
-        "episode_id": np.array([[0, 1], [0, 1]])})
-    st.mark_complete(0)
+        "episode_id": np.array([[0, 1], [0, 1]], np.int64)})
     cfg = Config()
     cfg.env.obs_mode = "state"
     p = cfg.policy
     p.name, p.preset, p.num_action_chunks, p.max_prompt_len = "flow_vla", "tiny", 2, 8
     p.value_detach, p.critic_state, p.value_head = True, True, "last_token"
-    cfg.sft.store, cfg.sft.batch_size, cfg.sft.value_coef, cfg.sft.bc_coef = str(path), 8, 1.0, 0.0
+    cfg.sft.store, cfg.sft.batch_size, cfg.sft.value_coef, cfg.sft.bc_coef = path, 8, 1.0, 0.0
     policy = make_policy(p, obs_dim=3, action_dim=2, seed=0)
     w0 = {"version": 0, "state_dict": {k: v.clone() for k, v in policy.state_dict().items()}}
     resident.release("sft_data/")
