@@ -71,7 +71,8 @@ MAX_PARAM_NAME_LENGTH = 250  # mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH
 def param_name(path: Sequence[str], sep: str = ".") -> str:
     """The MLflow param name of a config key given as its segments: segments joined by `sep`, a "," inside a
     segment written as "/" (MLflow names allow alphanumerics, "_", "-", ".", " ", ":" and "/" only; config keys
-    never hold "/", so the mapping is reversible: `config_key`).
+    never hold "/", so the mapping is reversible: `config_key`). A dict key holding "." (a module path in
+    `algorithm.lr_scale`) stays as it is: its name reads like one more level of nesting.
 
     Raises:
         ValueError: a segment with a character MLflow does not allow even after the mapping, or holding "/" or
@@ -80,9 +81,9 @@ def param_name(path: Sequence[str], sep: str = ".") -> str:
     import re
     parts = []
     for seg in map(str, path):
-        if PARAM_KEY_COMMA in seg or sep in seg or not re.fullmatch(r"[\w\- ,]+", seg):
+        if PARAM_KEY_COMMA in seg or not re.fullmatch(r"[\w\- ,.]+", seg) or seg.strip(".") != seg:
             raise ValueError(f"config key segment {seg!r} of {'.'.join(map(str, path))!r} cannot be an MLflow param "
-                             f"name (allowed: letters, digits, '_', '-', ' ', ',')")
+                             f"name (allowed: letters, digits, '_', '-', ' ', ',', and '.' inside)")
         parts.append(seg.replace(",", PARAM_KEY_COMMA))
     name = sep.join(parts)
     if len(name) > MAX_PARAM_NAME_LENGTH:

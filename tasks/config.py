@@ -264,6 +264,9 @@ class AlgorithmConfig:
     normalize_advantages: bool = True
     target_kl: Optional[float] = 0.1  # stop the update's epochs early once approx_kl exceeds it
     critic_lr: Optional[float] = None  # learning rate of a VLA's value head (None: algorithm.lr for everything)
+    lr_scale: dict[str, float] = field(default_factory=dict)  # parameter-name prefix -> factor on the learning rate
+    # of the parameters under it (the longest matching prefix wins; e.g. {prefix: 0} freezes the flow VLA's vision
+    # tower and prefix LM: those parameters get no gradient and no optimizer state). tasks.update.make_optimizer
     critic_warmup_steps: int = 0  # ppo: the first N updates train only the critic (a fresh value head on a
     # pretrained policy would otherwise steer the policy with meaningless advantages)
     # ----- distributed actor update (tasks.distributed; RLinf actor.global_batch_size / micro_batch_size) -----
@@ -315,6 +318,8 @@ class AlgorithmConfig:
             ("algorithm.target_kl", a.target_kl, a.target_kl is None or a.target_kl > 0, "must be > 0 or null"),
             ("algorithm.critic_lr", a.critic_lr, a.critic_lr is None or a.critic_lr > 0, "must be > 0 or null"),
             ("algorithm.critic_warmup_steps", a.critic_warmup_steps, a.critic_warmup_steps >= 0, "must be >= 0"),
+            *((f"algorithm.lr_scale.{k}", v, v >= 0, "must be >= 0 (0 freezes those parameters)")
+              for k, v in a.lr_scale.items()),
         ]:
             if not ok:
                 raise ConfigError(key, val, fix)

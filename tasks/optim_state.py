@@ -67,7 +67,7 @@ def _fqn_keyed(policy: torch.nn.Module, opt: torch.optim.Optimizer, state: dict)
     names = _param_names(policy, opt)
     if [len(g["params"]) for g in groups] != [len(g) for g in names]:
         raise ValueError(f"optimizer state has param_groups of sizes {[len(g['params']) for g in groups]}, this "
-                         f"optimizer {[len(g) for g in names]}: a different policy or algorithm.critic_lr setting")
+                         f"optimizer {[len(g) for g in names]}: a different policy, algorithm.critic_lr or algorithm.lr_scale setting")
     pos = {i: n for g_ids, g_names in zip((g["params"] for g in groups), names) for i, n in zip(g_ids, g_names)}
     return {"state": {pos[i]: v for i, v in state.get("state", {}).items()},
             "param_groups": [{**g, "params": names[j]} for j, g in enumerate(groups)]}
@@ -91,7 +91,7 @@ def load_optimizer_state(policy: torch.nn.Module, opt: torch.optim.Optimizer, st
         diff = sorted(set().union(*map(set, saved)) ^ set().union(*map(set, names)))
         raise ValueError(f"optimizer state: its param_groups name other parameters than this optimizer's "
                          f"({len(saved)} vs {len(names)} groups; differing: {diff[:6]}): a checkpoint of another "
-                         f"policy, or algorithm.critic_lr changed")
+                         f"policy, or algorithm.critic_lr / algorithm.lr_scale changed (they must match the checkpoint's run)")
     unknown = set(state["state"]) - {n for g in names for n in g}
     if unknown:
         raise ValueError(f"optimizer state for parameters this policy does not have: {sorted(unknown)[:6]}")

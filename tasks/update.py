@@ -183,16 +183,46 @@ def to_actor_device(data: dict[str, torch.Tensor], policy: torch.nn.Module) -> d
 
 
 def make_optimizer(cfg: Config, policy: torch.nn.Module) -> torch.optim.Optimizer:
-    """The actor's optimizer: Adam(lr=algorithm.lr, eps=1e-5) over `policy.parameters()` (after any sharding);
-    with `algorithm.critic_lr` set, the value head's parameters (names starting with `value_head.`) form a second
-    group with that learning rate (a fresh critic on a pretrained VLA needs a larger step than the policy)."""
+    """The actor's optimizer: Adam(eps=1e-5) over `policy.parameters()` (after any sharding), one param group per
+    learning rate, in parameter order of first appearance.
+
+    A parameter's learning rate is `algorithm.lr` — `algorithm.critic_lr` for the value head's (names starting
+    with `value_head.`) when that is set (a fresh critic on a pretrained VLA needs a larger step than the policy) —
+    times the factor of the longest `algorithm.lr_scale` prefix its name starts with (1 without one). A factor 0
+    freezes the parameter: `requires_grad_(False)`, outside the optimizer (no state; `clip_grad_norm_` skips it).
+
+    Raises:
+        ValueError: `critic_lr` set for a policy without a value head; an `lr_scale` key that is no parameter-name
+            prefix (the message lists the policy's top-level modules).
+    """
     a = cfg.algorithm
-    if a.critic_lr is None:
-        return torch.optim.Adam(policy.parameters(), lr=a.lr, eps=1e-5)
-    actor, critic = split_critic(policy)
-    if not critic:
+    named = list(policy.named_parameters())
+    if a.critic_lr is not None and not any(n.startswith("value_head.") for n, _ in named):
         raise ValueError(f"algorithm.critic_lr={a.critic_lr}: the {type(policy).__name__} has no value_head")
-    return torch.optim.Adam([{"params": actor, "lr": a.lr}, {"params": critic, "lr": a.critic_lr}], eps=1e-5)
+    names = [n for n, _ in named]
+    for key in a.lr_scale:
+        if not any(n == key or n.startswith(key + ".") for n in names):
+            top = sorted({".".join(n.split(".")[:2]) for n in names})
+            raise ValueError(f"algorithm.lr_scale.{key}: no parameter of the {type(policy).__name__} is under "
+                             f"{key!r}; its modules: {', '.join(top)}")
+    groups: dict[float, list[torch.nn.Parameter]] = {}
+    for n, p in named:
+        lr = param_lr(a, n)
+        if lr == 0.0:
+            p.requires_grad_(False)
+            continue
+        groups.setdefault(lr, []).append(p)
+    if len(groups) == 1:
+        (lr, params), = groups.items()
+        return torch.optim.Adam(params, lr=lr, eps=1e-5)
+    return torch.optim.Adam([{"params": ps, "lr": lr} for lr, ps in groups.items()], eps=1e-5)
+
+
+def param_lr(a, name: str) -> float:
+    """The learning rate of the parameter `name` under AlgorithmConfig `a` (make_optimizer's rule)."""
+    base = a.critic_lr if a.critic_lr is not None and name.startswith("value_head.") else a.lr
+    match = [k for k in a.lr_scale if name == k or name.startswith(k + ".")]
+    return base * (a.lr_scale[max(match, key=len)] if match else 1.0)
 
 
 def split_critic(policy: torch.nn.Module) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
