@@ -10,7 +10,8 @@ the worker at `address`, the plugin
   finishes, nothing after it starts.
 
 A restarted worker gets the plugin again but never sees the key again (a retried step has new keys), so each fault
-happens once. Nothing in the run itself imports this module.
+happens once. `restore_pause` (run on a worker) undoes a pause, for tests that share one cluster. Nothing in the
+run itself imports this module.
 """
 from __future__ import annotations
 
@@ -39,4 +40,19 @@ class FaultAt(WorkerPlugin):
             return
         if self.action == "kill":
             os._exit(1)
-        self.worker.memory_manager.memory_pause_fraction = 1e-9  # any process memory is above it
+        mm = self.worker.memory_manager
+        if not hasattr(self.worker, "_dagrl_pause_before"):
+            self.worker._dagrl_pause_before = mm.memory_pause_fraction
+        mm.memory_pause_fraction = 1e-9  # any process memory is above it
+
+
+def restore_pause(dask_worker) -> bool:
+    """`client.run(restore_pause, workers=[...])`: give a worker paused by `FaultAt(..., "pause")` its pause
+    fraction back (its memory monitor then resumes it within ~100 ms), so that a test leaves the cluster whole.
+    Returns whether the worker had been paused by a fault."""
+    before = getattr(dask_worker, "_dagrl_pause_before", None)
+    if before is None:
+        return False
+    dask_worker.memory_manager.memory_pause_fraction = before
+    del dask_worker._dagrl_pause_before
+    return True

@@ -20,6 +20,25 @@ of the new placement. If a placement on the healthy workers exists the step is r
 stops (`RunStalled`, exit 1): with a checkpoint of the last finished step when the actor's workers are healthy
 (their weights are the last good ones), else naming the latest checkpoint on disk, and the command to resume.
 
+Every way a run gives up ends in `_give_up`, which raises `RunStalled` with ONE line (pipelines.run prints it as
+`error: <line>`, exit 1, no traceback):
+
+    training step N: <what failed: the worker(s) and their state>; <what was saved: the checkpoint path>; <what to change>
+
+| give-up path                                                          | raised from                         |
+|-----------------------------------------------------------------------|-------------------------------------|
+| every attempt of a step / eval / checkpoint lost or stalled workers   | Scheduler._retrying (max_retries)   |
+| no placement on the healthy workers after a loss or a stall           | `_recover`                          |
+| the cluster's workers not back after a loss                           | `_recover`                          |
+| the cluster itself gone (scheduler unreachable) during a wait         | Scheduler._retrying (`_cluster_gone`) |
+| a task of the checkpoint graph failed (disk full, permissions)        | Scheduler._compute                  |
+| placed workers lost or stalled in the init graph (no retry path)      | `_result`                           |
+
+N is the training step that failed, numbered as MLflow's (the first step is 1); for an evaluation or checkpoint
+graph it is the step they follow. The checkpoint is written (of the last finished step, with the watch narrowed to
+the actor's workers: a lost env worker does not stop it) whenever the actor's workers are healthy; else the line
+names the latest checkpoint on disk, or says that none exists.
+
 Driver calls outside the watch that could block (`client.run`, `restart_workers`, `wait_for_workers`) carry a
 bound (`bounded`, their own `timeout`).
 """
@@ -36,7 +55,14 @@ from tasks.config import ConfigError
 
 
 class RunStalled(RuntimeError):
-    """The run stopped because no healthy placement is left; the message says what to change and how to resume."""
+    """The run gave up (module docstring): one line `training step N: <what failed>; <what was saved>; <what to
+    change>` (no `training step` prefix from a `Watcher`, which has no steps)."""
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of `exc`'s message, else its type's name (never empty, never a newline)."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 @dataclass
@@ -94,7 +120,8 @@ class Recovery:
     # ----- the watch -----
     def _placed(self) -> set[str]:
         p = self.placement
-        return {*p.shard_workers, *p.actor_workers[:self.ranks], *p.rollout_workers}
+        only = getattr(self, "_watch_only", None)  # while writing the give-up checkpoint: the actor's workers
+        return set(only) if only else {*p.shard_workers, *p.actor_workers[:self.ranks], *p.rollout_workers}
 
     def _watch_state(self) -> dict:
         w = getattr(self, "_watch", None)
@@ -163,7 +190,15 @@ class Recovery:
                 f"{_gib(h['memory'])} of {_gib(h['memory_limit'])}: its event loop is blocked")
 
     def _check(self) -> set[str]:
-        """One look: lost placed workers, else stalled ones (recorded, their line printed once). Empty: all fine."""
+        """One look: lost placed workers, else stalled ones (recorded, their line printed once). Empty: all fine.
+
+        Raises:
+            ConnectionError: the client lost its scheduler for good (closed): `scheduler_info()` would keep
+                answering from its last look (Scheduler._guarded turns this into the give-up line).
+        """
+        status = getattr(self.client, "status", "running")
+        if status in ("closing", "closed", "failed"):
+            raise ConnectionError(f"the client's connection to the scheduler is {status}")
         lost = self._lost_workers()
         if lost:
             return lost
@@ -177,13 +212,21 @@ class Recovery:
 
     # ----- waiting -----
     def _worker_ids(self) -> dict[str, str]:
-        """address -> worker id (a restarted worker can come back on the same address with a new id and no state)"""
-        return {a: w.get("id", a) for a, w in self.client.scheduler_info(n_workers=-1)["workers"].items()}
+        """address -> worker id (a restarted worker can come back on the same address with a new id and no state).
+        Also remembers each address's worker name (`_name`: a lost worker is named after it is gone)."""
+        workers = self.client.scheduler_info(n_workers=-1)["workers"]
+        names = self.__dict__.setdefault("_names", {})
+        names.update({a: w.get("name", a) for a, w in workers.items()})
+        return {a: w.get("id", a) for a, w in workers.items()}
+
+    def _name(self, addr: str) -> str:
+        return f"{self.__dict__.get('_names', {}).get(addr, '?')} ({addr})"
 
     def _lost_workers(self) -> set[str]:
         """Placed workers gone (or restarted with a new id), confirmed by a second look 2 s later: on a starved
         machine one scheduler_info() answer was seen to list none of the workers that were still alive."""
-        placed = {*self.placement.shard_workers, *self.placement.actor_workers[:self.ranks]}
+        only = getattr(self, "_watch_only", None)
+        placed = set(only) if only else {*self.placement.shard_workers, *self.placement.actor_workers[:self.ranks]}
 
         def missing() -> set[str]:
             now = self._worker_ids()
@@ -248,16 +291,73 @@ class Recovery:
         results = bad if bad else self._fetch_or_lost(futures)
         if isinstance(results, list):
             return results
-        ckpt = latest_checkpoint(self.run_dir) if getattr(self, "run_dir", None) is not None else None
-        raise RunStalled(f"{what}: placed worker(s) {sorted(results)} lost or stalled (see above); "
-                         + self._resume_hint(ckpt))
+        failed, fix = self._failure(results)
+        self._give_up(f"{what}: {failed}", fix, actor_healthy=False, unsaved="the actor is not initialised")
 
     def _resume_hint(self, ckpt) -> str:
         st = self.state
         if ckpt is None:
-            return "no checkpoint of this run exists yet: fix the cause above and start it again"
-        return (f"fix the cause above and resume from {ckpt} with `python -m pipelines.run conf=<this config> "
-                f"runner.resume={st.run_id}`")
+            return "then start it again (no checkpoint to resume from)"
+        return f"then resume with `python -m pipelines.run conf=<this config> runner.resume={st.run_id}`"
+
+    def _failure(self, workers: set[str], busy: set[str] = frozenset()) -> tuple[str, str]:
+        """(what failed, what to change) for placed `workers` lost or stalled (the stalls recorded by the watch),
+        `busy`: actor rank workers left in a rank node (maybe blocked in a collective)."""
+        stalls = self._watch_state()["stalls"]
+        parts, kinds = [], set()
+        for a in sorted(workers):
+            kind = stalls[a].kind if a in stalls else "lost"
+            kinds.add(kind)
+            parts.append(f"worker {self._name(a)} " + {"lost": "lost (left the cluster or restarted)",
+                                                       "paused": "paused for memory",
+                                                       "stuck": "stuck in a task", "silent": "not heard from"}[kind])
+        for a in sorted(set(busy) - set(workers)):
+            parts.append(f"actor rank worker {self._name(a)} left in a rank node")
+        fixes = []
+        if kinds & {"lost", "paused"}:
+            fixes.append(f"raise cluster.memory_limit (now {self.cfg.cluster.memory_limit}) if the worker ran out "
+                         f"of memory" if "paused" not in kinds else
+                         f"raise cluster.memory_limit (now {self.cfg.cluster.memory_limit}) or the pause fraction "
+                         f"(DASK_DISTRIBUTED__WORKER__MEMORY__PAUSE)")
+        if kinds & {"stuck", "silent"}:
+            fixes.append(f"raise runner.stall_timeout_s (now {self.cfg.runner.stall_timeout_s:g}) if such a task is "
+                         f"legitimately this slow")
+        return ", ".join(parts) or "placed workers lost", " or ".join(fixes) or "see the workers' logs"
+
+    def _give_up(self, failed: str, fix: str, *, actor_healthy: bool, step: int | None = None,
+                 unsaved: str = "the actor's weights were on the failed worker(s)"):
+        """End the run with RunStalled (module docstring's one line); never returns.
+
+        failed: what failed (workers and their state); fix: what to change. actor_healthy: the actor's workers
+        hold the last finished step's weights, so a checkpoint of it is written first (the watch narrowed to them);
+        else the latest checkpoint on disk is named (unsaved: why none was written). step: the N of the line
+        (default: the step being trained).
+        """
+        st = self.state
+        if st is None:  # a Watcher: no run, no steps, nothing to save
+            raise RunStalled(f"{failed}; nothing saved (no run); {fix}")
+        n = st.step + 1 if step is None else step
+        if getattr(self, "_stopping_stalled", False):  # failed while writing the give-up checkpoint: _give_up's
+            raise RunStalled(failed)  # caller reports it (in its own line)
+        self._stopping_stalled = True
+        ckpt, why = None, unsaved
+        if actor_healthy:
+            t_start = getattr(self, "_t_start", None) or self._watch_state()["t0"]  # Runner.run's, if it sets one
+            elapsed = st.elapsed_s + time.perf_counter() - t_start
+            self._watch_only = set(self.placement.actor_workers[:self.ranks])
+            try:
+                ckpt = self.checkpoint(elapsed)
+            except Exception as exc:  # noqa: BLE001 - said in the line; the latest checkpoint is named instead
+                why = f"writing it failed: {one_line(exc)}"
+            finally:
+                self._watch_only = None
+        if ckpt is not None:
+            saved = f"wrote checkpoint {ckpt} (step {st.step}, the last finished step)"
+        else:
+            ckpt = latest_checkpoint(self.run_dir) if getattr(self, "run_dir", None) is not None else None
+            saved = (f"no checkpoint written ({why}); " +
+                     (f"the latest is {ckpt}" if ckpt is not None else "no checkpoint of this run exists yet"))
+        raise RunStalled(f"training step {n}: {failed}; {saved}; {fix}, {self._resume_hint(ckpt)}")
 
     # ----- recovery -----
     def _drop(self, futures) -> None:
@@ -341,23 +441,9 @@ class Recovery:
         except ConfigError:
             return False
 
-    def _stop(self, why: str, actor_healthy: bool) -> None:
-        """Stop the run: checkpoint the last finished step when the actor is healthy, raise RunStalled."""
-        st = self.state
-        ckpt = None
-        if actor_healthy:
-            self._stopping_stalled = True
-            t_start = getattr(self, "_t_start", None) or self._watch_state()["t0"]  # Runner.run's, if it sets one
-            elapsed = st.elapsed_s + time.perf_counter() - t_start
-            try:
-                ckpt = self.checkpoint(elapsed)
-            except Exception as exc:  # noqa: BLE001 - say so; the latest checkpoint on disk is named instead
-                self.echo(f"dagrl: could not write a checkpoint at step {st.step}: {exc}")
-        if ckpt is None:
-            ckpt = latest_checkpoint(self.run_dir)
-        else:
-            self.echo(f"dagrl: wrote checkpoint {ckpt} (step {st.step}, the last finished step)")
-        raise RunStalled(f"stopped at step {st.step}: {why}; " + self._resume_hint(ckpt))
+    def _stop(self, why: str, fix: str, actor_healthy: bool) -> None:
+        """Stop the run (`_give_up`): checkpoint the last finished step when the actor is healthy."""
+        self._give_up(why, fix, actor_healthy=actor_healthy)
 
     def _recover(self, lost: set[str], step: int, busy: set[str] = frozenset()) -> None:
         """Re-plan placement on the healthy workers and drop resident env shards so that every shard is re-created
@@ -372,9 +458,10 @@ class Recovery:
         the surviving rank workers are restarted (busy) or their groups destroyed, the run rolls back to the last
         checkpoint and the group is rebuilt in the next generation on a new port."""
         cfg, st = self.cfg, self.state
-        if getattr(self, "_stopping_stalled", False):
-            raise RunStalled(f"workers {sorted(lost)} lost or stalled while stopping at step {st.step}; "
-                             + self._resume_hint(latest_checkpoint(self.run_dir)))
+        if getattr(self, "_stopping_stalled", False):  # not reached (no retry while stopping): a safe bound
+            raise RunStalled(f"training step {st.step + 1}: worker(s) {sorted(lost)} lost or stalled while "
+                             f"writing the give-up checkpoint")
+        failed, fix = self._failure(lost, busy)
         stalls = self._watch_state()["stalls"]
         self._watch_state()["stalls"] = {}
         paused = {a for a in lost if a in stalls and stalls[a].kind == "paused"}
@@ -388,17 +475,17 @@ class Recovery:
         wait_s = max(120.0, cfg.cluster.connect_timeout_s)
         have = wait_for_workers(self.client, n, wait_s)  # any state: paused ones count (not Client's)
         if have < n:
-            self._stop(f"only {have} of the cluster's {n} workers are back {wait_s:.0f} s after losing "
-                       f"{sorted(lost)}", actor_healthy=not actor_lost)
+            self._stop(f"{failed}, and only {have} of the cluster's {n} workers are back {wait_s:.0f} s later",
+                       f"{fix}; check that the machine can hold {n} workers (cluster.num_env_workers, "
+                       f"cluster.memory_limit) and see the workers' logs", actor_healthy=not actor_lost)
         try:
             placement = self._healthy_placement(paused)
         except ConfigError as exc:
             live = self.client.scheduler_info(n_workers=-1)["workers"]
             paused |= {a for a, w in live.items() if w.get("status", "running") != "running"}
-            why = (f"no healthy placement without the paused worker(s) {sorted(paused)} ({exc.fix})" if paused
-                   else f"no placement on the live workers after losing {sorted(lost)} ({exc.fix})")
-            self.echo(f"dagrl: {why}")
-            self._stop(why, actor_healthy=not actor_lost)
+            why = (f"{failed}: no healthy placement without the paused worker(s) {sorted(paused)}" if paused
+                   else f"{failed}: no placement on the live workers")
+            self._stop(why, f"{fix}, or {exc.fix}", actor_healthy=not actor_lost)
         self.echo(f"dagrl: worker(s) {sorted(lost)} {'lost or stalled' if stalls else 'lost'} during step {step}; "
                   f"{'restoring the actor from the last checkpoint and ' if actor_lost else ''}retrying"
                   + (f" without {sorted(paused)}" if paused else ""))
@@ -431,4 +518,4 @@ class Watcher(Recovery):
         return self._result(list(futures), what)
 
 
-__all__ = ["Recovery", "RunStalled", "Stall", "Watcher", "bounded", "PlacementError"]
+__all__ = ["Recovery", "RunStalled", "Stall", "Watcher", "bounded", "one_line", "PlacementError"]

@@ -14,17 +14,23 @@ resubmission of step j.
 Failures (`_retrying`, the one retry loop, also used by `_compute` for the single graphs: init, eval, SFT,
 checkpoint): a lost or stalled placed worker (pipelines.runner.recovery) drops every graph in flight, `_recover`
 re-places (and after a lost actor rolls back to the last checkpoint), and the pipeline refills from the current
-step and weights, up to `runner.max_retries` times. A non-finite value that stops a step inside a task
+step and weights, up to `runner.max_retries` times; then, or when no healthy placement is left, the cluster is gone
+or the checkpoint graph itself fails, the run gives up with `RunStalled` (pipelines.runner.recovery: one line
+`training step N: <what failed>; <what was saved>; <what to change>`, the checkpoint written when the actor's
+workers are healthy). A non-finite value that stops a step inside a task
 (tasks.update.NonFiniteError, the env shard's one-line ValueError) ends the run with `StepFailed`, one line naming
 the training step (numbered as MLflow's: the first step is 1).
 """
 from __future__ import annotations
 
 import time
+from asyncio import CancelledError
 from dataclasses import dataclass, field
 
 from pipelines import graphs
 from pipelines.cluster import cluster_rss_bytes
+from pipelines.runner.recovery import RunStalled, bounded, one_line
+from tasks.config import ConfigError
 
 
 class StepFailed(RuntimeError):
@@ -56,20 +62,57 @@ class Scheduler:
     # ----- the one retry loop -----
     def _retrying(self, once, what: str):
         """`once(attempt)` until it returns something other than `Lost`; after a `Lost`, `_recover` and again, up
-        to `runner.max_retries` retries.
+        to `runner.max_retries` retries (none while writing a give-up checkpoint).
+
+        what: "training step" | "SFT step" (N of the give-up line: the step being run) or the name of a graph that
+        follows step N ("evaluation", "checkpoint").
 
         Raises:
-            RuntimeError: every attempt lost workers (with the resume command).
+            RunStalled: every attempt lost or stalled workers (the checkpoint written when the actor's workers are
+                healthy), `_recover` found no healthy placement, or the cluster is gone (`_cluster_gone`).
         """
-        R = self.cfg.runner.max_retries
+        stepping = what in ("training step", "SFT step")
+        n = self.state.step + (1 if stepping else 0)
+        prefix = "" if stepping else f"{what}: "
+        R = 0 if getattr(self, "_stopping_stalled", False) else self.cfg.runner.max_retries
         for attempt in range(R + 1):
-            out = once(attempt)
+            out = self._guarded(lambda: once(attempt), prefix, n)
             if not isinstance(out, Lost):
                 return out
             if attempt < R:
-                self._recover(out.workers, self.state.step, out.busy)
-        raise RuntimeError(f"{what} at step {self.state.step}: placed workers lost {R + 1} "
-                           f"times; giving up (resume with runner.resume={self.state.run_id})")
+                self._guarded(lambda: self._recover(out.workers, self.state.step, out.busy), prefix, n)
+        failed, fix = self._failure(out.workers, out.busy)
+        ranks = set(self.placement.actor_workers[:self.ranks])
+        self._give_up(f"{prefix}{failed}, on each of {R + 1} attempt(s) (runner.max_retries={R})",
+                      f"{fix}, or raise runner.max_retries (now {R})",
+                      actor_healthy=not (out.workers & ranks) and not out.busy, step=n)
+
+    def _guarded(self, fn, prefix: str, n: int):
+        """`fn()`; an error while the cluster is gone (`_cluster_gone`) becomes the give-up line, others pass."""
+        try:
+            return fn()
+        except (RunStalled, StepFailed, ConfigError):
+            raise
+        except (Exception, CancelledError) as exc:  # a future cancelled by a lost scheduler is a CancelledError
+            gone = self._cluster_gone()
+            if gone is None:
+                raise
+            self._give_up(f"{prefix}the cluster is gone: {gone} (the wait ended with {type(exc).__name__}: "
+                          f"{one_line(exc)})", "check the scheduler and its workers (cluster.address, or the "
+                          "embedded cluster's log)", actor_healthy=False, step=n,
+                          unsaved="the actor's weights were on the cluster")
+
+    def _cluster_gone(self) -> str | None:
+        """None while the scheduler answers (within 30 s), else why not. (`scheduler_info()` cannot tell: it
+        returns the last answer when the scheduler is unreachable.)"""
+        status = getattr(self.client, "status", "running")
+        if status != "running":
+            return f"the client's connection to the scheduler is {status}"
+        try:
+            bounded(self.client.sync, self.client.scheduler.identity, timeout=30.0, what="the scheduler")
+        except Exception as exc:  # noqa: BLE001 - that is the answer
+            return f"the scheduler does not answer ({type(exc).__name__}: {one_line(exc)})"
+        return None
 
     def _await(self, futs: list, keep: int) -> list | set:
         """The results of `futs[keep:]` once all of `futs` are done, or the lost/stalled placed workers (a set).
@@ -84,7 +127,16 @@ class Scheduler:
         def once(attempt: int):
             graph, keys = build(attempt)
             futs = self.client.get(graph, keys, sync=False)
-            got = self._await(futs, keep)
+            try:
+                got = self._await(futs, keep)
+            except (Exception, CancelledError) as exc:
+                if what != "checkpoint" or self._cluster_gone() is not None:
+                    raise
+                self._drop(futs)  # a task of the checkpoint graph failed (disk full, permissions): no retry fixes it
+                self._give_up(f"checkpoint: writing the checkpoint of step {self.state.step} under {self.run_dir} "
+                              f"failed ({type(exc).__name__}: {one_line(exc)})",
+                              f"check that run_root ({self.cfg.run_root}) is writable and has free space",
+                              actor_healthy=False, step=self.state.step, unsaved="writing it is what failed")
             if isinstance(got, list):
                 return futs[:keep], got
             busy = self._busy_rank_workers(graph)  # before dropping: dropped tasks leave the scheduler's view

@@ -19,7 +19,8 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 def test_killed_env_worker_with_steps_in_flight_is_recovered(tmp_path):
     cfg, _ = load_config(["conf=smoke", f"run_root={tmp_path}", "runner.max_steps=4", "runner.save_interval=4",
-                          "runner.val_check_interval=4", "runner.max_staleness=1"])
+                          "runner.val_check_interval=4", "runner.max_staleness=1", "rollout.chunk_steps=4",
+                          "rollout.chunk_steps_per_node=4", "env.max_episode_steps=6", "policy.hidden_sizes=[32,32]"])
     handle = start_cluster(cfg)
     try:
         said: list[str] = []
