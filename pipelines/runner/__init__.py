@@ -10,7 +10,8 @@ Only this package and pipelines.run hold a Dask client. Per step (`Runner.run`):
 store's step, builds and submits the step graph, waits for `step_metrics` and the store writes, marks the step
 complete; the driver evaluates every `val_check_interval` steps, logs one MLflow batch (before the checkpoint: the
 MLflow run a checkpoint records holds every point through its step, which is what a resume copies), checkpoints
-every `save_interval` steps and advances the progress bar. A run stopped by `max_wall_time_s` finishes the steps
+every `save_interval` steps and at every eval that sets a new best (marked `checkpoints/best`, never pruned;
+`evaluate`) and advances the progress bar. A run stopped by `max_wall_time_s` finishes the steps
 already in flight.
 
 Resume and interruption: a resume (`runner.resume=RUN_ID|latest`: the most recently started run of the experiment,
@@ -120,7 +121,8 @@ class Runner(Scheduler, Setup, Recovery):
                 self._last_ckpt = self.checkpoint(self.state.elapsed_s + time.perf_counter() - t_start)
 
     def _account_step(self, m: dict, t_start: float, bar) -> None:
-        """After a training step: eval (every val_check_interval), log, checkpoint (every save_interval), hook, bar."""
+        """After a training step: eval (every val_check_interval), log, checkpoint (every save_interval, and at a new
+        best eval), hook, bar."""
         st, r = self.state, self.cfg.runner
         if st.step % r.val_check_interval == 0:
             m.update(self.evaluate())
