@@ -144,10 +144,14 @@ def test_cli_bad_config_exits_2_with_one_line_and_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing in the working directory either (no Hydra outputs/, no mlruns)
 
 
-def test_cli_show_prints_the_resolved_config(tmp_path):
-    proc = _cli(["conf=smoke", "--show", "env.num_envs=8"], cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert "experiment: smoke" in proc.stdout and "num_envs: 8" in proc.stdout
+def test_cli_show_prints_the_resolved_config(tmp_path, capsys, monkeypatch):
+    """In this process (`python -m pipelines.run` itself: the test above): `main` is what the module runs."""
+    from pipelines.run import main
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["conf=smoke", "--show", "env.num_envs=8"]) == 0
+    out = capsys.readouterr().out
+    assert "experiment: smoke" in out and "num_envs: 8" in out
     assert list(tmp_path.iterdir()) == []
 
 
