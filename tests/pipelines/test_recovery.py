@@ -17,7 +17,7 @@ starts on a given worker, once), so these run in the default suite and cannot fl
 
 Cost: one embedded cluster for every in-process test (module fixture; each test restores the workers it broke:
 restarted by their Nannies, or un-paused) plus the subprocess of the issue's input; tiny rollouts (4 chunk steps,
-one env node per shard and step).
+two env nodes per shard and step).
 """
 from __future__ import annotations
 
@@ -43,7 +43,9 @@ from storage.trajectories import TrajectoryStore
 
 pytestmark = pytest.mark.timeout(600)  # a hang fails the test instead of the suite (a cluster test takes 3-5 min at load 20)
 
-TINY = ["rollout.chunk_steps=4", "rollout.chunk_steps_per_node=4", "env.max_episode_steps=6",
+# two env nodes per shard and step: a worker paused as a step's first node starts holds up its second one (with one,
+# the rest of the step needs nothing more from it and the pause would be seen only in a later graph)
+TINY = ["rollout.chunk_steps=4", "rollout.chunk_steps_per_node=2", "env.max_episode_steps=6",
         "policy.hidden_sizes=[32,32]"]
 BASE = ["conf=smoke", "runner.pause_timeout_s=3", *TINY]
 RESUME = "then resume with `python -m pipelines.run conf=<this config> runner.resume={rid}`"
@@ -178,8 +180,10 @@ def _main_on(cluster, monkeypatch, capsys, args: list[str], inject) -> tuple[int
     import pipelines.runner
     from pipelines import run
 
+    h = cluster
+
     class Shared:  # the module's cluster, not closed by the command
-        client, cluster, dashboard_link = cluster.client, cluster.cluster, cluster.dashboard_link
+        client, cluster, dashboard_link = h.client, h.cluster, h.dashboard_link
 
         def close(self):
             pass
