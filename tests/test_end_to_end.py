@@ -27,9 +27,9 @@ def _history(client, run_id, key):
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    root = tmp_path_factory.mktemp("e2e")
-    assert _run(root) == 0
+def smoke(smoke_run):
+    """The suite's one `_run(root)` (tests/conftest.py `smoke_run`; test_vla_recipe.py records from it too)."""
+    root = smoke_run
     client = MlflowClient(tracking_uri=default_tracking_uri(root))
     exp = client.get_experiment_by_name("smoke")
     runs = client.search_runs([exp.experiment_id])
