@@ -194,16 +194,20 @@ def test_recipe_resumes_an_interrupted_stage(recipe, tmp_path):
     assert [c[2] for c in fake.calls] == ["pipelines.record"]
 
 
-def test_recipe_argument_errors(recipe, tmp_path, capsys):
+def test_recipe_argument_errors(recipe, tmp_path, capsys, monkeypatch):
     (tmp_path / "t").mkdir()
-    for argv, needle in [(["--family", "token"], "pushcube_token_sft"),
+    monkeypatch.setitem(recipe.FAMILIES, "token", ("no_such_token_sft", "no_such_token_grpo"))  # a family's confs missing
+    for argv, needle in [(["--family", "token"], "--sft-conf=no_such_token_sft"),
                          (["--rl-conf", "nope"], "--rl-conf=nope"),
                          (["--rl", "runner.max_steps"], "not a k=v override"),
                          (["--seeds", "1", "1"], "repeated")]:
-        assert recipe.main(["--teachers", str(tmp_path / "t"), "--out", str(tmp_path / "o"), *argv]) == 2
+        fake = FakeCLI(tmp_path)  # never a real CLI, whatever the arguments
+        assert recipe.main(["--teachers", str(tmp_path / "t"), "--out", str(tmp_path / "o"), *argv], launch=fake) == 2
+        assert fake.calls == []
         err = capsys.readouterr().err
         assert err.startswith("error: ") and needle in err and err.count("\n") == 1, err
-    assert recipe.main(["--teachers", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
+    assert recipe.main(["--teachers", str(tmp_path / "missing"), "--out", str(tmp_path / "o")],
+                       launch=FakeCLI(tmp_path)) == 2
     assert "not a run directory" in capsys.readouterr().err
     # --rl-conf pushcube_flow_ppo is accepted (an existing conf)
     fake = FakeCLI(tmp_path)
