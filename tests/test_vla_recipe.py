@@ -1,4 +1,4 @@
-"""The README's VLA recipe in miniature, end to end on the real simulator through real local clusters:
+"""The README's VLA recipe in miniature, end to end on the real simulator through a real local cluster:
 a state teacher (conf=smoke) -> `pipelines.record` (rgb images, chunks of C=5) -> SFT of the tiny flow VLA
 (`algorithm.name=sft`) -> PPO and GRPO from its `hf/` checkpoint (`policy.model_path`).
 
@@ -33,10 +33,19 @@ def _metric(root, experiment, key):
 
 
 @pytest.fixture(scope="module")
-def recipe(tmp_path_factory):
+def one_cluster(reused_clusters):
+    """Every command of this module runs on one embedded cluster of the shared layout (tests/conftest.py
+    `reused_clusters`: each command's own cluster start and close are what is left out)."""
+    with reused_clusters():
+        yield
+
+
+@pytest.fixture(scope="module")
+def recipe(tmp_path_factory, smoke_run, one_cluster):
+    """The teacher is the suite's one conf=smoke run (tests/conftest.py `smoke_run`: a state mlp run with a
+    checkpoint); then record, SFT, PPO and GRPO through their CLIs."""
     root = tmp_path_factory.mktemp("vla")
-    assert run_main(["conf=smoke", f"run_root={root}", "cluster.dashboard_address=127.0.0.1:0"]) == 0
-    teacher = next(p for p in (root / "smoke").iterdir() if p.is_dir())
+    teacher = next(p for p in (smoke_run / "smoke").iterdir() if p.is_dir())
     store = root / "demos.zarr"
     assert record_cli.main(["conf=pushcube_record", f"run_root={root}", f"record.teacher={teacher}",
                             f"record.out={store}", "record.num_episodes=8", *RECORD_ENV]) == 0
@@ -49,11 +58,11 @@ def recipe(tmp_path_factory):
         assert run_main([f"conf={conf}", f"run_root={root}", f"policy.model_path={hf}", "runner.max_steps=1",
                          "rollout.chunk_steps=2", "rollout.chunk_steps_per_node=2",
                          *(["algorithm.group_size=2"] if conf.endswith("grpo") else []), *SMALL_ENV]) == 0
-    return root, store, hf
+    return root, store, hf, teacher
 
 
 def test_record_stores_teacher_chunks_with_images(recipe):
-    _, store, _ = recipe
+    _, store, _, _ = recipe
     st = TrajectoryStore.open(store)
     assert st.complete_steps().tolist() == [0, 1]  # 8 episodes = 2 rounds of 4 envs
     assert st.T == 2  # 10-step episodes in chunks of 5
@@ -67,7 +76,7 @@ def test_record_stores_teacher_chunks_with_images(recipe):
 
 
 def test_sft_logs_a_loss_and_writes_a_pretrained_checkpoint(recipe):
-    root, _, hf = recipe
+    root, _, hf, _ = recipe
     run, loss = _metric(root, "pushcube_flow_sft", "train/sft_loss")
     assert run.info.status == "FINISHED" and [s for s, _ in loss] == [1, 2]
     assert all(math.isfinite(v) and v > 0 for _, v in loss)
@@ -81,7 +90,7 @@ def test_sft_logs_a_loss_and_writes_a_pretrained_checkpoint(recipe):
 
 @pytest.mark.parametrize("experiment", ["pushcube_flow_ppo", "pushcube_flow_grpo"])
 def test_rl_from_the_sft_checkpoint_starts_at_its_eval_and_updates(recipe, experiment):
-    root, _, _ = recipe
+    root, _, _, _ = recipe
     run, ev = _metric(root, experiment, "eval/success_once")
     assert run.info.status == "FINISHED"
     assert [s for s, _ in ev] == [0, 1]  # runner.val_at_start: the SFT policy's own score first
@@ -100,7 +109,7 @@ def test_rl_from_the_sft_checkpoint_starts_at_its_eval_and_updates(recipe, exper
         assert seeds[0] == seeds[1] and seeds[2] == seeds[3] and seeds[0] != seeds[2]
 
 
-def test_token_vla_trains_through_the_pipeline(tmp_path):
+def test_token_vla_trains_through_the_pipeline(tmp_path, one_cluster):
     """The OpenVLA-OFT-style policy through the same graph (state obs, conf=smoke): stored action tokens reach the
     update, whose first minibatch ratio is exactly 1 (the behaviour log-probs are recomputed exactly)."""
     assert run_main(["conf=smoke", "policy.name=token_vla", "policy.num_action_chunks=2", "rollout.chunk_steps=6",
@@ -117,11 +126,11 @@ def test_token_vla_trains_through_the_pipeline(tmp_path):
     assert lp.shape == (3, 6, 4, 2, 8) and (lp <= 0).all()  # token log-probs of a categorical
 
 
-def test_artifacts_that_do_not_fit_the_config_are_rejected_offline(recipe):
+def test_artifacts_that_do_not_fit_the_config_are_rejected_offline(recipe, capsys):
     """model_path's saved config and the SFT store are checked before any worker starts (one line, exit 2)."""
     from pipelines.config import load_config
     from tasks.config import ConfigError
-    root, store, hf = recipe
+    root, store, hf, teacher = recipe
     cases = [(["conf=pushcube_flow_ppo", f"policy.model_path={hf}", "env.image_size=32"], "image_size=16"),
              (["conf=pushcube_flow_ppo", f"policy.model_path={hf}", "env.image_size=16",
                "policy.num_action_chunks=4"], "num_action_chunks=5"),
@@ -134,10 +143,14 @@ def test_artifacts_that_do_not_fit_the_config_are_rejected_offline(recipe):
         with pytest.raises(ConfigError) as info:
             load_config(overrides)
         assert words in str(info.value) and "\n" not in str(info.value), str(info.value)
-    # record: the teacher must be a state mlp run, and an existing store is never overwritten
+    # record: the teacher must be a state mlp run, and an existing store is never overwritten (with the valid
+    # teacher that recorded it: the existing store alone is refused)
     vla_run = next(p for p in (root / "pushcube_flow_ppo").iterdir() if p.is_dir())
+    capsys.readouterr()
     assert record_cli.main(["conf=pushcube_record", f"run_root={root}", f"record.teacher={vla_run}",
                             f"record.out={root / 'x.zarr'}", *RECORD_ENV]) == 2
-    assert record_cli.main(["conf=pushcube_record", f"run_root={root}", f"record.teacher={vla_run.parent.parent}"
-                            "/smoke", f"record.out={store}", *RECORD_ENV]) == 2
+    assert "error: record.teacher=" in capsys.readouterr().err
+    assert record_cli.main(["conf=pushcube_record", f"run_root={root}", f"record.teacher={teacher}",
+                            f"record.out={store}", *RECORD_ENV]) == 2
+    assert "error: record.out=" in capsys.readouterr().err
     assert not (root / "x.zarr").exists()
