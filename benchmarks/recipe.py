@@ -268,7 +268,7 @@ class Recipe:
         name, teacher = self.names[i], self.teachers[i]
         store = self.out / name / "demos.zarr"
         cmd = [self.python, "-m", "pipelines.record", f"conf={RECORD_CONF}", f"record.teacher={teacher}",
-               f"record.out={store}", *self._common(), *self.record_args]
+               f"record.out={store}", f"run_root={self.runs}", *self.record_args]  # record refuses tracking.uri (it logs nothing to MLflow)
         marker = self._marker(name, None, "record")
         rec = self._done(marker, cmd, "record")
         if rec is not None:
