@@ -176,6 +176,7 @@ def _launch(cmd: list[str], log: Path, on_line: Callable[[str], None]) -> int:
         try:
             for line in p.stdout:
                 f.write(line)
+                f.flush()  # the log is what a user tails to follow a stage
                 on_line(line.rstrip("\n"))
             return p.wait()
         except BaseException:
