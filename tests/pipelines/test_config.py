@@ -506,7 +506,7 @@ def test_params_of_every_experiment_and_placement_reach_mlflow_intact(tmp_path, 
     from pipelines.config import to_dict
     from storage.tracking import Tracker, flatten_config, unflatten_values
     tracker = None
-    cases = [[f"conf={n}", *([f"sft.store={sft_store}"] if n == "pushcube_flow_sft" else [])] for n in EXPERIMENTS]
+    cases = [[f"conf={n}", *([f"sft.store={sft_store}"] if n.endswith("_sft") else [])] for n in EXPERIMENTS]
     cases += [["conf=smoke", *p] for p in PLACEMENTS]
     for overrides in cases:
         cfg, _ = load_config(overrides, command="record" if "pushcube_record" in overrides[0] else "run",
