@@ -324,7 +324,10 @@ class ClusterHandle:
     def close(self) -> None:
         """Close the client and, for the embedded cluster, its processes. On a starved machine a nanny may not
         stop its worker within distributed's few seconds; that is not an error of the run (the processes are
-        killed anyway), so close timeouts are swallowed."""
+        killed anyway), so close timeouts are swallowed. Closing logs nothing: the run has said what it had to (an `error:` line
+        stays the last line on stderr), so the driver's, the nannies' and the workers' distributed/tornado loggers
+        are silenced first (heartbeats to a closing scheduler fail with tracebacks otherwise)."""
+        _silence_close_logs(self.client if self.cluster is not None else None)
         try:
             self.client.close()
         except (TimeoutError, OSError):
@@ -335,6 +338,35 @@ class ClusterHandle:
                     self.cluster.close(timeout=60)
                 except (TimeoutError, OSError):
                     pass
+
+
+_CLOSE_LOGGERS = ("distributed", "tornado", "asyncio")
+
+
+def _quiet_logs() -> None:
+    """Set the loggers that report a cluster's shutdown to CRITICAL in this process."""
+    import logging
+    for name in _CLOSE_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _silence_close_logs(client, wait_s: float = 5.0) -> None:
+    """`_quiet_logs` here and, with `client` (an embedded cluster's), on its workers and nannies, waiting at most
+    `wait_s` (a paused or dying worker must not hold up the close)."""
+    import threading
+    _quiet_logs()
+    if client is None:
+        return
+
+    def run() -> None:
+        for nanny in (False, True):
+            try:
+                client.run(_quiet_logs, nanny=nanny, on_error="ignore")
+            except Exception:  # noqa: BLE001 - best effort: a closing cluster may refuse
+                pass
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(wait_s)
 
 
 def _worker_env(cuda_device: int | None, simulator: str) -> dict[str, str]:
