@@ -97,6 +97,7 @@ def _train(cfg, handle) -> int:
     print(f"dagrl: experiment {cfg.experiment} | dashboard {handle.dashboard_link}", flush=True)
     if cfg.cluster.address is None:
         _ignore_sigint_in_workers(handle)
+    from tasks.evalstats import fmt_rate
     runner = Runner(cfg, handle)
     print(f"dagrl: run {runner.state.run_id} | run dir {runner.run_dir} | MLflow {runner.tracking_uri} "
           f"(run {runner.tracker.run_id})", flush=True)
@@ -107,9 +108,12 @@ def _train(cfg, handle) -> int:
               f"runner.resume={res.run_id}", file=sys.stderr)
         return 130
     ev = res.last_eval
+    nan = float("nan")
+
+    def rate(key: str) -> str:  # the rate with its Wilson 95 % interval (tasks.evalstats.fmt_rate)
+        return fmt_rate(ev.get(f"eval/{key}", nan), ev.get(f"eval/{key}_ci_low", nan), ev.get(f"eval/{key}_ci_high", nan))
     print(f"dagrl: done: {res.steps} steps, {res.env_steps} env steps in {res.wall_s:.0f}s | "
-          f"eval success_once {ev.get('eval/success_once', float('nan')):.3f} "
-          f"success_at_end {ev.get('eval/success_at_end', float('nan')):.3f} over "
+          f"eval success_once {rate('success_once')} success_at_end {rate('success_at_end')} over "
           f"{ev.get('eval/num_episodes', 0):.0f} episodes (best success_once "
           f"{runner.state.best_eval_success_once:.3f} at step {runner.state.best_eval_step}) | "
           f"peak memory {res.peak_rss_gb:.2f} GiB")
