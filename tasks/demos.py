@@ -190,14 +190,16 @@ def sft_update(cfg: Config, run_id: str, weights: dict, *batch_lists: list[dict]
     """Behaviour-cloning gradient steps on the resident actor (`policy.sft_loss`), one per minibatch; returns
     new versioned weights and metrics (train/sft_loss, train/grad_norm: means over the applied steps, NaN if none).
 
-    As the PPO update (tasks.update): a step whose loss or gradient norm is non-finite is skipped (no optimizer
-    step: parameters and optimizer state unchanged), counted in `train/skipped_updates`; the torch draws of the
+    Each loaded minibatch is stepped once (the loaders draw them: no epochs or permutation here) by
+    `tasks.update.optimizer_step`, the step rule of every actor update: a step whose loss or gradient norm is
+    non-finite is skipped (no optimizer step: parameters and optimizer state unchanged), counted in
+    `train/skipped_updates`; the torch draws of the
     loss (e.g. the flow VLA's noise and time samples) come from generators forked and seeded with
     `update_seed(cfg, version, 0)` (`tasks.update.update_rng`), so a resumed run draws what the uninterrupted one
     did and the process's own streams are untouched."""
     import math
 
-    from tasks.update import Actor, _build_actor, split_critic, update_rng
+    from tasks.update import Actor, _build_actor, optimizer_step, split_critic, update_rng
     t0 = time.perf_counter()
     batches = [b for bl in batch_lists for b in bl]
 
@@ -234,18 +236,13 @@ def sft_update(cfg: Config, run_id: str, weights: dict, *batch_lists: list[dict]
                 loss = cfg.sft.bc_coef * loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            cnorm = 0.0
-            if "returns" in b:  # the value head is clipped on its own: its loss must not shrink the BC step
-                params, critic = split_critic(policy)
-                cnorm = float(torch.nn.utils.clip_grad_norm_(critic, cfg.algorithm.max_grad_norm))
-            else:
-                params = list(policy.parameters())
-            norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.algorithm.max_grad_norm))
-            if not all(math.isfinite(x) for x in (float(loss.detach()), norm, cnorm)):  # never applied
-                opt.zero_grad(set_to_none=True)
+            # the value head is clipped on its own: its loss must not shrink the BC step
+            groups = list(split_critic(policy)) if "returns" in b else [list(policy.parameters())]
+            applied, (norm, *_) = optimizer_step(opt, groups, cfg.algorithm.max_grad_norm,
+                                                 loss_finite=math.isfinite(float(loss.detach())))
+            if not applied:  # a non-finite loss or gradient: never applied
                 skipped += 1
                 continue
-            opt.step()
             losses.append(terms[0])
             norms.append(norm)
             if terms[1] is not None:

@@ -439,6 +439,24 @@ def _no_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def optimizer_step(opt: torch.optim.Optimizer, groups: list[list[torch.nn.Parameter]], max_norm: float, *,
+                   loss_finite: bool = True) -> tuple[bool, list[float]]:
+    """THE rule of every actor update (RL epochs and SFT): clip each parameter group's gradient to `max_norm`
+    (`clip_grad_norm_`; sharded DTensor norms made global, so every rank decides alike), then step the optimizer
+    only if the loss and every group's norm are finite; otherwise drop the gradients (parameters and optimizer
+    state unchanged). Returns (applied, the groups' pre-clip norms)."""
+    from torch.distributed.tensor import DTensor
+    norms = []
+    for params in groups:
+        gn = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        norms.append(float(gn.full_tensor() if isinstance(gn, DTensor) else gn))
+    if not loss_finite or not all(math.isfinite(n) for n in norms):
+        opt.zero_grad(set_to_none=True)
+        return False, norms
+    opt.step()
+    return True, norms
+
+
 def update_epochs(cfg: Config, policy: torch.nn.Module, opt: torch.optim.Optimizer, data: dict, prep: dict,
                   instr: str, plan, gen: torch.Generator, *, rank: int = 0, world: int = 1,
                   all_reduce=_no_reduce) -> tuple[dict[str, float], dict[str, int]]:
@@ -457,7 +475,6 @@ def update_epochs(cfg: Config, policy: torch.nn.Module, opt: torch.optim.Optimiz
     Returns (metric sums over the applied steps: LOSS_METRICS + grad_norm, counts {"applied", "skipped", "empty",
     "epochs"}).
     """
-    from torch.distributed.tensor import DTensor
     a = cfg.algorithm
     device = data["obs"].device
     N = data["actions"].shape[0]
@@ -502,14 +519,11 @@ def update_epochs(cfg: Config, policy: torch.nn.Module, opt: torch.optim.Optimiz
                         local[k] += val.detach().to(torch.float64)
                     local[K] += (~torch.isfinite(share_loss.detach())).to(torch.float64)
             all_reduce(local)  # SUM over ranks: the minibatch's token-means, identical on all ranks
-            gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), a.max_grad_norm)
-            if isinstance(gn, DTensor):
-                gn = gn.full_tensor()  # the global norm, identical on all ranks
-            if float(local[K]) > 0 or not math.isfinite(float(gn)):  # a NaN/inf loss or gradient on some rank
-                opt.zero_grad(set_to_none=True)
+            applied, (gn,) = optimizer_step(opt, [list(policy.parameters())], a.max_grad_norm,
+                                            loss_finite=float(local[K]) == 0)  # on every rank alike
+            if not applied:
                 counts["skipped"] += 1
                 continue
-            opt.step()
             counts["applied"] += 1
             for k, name in enumerate(LOSS_METRICS):
                 sums[name] = sums.get(name, 0.0) + float(local[k])

@@ -119,6 +119,7 @@ def test_smoke_run_checkpoint_loads(smoke):
     assert (run_dir / "config.yaml").read_text().startswith("experiment: smoke")
 
 
+@pytest.mark.slow  # exact resume and one timeline are the default suite's tests/pipelines/test_resume.py; a long cluster run; the default suite's 20-min budget (CI runs `-m slow` as its second job)
 def test_resume_continues_the_same_run_in_one_timeline(smoke):
     root, client, run, run_dir = smoke
     assert _run(root, "runner.resume=latest", "runner.max_steps=5") == 0

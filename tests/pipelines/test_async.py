@@ -165,6 +165,7 @@ def test_staleness_checks():
 
 
 # ----- end to end on the real simulator -----
+@pytest.mark.slow  # a long cluster run; the default suite's 20-min budget (CI runs `-m slow` as its second job)
 def test_smoke_run_with_max_staleness_one(tmp_path):
     """4 steps, eval every 2 (the pipeline drains before it), episodes of 15 steps so cursors cross steps."""
     from mlflow import MlflowClient

@@ -160,6 +160,7 @@ def test_four_gpus_on_a_one_gpu_cluster_is_rejected_by_plan_placement():
         plan_placement(config(num_gpus=4), info(2, 1))
 
 
+@pytest.mark.slow  # a subprocess CLI run; a long cluster run; the default suite's 20-min budget (CI runs `-m slow` as its second job)
 def test_validate_cli_rejects_four_gpus_on_one(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     env["PYTHONPATH"] = str(REPO)

@@ -41,6 +41,7 @@ def _copy_run(run_dir: Path, tmp_path: Path) -> Path:
     return dst
 
 
+@pytest.mark.slow  # its module fixture is a 4-step cluster run; a long cluster run; the default suite's 20-min budget (CI runs `-m slow` as its second job)
 def test_first_complete_episode_replays_exactly(run_dir, capsys):
     rc, rep = _replay_json(capsys, run_dir, "--num-episodes", "1")
     assert rc == 0 and rep["all_verified"]
@@ -52,6 +53,7 @@ def test_first_complete_episode_replays_exactly(run_dir, capsys):
     assert ep["replayed_return"] == pytest.approx(ep["stored_return"], abs=1e-9)
 
 
+@pytest.mark.slow  # its module fixture is a 4-step cluster run; a long cluster run; the default suite's 20-min budget (CI runs `-m slow` as its second job)
 def test_run_id_lookup_and_text_report(run_dir, capsys):
     capsys.readouterr()
     rc = replay.main([run_dir.name, "--run-root", str(run_dir.parents[1]), "--episode", "2"])
@@ -60,6 +62,7 @@ def test_run_id_lookup_and_text_report(run_dir, capsys):
     assert "VERIFIED" in out and "1/1 episodes verified" in out and "PushCube-v1" in out
 
 
+@pytest.mark.slow  # its module fixture is a 4-step cluster run; a long cluster run; the default suite's 20-min budget (CI runs `-m slow` as its second job)
 def test_tampered_action_is_detected(run_dir, tmp_path, capsys):
     run = _copy_run(run_dir, tmp_path)
     store = TrajectoryStore.open(run / STORE)
@@ -81,6 +84,7 @@ def test_tampered_action_is_detected(run_dir, tmp_path, capsys):
     assert other["verified"] and other["max_abs_obs_diff"] == 0.0  # the other episodes are untouched
 
 
+@pytest.mark.slow  # its module fixture is a 4-step cluster run; a long cluster run; the default suite's 20-min budget (CI runs `-m slow` as its second job)
 def test_episode_starting_before_the_first_complete_step_is_skipped(run_dir, tmp_path, capsys):
     run = _copy_run(run_dir, tmp_path)
     complete = zarr.open_array(str(run / STORE / "steps" / "complete"), mode="r+")
@@ -97,6 +101,7 @@ def test_episode_starting_before_the_first_complete_step_is_skipped(run_dir, tmp
     assert err.startswith("error: episode 0 cannot be replayed") and "\n" not in err
 
 
+@pytest.mark.slow  # its module fixture is a 4-step cluster run; a long cluster run; the default suite's 20-min budget (CI runs `-m slow` as its second job)
 def test_unknown_episode_id_exits_2_with_one_line(run_dir, capsys):
     capsys.readouterr()
     assert replay.main([str(run_dir), "--episode", "12345"]) == 2

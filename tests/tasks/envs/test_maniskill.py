@@ -91,6 +91,7 @@ def test_check_config_rejects_env_tasks_that_need_downloads():
         check_config(EnvConfig(env_id="PickSingleYCB-v1"))
 
 
+@pytest.mark.slow  # a long cluster run; the default suite's 20-min budget (CI runs `-m slow` as its second job)
 def test_rgb_images_are_rendered_once_per_chunk_step_and_are_deterministic():
     """obs_mode=rgb: [B, H, W, 3] uint8 images of the current state, the same for the same seeds and actions, a
     new image after every chunk step (the arm moves), and final_rgb only where an episode was truncated."""
