@@ -5,9 +5,9 @@ Runner is built (task keys carry the run id, `pipelines.graphs`): when the task 
 the worker at `address`, the plugin
 
 - `kill`:  ends the worker process at once (`os._exit`, as a SIGKILL or an OOM kill would; its Nanny restarts it);
-- `pause`: sets the worker's memory pause fraction to ~0, so that its memory monitor pauses it within its interval
-  (~100 ms) exactly as a worker over `distributed.worker.memory.pause` is paused; the task that triggered it still
-  finishes, nothing after it starts.
+- `pause`: pauses the worker at once as its memory monitor pauses a worker over `distributed.worker.memory.pause`
+  (status paused) and sets its pause fraction to ~0, so that the monitor keeps it paused; the task that triggered
+  it still finishes, nothing after it starts.
 
 A restarted worker gets the plugin again but never sees the key again (a retried step has new keys), so each fault
 happens once. `restore_pause` (run on a worker) undoes a pause, for tests that share one cluster. Nothing in the
@@ -43,7 +43,17 @@ class FaultAt(WorkerPlugin):
         mm = self.worker.memory_manager
         if not hasattr(self.worker, "_dagrl_pause_before"):
             self.worker._dagrl_pause_before = mm.memory_pause_fraction
-        mm.memory_pause_fraction = 1e-9  # any process memory is above it
+        mm.memory_pause_fraction = 1e-9  # any process memory is above it: the monitor keeps it paused
+        # ... and paused now, as the monitor does it (worker_memory: worker.status = Status.paused), on the event
+        # loop right after this transition: the triggering task runs, the next one (queued behind it on the
+        # worker's thread) never starts — a short task could otherwise finish before the monitor's next tick
+        self.worker.loop.add_callback(_pause_now, self.worker)
+
+
+def _pause_now(worker) -> None:
+    from distributed.core import Status
+    if worker.status == Status.running:
+        worker.status = Status.paused
 
 
 def restore_pause(dask_worker) -> bool:
