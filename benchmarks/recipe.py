@@ -27,7 +27,9 @@ it are run again). Every CLI's output goes to `OUT/logs/`.
 The table (printed, and written to OUT/recipe.md and OUT/recipe.json) reads each run's per-episode eval records
 (`<run dir>/evals/step_N.json`, pipelines.runner): per (teacher, seed) the SFT run's last eval, the RL run's eval at
 every eval step with its Wilson 95 % interval, the best RL eval, the gain of the last and of the best eval over the
-RL run's step-0 eval (the SFT policy on the same fixed episodes) with Newcombe's paired 95 % interval
+RL run's step-0 eval (the SFT policy on the same fixed episodes; without one, `runner.val_at_start=false`, the SFT
+run's eval of the checkpoint RL started from, when it ran on the same episodes: the same eval) with Newcombe's
+paired 95 % interval
 (tasks.evalstats), and the wall time of each stage. The best eval is picked on the same episodes it is scored on,
 so its gain is optimistic; the last eval's is not. Below the table: the mean gain and in how many runs the lower
 bound is above 0. Exit: 0 done, 2 bad arguments (one line), 1 a stage failed (its log named).
@@ -78,14 +80,31 @@ def _rate(rec: dict, key: str = "success_once") -> tuple[float, float, float, in
     return (k / n if n else float("nan")), lo, hi, n
 
 
+def _baseline(sft_evals: dict[int, dict], rl_evals: dict[int, dict], sft_step: int | None) -> tuple[str, int] | None:
+    """The eval the RL gains pair against: the RL run's step-0 eval (runner.val_at_start), else the SFT run's eval
+    of the checkpoint RL started from (`sft_step`) when it was run on the same fixed episodes (same eval seed, same
+    episode seeds; the ODE eval of the same weights on the same episodes is the same eval: measured, 200 of 200
+    episodes identical), else the RL run's first eval. None when there is nothing to pair against."""
+    if 0 in rl_evals:
+        return "rl", 0
+    if sft_step is not None and sft_step in sft_evals and rl_evals:
+        s, r = sft_evals[sft_step], rl_evals[min(rl_evals)]
+        if s.get("eval_seed") == r.get("eval_seed") and set(map(str, s["episodes"])) == set(map(str, r["episodes"])):
+            return "sft", sft_step
+    if len(rl_evals) > 1:
+        return "rl", min(rl_evals)
+    return None
+
+
 def summarize(teacher: str, seed, sft_evals: dict[int, dict], rl_evals: dict[int, dict],
-              walls: dict[str, float | None], key: str = "success_once") -> dict:
+              walls: dict[str, float | None], key: str = "success_once", sft_step: int | None = None) -> dict:
     """One table row from a (teacher, seed)'s eval records ({step: record} as `tasks.evalstats.read_evals`).
 
+    `sft_step`: the step of the SFT checkpoint the RL run started from (its `policy.model_path`).
     Returns a JSON-able dict: teacher, seed, sft {step, rate, low, high, n} (its last eval) or None, rl_evals
     [{step, rate, low, high, n}] ascending, best {step, ...} (the highest rate, the first such step), gain_last /
-    gain_best {vs_step, step, diff, low, high, n} (paired, Newcombe) vs the RL run's first eval (its step 0 with
-    runner.val_at_start) or None, wall_s {stage: seconds or None}."""
+    gain_best {vs, vs_step, step, diff, low, high, n} (paired, Newcombe) vs the baseline (`_baseline`: vs "rl"
+    step 0, or vs "sft" step `sft_step`) or None, wall_s {stage: seconds or None}."""
     row: dict = {"teacher": teacher, "seed": seed, "key": key, "sft": None, "rl_evals": [], "best": None,
                  "gain_last": None, "gain_best": None, "wall_s": dict(walls)}
     if sft_evals:
@@ -98,15 +117,20 @@ def summarize(teacher: str, seed, sft_evals: dict[int, dict], rl_evals: dict[int
     if row["rl_evals"]:
         best = max(row["rl_evals"], key=lambda e: (e["rate"], -e["step"]))
         row["best"] = dict(best)
-        first = min(rl_evals)
+        base = _baseline(sft_evals, rl_evals, sft_step)
+        if base is not None:
+            vs, vs_step = base
+            before = (rl_evals if vs == "rl" else sft_evals)[vs_step]["episodes"]
 
-        def gain(step: int) -> dict:
-            c = compare_evals(rl_evals[step]["episodes"], rl_evals[first]["episodes"], key)
-            return {"vs_step": first, "step": step, "diff": c.diff, "low": c.low, "high": c.high, "n": c.n}
+            def gain(step: int) -> dict:
+                c = compare_evals(rl_evals[step]["episodes"], before, key)
+                return {"vs": vs, "vs_step": vs_step, "step": step, "diff": c.diff, "low": c.low, "high": c.high,
+                        "n": c.n}
 
-        if len(rl_evals) > 1:
-            row["gain_last"] = gain(max(rl_evals))
-            row["gain_best"] = gain(best["step"])
+            last = max(rl_evals)
+            if not (vs == "rl" and last == vs_step):
+                row["gain_last"] = gain(last)
+                row["gain_best"] = gain(best["step"])
     return row
 
 
@@ -140,7 +164,8 @@ def table_markdown(rows: list[dict]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(f"{key} on {', '.join(map(str, n_eps)) or '?'} fixed eval episodes; [Wilson 95 %]; gains vs the RL "
-                 f"run's first eval with [Newcombe paired 95 %]; the best eval is picked on the episodes it is scored "
+                 f"run's step-0 eval, or (without one) the SFT run's eval of the checkpoint RL started from, with "
+                 f"[Newcombe paired 95 %]; the best eval is picked on the episodes it is scored "
                  f"on (optimistic), the last is not.")
     for which in ("gain_last", "gain_best"):
         gs = [r[which] for r in rows if r[which] is not None]
@@ -332,7 +357,8 @@ class Recipe:
                 if self.dry_run:
                     continue
                 rows.append(summarize(name, seed, read_evals(sft["run_dir"]), read_evals(rl["run_dir"]),
-                                      {"record": rec.get("wall_s"), "sft": sft.get("wall_s"), "rl": rl.get("wall_s")}))
+                                      {"record": rec.get("wall_s"), "sft": sft.get("wall_s"), "rl": rl.get("wall_s")},
+                                      sft_step=model_step(rl_cmd)))
         return rows
 
     def rows_from_markers(self) -> list[dict]:
@@ -347,8 +373,18 @@ class Recipe:
                     continue
                 sft, rl = json.loads(sm.read_text()), json.loads(lm.read_text())
                 rows.append(summarize(name, seed, read_evals(sft["run_dir"]), read_evals(rl["run_dir"]),
-                                      {"record": rec.get("wall_s"), "sft": sft.get("wall_s"), "rl": rl.get("wall_s")}))
+                                      {"record": rec.get("wall_s"), "sft": sft.get("wall_s"), "rl": rl.get("wall_s")},
+                                      sft_step=model_step(rl.get("cmd", []))))
         return rows
+
+
+def model_step(cmd: list[str]) -> int | None:
+    """N of the `policy.model_path=.../global_step_N/hf` in an RL command (the SFT checkpoint it started from)."""
+    for arg in cmd:
+        m = re.match(r"^policy\.model_path=.*global_step_(\d+)/hf/?$", arg)
+        if m:
+            return int(m.group(1))
+    return None
 
 
 def _conf_exists(name: str) -> bool:

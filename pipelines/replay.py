@@ -51,11 +51,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +61,7 @@ import numpy as np
 # the store's episode index lives in storage.episodes, the re-simulation in tasks.replay (re-exported here)
 from storage.episodes import (INDEX_FIELDS as _INDEX_FIELDS, Episode, EpisodeData, StoreIndex,  # noqa: F401
                               find_episodes, load_index, read_episode_data)
+from pipelines.cli import quiet
 from tasks import trajectory
 from tasks.replay import (TOLERANCE, _max_abs, choose_start, env_config_from_store,  # noqa: F401
                           replay_episode)
@@ -419,18 +418,12 @@ def _import_maniskill_quietly(cfg) -> None:
 
         ensure_vulkan()
         import mani_skill.envs  # noqa: F401
-    _quiet()
-
-
-def _quiet() -> None:
-    warnings.filterwarnings("ignore")
-    for name in ("mani_skill", "mani_skill "):  # ManiSkill 3.0.1 names its logger "mani_skill " (trailing space)
-        logging.getLogger(name).setLevel(logging.ERROR)
+    quiet()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    _quiet()
+    quiet()
     try:
         if args.video is not None and args.video.suffix.lower() != ".mp4":
             raise ReplayInputError(f"--video {args.video}: give a path ending in .mp4")

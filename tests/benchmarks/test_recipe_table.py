@@ -53,7 +53,7 @@ def test_summarize_row(recipe, tmp_path):
     assert row["best"]["step"] == 4
     c_last = compare_evals(rl[8]["episodes"], rl[0]["episodes"])
     c_best = compare_evals(rl[4]["episodes"], rl[0]["episodes"])
-    assert row["gain_last"] == {"vs_step": 0, "step": 8, "diff": c_last.diff, "low": c_last.low, "high": c_last.high,
+    assert row["gain_last"] == {"vs": "rl", "vs_step": 0, "step": 8, "diff": c_last.diff, "low": c_last.low, "high": c_last.high,
                                 "n": N}
     assert row["gain_best"]["diff"] == pytest.approx(4 / N) and row["gain_best"]["low"] == c_best.low
     assert row["gain_last"]["diff"] == pytest.approx(-2 / N)
@@ -63,6 +63,31 @@ def test_summarize_row(recipe, tmp_path):
     assert tie["best"]["step"] == 0 and tie["sft"] is None
     one = recipe.summarize("A", 1, sft, _records(tmp_path, "one", {0: S0}), {})
     assert one["gain_last"] is None and one["best"]["step"] == 0
+
+
+def test_summarize_pairs_with_the_sft_eval_without_a_step0_eval(recipe, tmp_path):
+    """runner.val_at_start=false: the gain pairs the RL evals with the SFT run's eval of the checkpoint RL started
+    from (step 30 here, not its last eval 40), only when it ran on the same episodes."""
+    sft = _records(tmp_path, "sft", {30: S0, 40: S8})
+    rl = _records(tmp_path, "rl", {6: S8, 12: S4})
+    row = recipe.summarize("A", 1, sft, rl, {}, sft_step=30)
+    c = compare_evals(rl[12]["episodes"], sft[30]["episodes"])
+    assert row["gain_last"] == {"vs": "sft", "vs_step": 30, "step": 12, "diff": c.diff, "low": c.low,
+                                "high": c.high, "n": N}
+    assert row["gain_last"]["diff"] == pytest.approx(4 / N)
+    assert row["gain_best"]["step"] == 12
+    # a step-0 RL eval is preferred; without sft_step, the RL run's first eval
+    assert recipe.summarize("A", 1, sft, _records(tmp_path, "rl0", {0: S8, 12: S4}), {}, sft_step=30)[
+        "gain_last"]["vs"] == "rl"
+    nostep = recipe.summarize("A", 1, sft, rl, {})
+    assert (nostep["gain_last"]["vs"], nostep["gain_last"]["vs_step"]) == ("rl", 6)
+    # other episodes (another eval seed base): not paired with the SFT eval
+    d = tmp_path / "sft_other"
+    write_eval(d, 30, _outcomes(S0, base=2_000_000))
+    from tasks.evalstats import read_evals
+    assert recipe.summarize("A", 1, read_evals(d), rl, {}, sft_step=30)["gain_last"]["vs"] == "rl"
+    assert recipe.model_step(["x", "policy.model_path=/r/sft/checkpoints/global_step_30/hf"]) == 30
+    assert recipe.model_step(["policy.model_path=/some/hf_dir"]) is None
 
 
 def test_table_markdown(recipe, tmp_path):
