@@ -118,6 +118,28 @@ def sft_index(store_path: str, only_success: bool) -> np.ndarray:
     return rows.astype(np.int64)
 
 
+def set_demo_action_stats(cfg: Config, policy: torch.nn.Module) -> bool:
+    """Dataset statistics for a policy that un-normalises its actions (the token VLA's q01 / q99,
+    `set_action_stats`) trained from scratch by SFT (`algorithm.name=sft`, no `policy.model_path`): the 1st / 99th
+    percentiles per action dimension of the executed actions (step_mask) of the behaviour-cloning samples of
+    `sft.store` (`sft_index`), as OpenVLA computes its dataset statistics (`action_stats_from_data`). A loaded
+    policy keeps its own statistics (they came with its checkpoint). Returns whether they were set.
+
+    Raises:
+        ValueError: no selectable chunk step in the store (`sft_index`).
+    """
+    if cfg.algorithm.name != "sft" or cfg.policy.model_path or not hasattr(policy, "set_action_stats"):
+        return False
+    from storage.trajectories import TrajectoryStore
+    from tasks.policies.token_vla import action_stats_from_data
+    rows = sft_index(cfg.sft.store, cfg.sft.only_success)
+    st = TrajectoryStore.open(cfg.sft.store)
+    idx = (rows[:, 0], rows[:, 1], rows[:, 2])
+    actions, mask = st.read("actions")[idx], st.read("step_mask")[idx]  # [M, C, D], [M, C]
+    policy.set_action_stats(*action_stats_from_data(actions[mask]))  # [K, D] executed actions
+    return True
+
+
 def chunk_returns(rewards: np.ndarray, step_mask: np.ndarray, truncated: np.ndarray, gamma: float,
                   reward_scale: float = 1.0) -> np.ndarray:
     """Discounted chunk-level returns of recorded episodes (the critic's warm-start targets).

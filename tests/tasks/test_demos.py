@@ -229,3 +229,44 @@ def test_record_rounds_follow_the_record_seed_rule(monkeypatch, length):
         assert data["step_mask"].sum() == 2 * min(length, 6)  # executed actions: the episode's, at most T * C = 6
         ended = [e["seed"] for e in out[k, s]["episodes"]]  # a cut episode (length 50) is not reported
         assert ended == ([] if length > 6 else (100 + g + 4 * k).tolist())
+
+
+def test_token_vla_sft_from_scratch_takes_q01_q99_of_the_executed_bc_actions(tmp_path):
+    """OpenVLA's dataset statistics: q01 / q99 per dimension of the executed actions of the successful episodes
+    only (the idle slot and the failed episode hold outliers that would move them), and only when SFT starts from
+    scratch with a policy that has the statistics."""
+    from tasks.demos import set_demo_action_stats
+    from tasks.policies import make_policy
+    r = np.random.default_rng(0)
+    T, B, C, D = 4, 2, 2, 3
+    actions = r.uniform(-0.3, 0.5, (T, B, C, D)).astype(np.float32)
+    step_mask = np.ones((T, B, C), bool)
+    step_mask[3, 0, 1] = False  # env 0's last action slot idle
+    actions[3, 0, 1] = 9.0
+    actions[:, 1] = -7.0  # env 1: a failed episode
+    path = _one_step_store(tmp_path / "a.zarr", {
+        "obs": r.standard_normal((T, B, 3)).astype(np.float32), "actions": actions, "step_mask": step_mask,
+        "success": np.array([[False, False]] * 3 + [[True, False]]), "episode_id": np.array([[0, 1]] * T, np.int64)})
+    cfg = Config()
+    cfg.env.obs_mode = "state"
+    cfg.algorithm.name = "sft"
+    p = cfg.policy
+    p.name, p.preset, p.num_action_chunks, p.max_prompt_len = "token_vla", "tiny", C, 8
+    cfg.sft.store = path
+    policy = make_policy(p, obs_dim=3, action_dim=D, seed=0)
+    try:
+        assert set_demo_action_stats(cfg, policy)
+        executed = actions[:, 0].reshape(-1, D)[step_mask[:, 0].reshape(-1)]  # [7, D]
+        assert len(executed) == T * C - 1
+        q01, q99 = np.percentile(executed.astype(np.float64), [1.0, 99.0], axis=0)
+        assert torch.allclose(policy.action_q01, torch.tensor(q01, dtype=torch.float32))
+        assert torch.allclose(policy.action_q99, torch.tensor(q99, dtype=torch.float32))
+        assert float(policy.action_q99.max()) < 0.5 and float(policy.action_q01.min()) > -0.3
+        fresh = make_policy(p, obs_dim=3, action_dim=D, seed=0)
+        cfg.policy.model_path = str(tmp_path)  # a loaded policy keeps its own statistics
+        assert not set_demo_action_stats(cfg, fresh)
+        cfg.policy.model_path, cfg.algorithm.name = None, "grpo"
+        assert not set_demo_action_stats(cfg, fresh)
+        assert torch.equal(fresh.action_q01, torch.full((D,), -1.0))
+    finally:
+        clear_cache()
