@@ -1,4 +1,5 @@
-"""What the command-line entry points share (`pipelines.run`, `pipelines.record`, `pipelines.validate`).
+"""What the command-line entry points share (`pipelines.run`, `pipelines.record`, `pipelines.validate`,
+`pipelines.compare`).
 
 - `start(argv, doc)`: the command line's words, `doc` printed for `-h`/`--help`, the loggers quietened;
 - `quiet()`: warnings and the chatty libraries' loggers silenced before anything heavy is imported;
