@@ -335,7 +335,8 @@ def check_tracking_uri(uri: str, *, must_exist: bool = False, timeout_s: float =
 
     - ``http(s)://host:port``: GET ``<uri>/health`` (MLflow's liveness endpoint, open even with auth) must answer
       200 within ``timeout_s`` (nothing listening, a wrong host or a timeout fail here, not after minutes of the
-      client's retries);
+      client's retries); https honours MLFLOW_TRACKING_INSECURE_TLS and MLFLOW_TRACKING_SERVER_CERT_PATH as
+      MLflow's client does;
     - ``sqlite:///<path>``: the database file (``must_exist``: a store to read, it must exist) or, when it does
       not exist yet, its nearest existing parent directory must be writable (probed with a temporary file);
     - ``file:`` or a plain path (MLflow's file store): the same for the directory;
@@ -412,14 +413,22 @@ def _probe_http(uri: str, timeout_s: float) -> None:
     url = uri.split("?", 1)[0].rstrip("/") + "/health"
     fix = ("start the server (e.g. `mlflow server --host 127.0.0.1 --port 5000 --backend-store-uri "
            "sqlite:///mlflow.db --serve-artifacts`) or fix tracking.uri")
+    context = None
+    if url.startswith("https"):  # the TLS settings MLflow's client honours (a self-signed server's certificate)
+        import os
+        import ssl
+        if os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true":
+            context = ssl._create_unverified_context()  # noqa: S323 - what the user asked MLflow for
+        elif os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH"):
+            context = ssl.create_default_context(cafile=os.environ["MLFLOW_TRACKING_SERVER_CERT_PATH"])
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - http(s) only (checked above)
+        with urllib.request.urlopen(url, timeout=timeout_s, context=context) as resp:  # noqa: S310 - http(s) only
             status = resp.status
     except urllib.error.HTTPError as exc:
         raise ValueError(f"{url} answered HTTP {exc.code} ({exc.reason}): not an MLflow tracking server, or "
                          f"behind a proxy that hides /health; {fix}") from None
     except (urllib.error.URLError, OSError) as exc:  # refused, unknown host, timeout
         reason = getattr(exc, "reason", exc)
-        raise ValueError(f"no MLflow server answered {url} within {timeout_s:g} s ({reason}); {fix}") from None
+        raise ValueError(f"no MLflow server answered {url} ({reason}; waited up to {timeout_s:g} s); {fix}") from None
     if status != 200:
         raise ValueError(f"{url} answered HTTP {status}, not 200; {fix}")
