@@ -211,3 +211,21 @@ def test_the_real_smoke_run(smoke_run, capsys, tmp_path):
                                              key=lambda m: m.timestamp)}
         assert _cells(out, key, "final") == [_final(h)], out
     assert png.stat().st_size > 0
+
+
+def test_default_metrics_rule_and_best_direction():
+    """Default metrics are taken only where every run logged them; none shared is an error naming the fix."""
+    from types import SimpleNamespace as NS
+
+    def run(*keys):
+        return NS(data=NS(metrics=dict.fromkeys(keys, 0.0)))
+    sft = run("eval/success_once", "train/sft_loss", "train/lr")
+    ppo = run("eval/success_once", "train/actor_loss", "train/critic_loss", "train/lr")
+    assert compare.default_metrics([ppo]) == ["eval/success_once", "train/actor_loss"]
+    assert compare.default_metrics([sft]) == ["eval/success_once", "train/sft_loss"]
+    assert compare.default_metrics([ppo, sft]) == ["eval/success_once", "train/lr"]  # no loss in both: first train/
+    with pytest.raises(compare.CompareError, match="--metric"):
+        compare.default_metrics([run("env/return"), run("env/return", "train/lr")])
+    assert [compare.lower_is_better(k) for k in ("train/actor_loss", "train/approx_kl", "time/step",
+                                                 "system/rss_mb", "eval/success_once", "env/return")] == \
+        [True, True, True, True, False, False]
