@@ -32,7 +32,8 @@ MS_PER_STEP = {RUN_A: 1000, RUN_B: 2500}
 def _log(uri: str, experiment: str, run_id: str, config: dict, metrics: dict) -> Tracker:
     t = Tracker(uri=uri, experiment=experiment, run_name=run_id)
     t.log_params(flatten_config(config))
-    pts = [Metric(k, v, BASE_MS + s * MS_PER_STEP.get(run_id, 1000), s) for k, h in metrics.items() for s, v in h.items()]
+    ms = MS_PER_STEP.get(run_id, 1000)
+    pts = [Metric(k, v, BASE_MS + s * ms, s) for k, h in metrics.items() for s, v in h.items()]
     t.client.log_batch(t.run_id, metrics=pts)
     t.set_terminated("FINISHED")
     return t
