@@ -1,9 +1,12 @@
-"""What the command-line entry points share (`pipelines.run`, `pipelines.record`, `pipelines.validate`).
+"""What the command-line entry points share (`pipelines.run`, `pipelines.record`, `pipelines.validate`,
+`pipelines.compare`).
 
 - `start(argv, doc)`: the command line's words, `doc` printed for `-h`/`--help`, the loggers quietened;
 - `quiet()`: warnings and the chatty libraries' loggers silenced before anything heavy is imported;
 - `load(overrides, **kw)`: the one check path (`pipelines.config.load_config`), a refused config printed as one
   line `error: key=value: fix` (the command exits 2);
+- `preflight(cfg, ...)`: the places a run writes to (`run_root`, `tracking.uri`) checked before any worker starts,
+  a bad one printed as one line `error: run_root='...': why; fix` / `error: tracking.uri='...': why; fix` (exit 2);
 - `with_cluster(cfg, body)`: start the cluster, run the command's body, close the cluster, map the errors a body
   can raise to the exit codes every command documents (2 bad config or cluster, 1 a stalled run or a stopped step,
   130 interrupted).
@@ -49,6 +52,29 @@ def load(overrides, **kw):
     except (ConfigError, VulkanMissingError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
+
+
+def preflight(cfg, *, tracking: bool = True, writes=None) -> bool:
+    """Quick checks of where the command will write, before any worker starts: each `(key, value, directory)` of
+    `writes` (default: `run_root` itself) must be a directory that can be created or written
+    (`storage.rundir.check_writable_dir`); then, with `tracking`, `tracking.uri` when set
+    (`storage.tracking.check_tracking_uri`: an http(s) server must answer its /health within a few seconds, a
+    sqlite file must be creatable, the scheme known; the default sqlite store lives under `run_root`, checked
+    first). False when one fails: then one line `error: KEY='VALUE': why; fix` is on stderr (the command exits 2)."""
+    from storage.rundir import check_writable_dir
+    from storage.tracking import check_tracking_uri
+    from tasks.config import ConfigError
+    checks = [(key, str(value), check_writable_dir, d) for key, value, d in
+              (writes if writes is not None else [("run_root", cfg.run_root, cfg.run_root)])]
+    if tracking and cfg.tracking.uri:
+        checks.append(("tracking.uri", cfg.tracking.uri, check_tracking_uri, cfg.tracking.uri))
+    for key, value, check, arg in checks:
+        try:
+            check(arg)
+        except ValueError as exc:
+            print(f"error: {ConfigError(key, value, str(exc))}", file=sys.stderr)
+            return False
+    return True
 
 
 def with_cluster(cfg, body) -> int:

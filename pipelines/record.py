@@ -8,7 +8,8 @@ shard on its env worker, each running one episode per env and writing its zarr r
 
 Output: a trajectory store (default `<run_root>/demos/<experiment>.zarr`, refused if it exists) whose attributes
 name the teacher and count the successful episodes; `algorithm.name=sft sft.store=PATH` trains on it.
-Exit codes as pipelines.run: 0 done, 2 bad config / teacher / output path (one line), 1 failure, 130 interrupted.
+Exit codes as pipelines.run: 0 done, 2 bad config / teacher / output path, or an output directory that cannot
+be written (checked before any worker starts; one line), 1 failure, 130 interrupted.
 """
 from __future__ import annotations
 
@@ -79,12 +80,17 @@ def record(cfg, handle, *, echo=print) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipelines.cli import load, start, with_cluster
+    from pipelines.cli import load, preflight, start, with_cluster
     argv = start(argv, __doc__)
     if argv is None:
         return 0
     cfg = load(argv, command="record")  # the shared check path, incl. check_record
     if cfg is None:
+        return 2
+    from pipelines.config import record_output_path
+    out = record_output_path(cfg)  # its directory must be writable: checked before any worker starts
+    key, value = ("record.out", cfg.record.out) if cfg.record.out else ("run_root", cfg.run_root)
+    if not preflight(cfg, tracking=False, writes=[(key, value, out.parent)]):
         return 2
 
     def body(handle) -> int:

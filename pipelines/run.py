@@ -1,12 +1,14 @@
 """Entry point: `python -m pipelines.run [conf=NAME] [key=value ...]`.
 
 Composes the Hydra config (conf/config.yaml + conf/conf/NAME.yaml + overrides), validates it completely before any
-worker starts, starts the local Dask cluster (or connects to `cluster.address`), prints the dashboard link, and
-trains. Exit codes: 0 done, 2 bad config or cluster (one line on stderr, nothing written; a `runner.resume` that
-cannot be honoured is found before the cluster starts), 1 a failure during training (a lost cluster, or a step
-stopped by a non-finite value: one line `error: training step N: ...`), 130 interrupted. The first SIGINT (Ctrl-C) or SIGTERM during training finishes the step in flight,
-writes a checkpoint and exits 130 (resume with `runner.resume=<run_id>` or `runner.resume=latest`); a second one
-exits at once.
+worker starts, checks where it will write (`run_root` writable, `tracking.uri` reachable: an http(s) server
+answers within seconds; `pipelines.cli.preflight`), starts the local Dask cluster (or connects to
+`cluster.address`), prints the dashboard link, and trains. Exit codes: 0 done, 2 bad config, an unwritable
+`run_root` or unusable `tracking.uri`, or a cluster that cannot start (one line on stderr, nothing written; a
+`runner.resume` that cannot be honoured is found before the cluster starts), 1 a failure during training (a lost
+cluster, or a step stopped by a non-finite value: one line `error: training step N: ...`), 130 interrupted. The
+first SIGINT (Ctrl-C) or SIGTERM during training finishes the step in flight, writes a checkpoint and exits 130
+(resume with `runner.resume=<run_id>` or `runner.resume=latest`); a second one exits at once.
 
 Extra flags: `--show` prints the resolved config and exits.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import sys
 
-from pipelines.cli import load, start, with_cluster  # the entry points' shared plumbing
+from pipelines.cli import load, preflight, start, with_cluster  # the entry points' shared plumbing
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     if "--show" in argv:
         print(to_yaml(cfg))
         return 0
+    if not preflight(cfg):  # run_root writable, tracking.uri reachable: before a resume reads it, before any worker
+        return 2
     if cfg.runner.resume is not None:  # which run, which checkpoint, same training keys: offline, before any worker
         from pipelines.runner.setup import resolve_resume
         try:

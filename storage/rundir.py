@@ -100,3 +100,28 @@ def write_resolved_config(run_dir: str | os.PathLike, yaml_text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def check_writable_dir(path: str | os.PathLike) -> None:
+    """Pre-flight of a directory a run will write into (``run_root``, ``record.out``'s parent), before any worker
+    starts: ``path`` itself when it exists, else its nearest existing parent, must be a directory in which a file
+    can be created (probed by creating and removing a temporary file there, so read-only mounts and permissions
+    count as they will for the run; nothing else is created).
+
+    Raises:
+        ValueError: one line "why; fix" (the caller prefixes the key and value).
+    """
+    p = Path(path).expanduser().absolute()
+    anc = p
+    while not anc.exists() and anc != anc.parent:
+        anc = anc.parent
+    if not anc.is_dir():
+        what = "is" if anc == p else f"would be created under {anc}, which is"
+        raise ValueError(f"{p} {what} not a directory; choose a path in a writable directory")
+    try:
+        with tempfile.TemporaryFile(prefix=".dagrl-write-probe-", dir=anc):
+            pass
+    except OSError as exc:
+        where = "" if anc == p else f" (its nearest existing parent {anc})"
+        raise ValueError(f"cannot create files in it{where}: {exc.strerror or exc}; choose a writable directory "
+                         f"or fix its permissions") from None

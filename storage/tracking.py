@@ -322,3 +322,113 @@ class Tracker:
 
     def __repr__(self) -> str:
         return f"Tracker(uri={self.uri!r}, experiment={self.experiment!r}, run_id={self._run_id!r})"
+
+
+# ---- pre-flight -------------------------------------------------------------------------------------------
+TRACKING_SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks")
+PROBE_TIMEOUT_S = 3.0  # an http(s) tracking server's /health must answer within this
+
+
+def check_tracking_uri(uri: str, *, must_exist: bool = False, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Pre-flight of a tracking URI, quick and before any worker starts (`pipelines.run`) or anything is read
+    (`pipelines.compare`):
+
+    - ``http(s)://host:port``: GET ``<uri>/health`` (MLflow's liveness endpoint, open even with auth) must answer
+      200 within ``timeout_s`` (nothing listening, a wrong host or a timeout fail here, not after minutes of the
+      client's retries); https honours MLFLOW_TRACKING_INSECURE_TLS and MLFLOW_TRACKING_SERVER_CERT_PATH as
+      MLflow's client does;
+    - ``sqlite:///<path>``: the database file (``must_exist``: a store to read, it must exist) or, when it does
+      not exist yet, its nearest existing parent directory must be writable (probed with a temporary file);
+    - ``file:`` or a plain path (MLflow's file store): the same for the directory;
+    - ``postgresql``/``mysql``/``mssql``(``+driver``) and ``databricks``: only the scheme is checked (the driver
+      connects when the run starts);
+    - any other scheme is refused.
+
+    Raises:
+        ValueError: one line "why; fix" (the caller prefixes the key and value).
+    """
+    from urllib.parse import urlparse
+    scheme = urlparse(uri).scheme.lower()
+    base = scheme.split("+", 1)[0]
+    if len(scheme) <= 1:  # a plain path (or a Windows drive letter): MLflow's file store
+        return _check_local_store(Path(uri), must_exist=must_exist, what="directory")
+    if base not in TRACKING_SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r} (MLflow tracking stores: {', '.join(TRACKING_SCHEMES)}); "
+                         f"e.g. tracking.uri=http://127.0.0.1:5000 for a server, or leave tracking.uri unset for "
+                         f"the sqlite store under run_root")
+    if base in ("http", "https"):
+        return _probe_http(uri, timeout_s)
+    if base == "sqlite":
+        if not uri.startswith("sqlite:///") or uri[len("sqlite:///"):].split("?", 1)[0] in ("", ":memory:"):
+            raise ValueError("an in-memory sqlite store loses the run when it ends; name a file: "
+                             "sqlite:////absolute/path/mlflow.db")
+        return _check_local_store(Path(uri[len("sqlite:///"):].split("?", 1)[0]), must_exist=must_exist,
+                                  what="database file")
+    if base == "file":
+        return _check_local_store(Path(urlparse(uri).path), must_exist=must_exist, what="directory")
+    return None  # a database server or databricks: its client connects when the run starts
+
+
+def _check_local_store(path: Path, *, must_exist: bool, what: str) -> None:
+    """A local store (`what`: "database file" for sqlite, "directory" for the file store): readable when
+    `must_exist`, else writable where it is or will be created (a temporary file probes the directory)."""
+    import os
+    import tempfile
+    path = path.expanduser().absolute()
+    wants_dir = what == "directory"
+    if must_exist:
+        if not path.exists():
+            raise ValueError(f"no {what} {path} (nothing was logged there); pass the store the runs were logged "
+                             f"to (--tracking-uri, or --run-root DIR for sqlite:///DIR/mlflow.db)")
+        if not os.access(path, os.R_OK):
+            raise ValueError(f"the {what} {path} is not readable; fix its permissions")
+        return
+    if path.exists() and path.is_dir() != wants_dir:
+        raise ValueError(f"{path} is a {'file' if wants_dir else 'directory'}, not a {what}; choose another path")
+    if path.is_file():
+        try:
+            with open(path, "ab"):
+                pass
+        except OSError as exc:
+            raise ValueError(f"the {what} {path} is not writable: {exc.strerror or exc}; fix its permissions "
+                             f"or choose another path") from None
+        return
+    anc = path if path.is_dir() else path.parent
+    while not anc.exists() and anc != anc.parent:
+        anc = anc.parent
+    if not anc.is_dir():
+        raise ValueError(f"the {what} {path} would be created under {anc}, which is not a directory; choose "
+                         f"a path in a writable directory")
+    try:
+        with tempfile.TemporaryFile(prefix=".dagrl-write-probe-", dir=anc):
+            pass
+    except OSError as exc:
+        raise ValueError(f"cannot create the {what} {path}: {anc} is not writable ({exc.strerror or exc}); "
+                         f"choose a path in a writable directory") from None
+
+
+def _probe_http(uri: str, timeout_s: float) -> None:
+    import urllib.error
+    import urllib.request
+    url = uri.split("?", 1)[0].rstrip("/") + "/health"
+    fix = ("start the server (e.g. `mlflow server --host 127.0.0.1 --port 5000 --backend-store-uri "
+           "sqlite:///mlflow.db --serve-artifacts`) or fix tracking.uri")
+    context = None
+    if url.startswith("https"):  # the TLS settings MLflow's client honours (a self-signed server's certificate)
+        import os
+        import ssl
+        if os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true":
+            context = ssl._create_unverified_context()  # noqa: S323 - what the user asked MLflow for
+        elif os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH"):
+            context = ssl.create_default_context(cafile=os.environ["MLFLOW_TRACKING_SERVER_CERT_PATH"])
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s, context=context) as resp:  # noqa: S310 - http(s) only
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        raise ValueError(f"{url} answered HTTP {exc.code} ({exc.reason}): not an MLflow tracking server, or "
+                         f"behind a proxy that hides /health; {fix}") from None
+    except (urllib.error.URLError, OSError) as exc:  # refused, unknown host, timeout
+        reason = getattr(exc, "reason", exc)
+        raise ValueError(f"no MLflow server answered {url} ({reason}; waited up to {timeout_s:g} s); {fix}") from None
+    if status != 200:
+        raise ValueError(f"{url} answered HTTP {status}, not 200; {fix}")
