@@ -373,7 +373,6 @@ def _check_local_store(path: Path, *, must_exist: bool, what: str) -> None:
     """A local store (`what`: "database file" for sqlite, "directory" for the file store): readable when
     `must_exist`, else writable where it is or will be created (a temporary file probes the directory)."""
     import os
-    import tempfile
     path = path.expanduser().absolute()
     wants_dir = what == "directory"
     if must_exist:
@@ -393,18 +392,8 @@ def _check_local_store(path: Path, *, must_exist: bool, what: str) -> None:
             raise ValueError(f"the {what} {path} is not writable: {exc.strerror or exc}; fix its permissions "
                              f"or choose another path") from None
         return
-    anc = path if path.is_dir() else path.parent
-    while not anc.exists() and anc != anc.parent:
-        anc = anc.parent
-    if not anc.is_dir():
-        raise ValueError(f"the {what} {path} would be created under {anc}, which is not a directory; choose "
-                         f"a path in a writable directory")
-    try:
-        with tempfile.TemporaryFile(prefix=".dagrl-write-probe-", dir=anc):
-            pass
-    except OSError as exc:
-        raise ValueError(f"cannot create the {what} {path}: {anc} is not writable ({exc.strerror or exc}); "
-                         f"choose a path in a writable directory") from None
+    from storage.rundir import check_writable_dir
+    check_writable_dir(path if wants_dir else path.parent)  # the directory it will be created in
 
 
 def _probe_http(uri: str, timeout_s: float) -> None:
