@@ -485,7 +485,11 @@ class Recovery:
             paused |= {a for a, w in live.items() if w.get("status", "running") != "running"}
             why = (f"{failed}: no healthy placement without the paused worker(s) {sorted(paused)}" if paused
                    else f"{failed}: no placement on the live workers")
-            self._stop(why, f"{fix}, or {exc.fix}", actor_healthy=not actor_lost)
+            # the placement's own fix only when the cluster could not hold it even with every worker healthy
+            # (all paused: "no worker with resource GPU" is the pause, and `fix` already names its cure)
+            whole = {**self.client.scheduler_info(n_workers=-1), "workers": live}
+            self._stop(why, fix if paused and self._placeable(whole) else f"{fix}, or {exc.fix}",
+                       actor_healthy=not actor_lost)
         self.echo(f"dagrl: worker(s) {sorted(lost)} {'lost or stalled' if stalls else 'lost'} during step {step}; "
                   f"{'restoring the actor from the last checkpoint and ' if actor_lost else ''}retrying"
                   + (f" without {sorted(paused)}" if paused else ""))
