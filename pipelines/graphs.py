@@ -45,7 +45,7 @@ from typing import Any
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from pipelines.cluster import Placement
-from tasks import distributed, rollout, seeding, trajectory, update, weights as weights_mod
+from tasks import distributed, rollout, seeding, trajectory, update, video, weights as weights_mod
 from tasks.config import Config
 
 
@@ -321,15 +321,30 @@ def _rollout_weights(weights: dict) -> dict:
     return {"version": weights["version"], "state_dict": weights["state_dict"]}
 
 
+def eval_video_count(cfg: Config) -> int:
+    """How many episodes each evaluation films: `runner.eval_videos`, at most `env.eval.num_episodes`, none with
+    GPU simulation (no action log to replay; tasks.video)."""
+    if cfg.env.sim_backend == "physx_cuda":
+        return 0
+    return min(cfg.runner.eval_videos, cfg.env.eval.num_episodes)
+
+
 def build_eval(cfg: Config, *, run_id: str, step: int, weights, placement: Placement,
-               attempt: int = 0) -> tuple[HighLevelGraph, list[str]]:
-    """Deterministic evaluation on every eval shard with the given weights; returns (graph, episode-list keys)."""
+               attempt: int = 0, video_dir: str | None = None) -> tuple[HighLevelGraph, list[str]]:
+    """Deterministic evaluation on every eval shard with the given weights; returns (graph, keys): the shards'
+    episode-list keys, then, with `video_dir` and `eval_video_count(cfg)` > 0, the key of one `eval_videos` node
+    (tasks.video.eval_videos: the first episodes' mp4s written under `video_dir`, on shard 0's env worker, after
+    every shard's eval)."""
     g = GraphBuilder()
     tag = f"{run_id}-{step}" + (f"-retry{attempt}" if attempt else "")
     weights = _weights_handle(g, "weights_handle_eval", tag, weights, placement)
-    keys = [g.add(f"eval_s{s}-{tag}", rollout.evaluate, cfg, run_id, s, weights,
+    n_video = eval_video_count(cfg) if video_dir else 0
+    keys = [g.add(f"eval_s{s}-{tag}", rollout.evaluate, cfg, run_id, s, weights, n_video,
                   deps=(weights,) if isinstance(weights, str) else (),
                   worker=placement.shard_workers[s], resources={"CPU": 1}) for s in range(cfg.env.num_shards)]
+    if n_video:
+        keys.append(g.add(f"eval_videos-{tag}", video.eval_videos, cfg, run_id, video_dir, step, *keys,
+                          deps=tuple(keys), worker=placement.shard_workers[0], resources={"CPU": 1}))
     return g.graph(), keys
 
 

@@ -382,6 +382,10 @@ class RunnerConfig:
     max_staleness: int = 0  # asynchronous steps: rollouts in flight ahead of the update (k); the rollout of step
     # n+k runs on weights v(n) while update n runs, and the update corrects with decoupled PPO. 0: synchronous
     progress: bool = True
+    # every eval films its first N episodes (at most env.eval.num_episodes; mp4 with step, reward, return, success
+    # on the frames; tasks.video), logged to MLflow under videos/step_<step>; 0: none; GPU simulation: none. eval_video_size: the square frames' side in pixels
+    eval_videos: int = 2
+    eval_video_size: int = 256
 
     def check(self) -> None:
         """This section's own values. Raises ConfigError (runner.*)."""
@@ -398,6 +402,10 @@ class RunnerConfig:
              "must be > 0 (seconds a placed worker may stay paused for memory)"),
             ("runner.stall_timeout_s", n.stall_timeout_s, n.stall_timeout_s > 0,
              "must be > 0 (seconds a task may execute, at least, before the step counts as stalled)"),
+            ("runner.eval_videos", n.eval_videos, n.eval_videos >= 0,
+             "must be >= 0 (the eval episodes filmed per evaluation; 0: none)"),
+            ("runner.eval_video_size", n.eval_video_size, 64 <= n.eval_video_size <= 1024,
+             "must be in [64, 1024] (pixels of the square video frames)"),
             ("runner.stop_on_eval_success", n.stop_on_eval_success,
              n.stop_on_eval_success is None or 0 < n.stop_on_eval_success <= 1, "must be in (0, 1] or null"),
         ]:
@@ -773,6 +781,15 @@ def inert_keys(cfg: Config, command: str = "run", cuda_count: int = 0) -> list[t
             off(["rollout.chunk_steps_per_node"], "sets the length of the colocated env_step nodes; with "
                                                   "rollout.inference=disaggregated every chunk step is one env_step "
                                                   "node: drop it or set rollout.inference=colocated")
+
+    if command == "run":
+        if e.sim_backend == "physx_cuda":
+            off(["runner.eval_videos", "runner.eval_video_size"],
+                "films eval episodes by replaying their actions on the CPU simulator; GPU simulation "
+                "(env.sim_backend=physx_cuda) keeps no action log and is not replayable there: drop it")
+        elif cfg.runner.eval_videos == 0:
+            off(["runner.eval_video_size"], "sizes the eval videos, and runner.eval_videos=0 films none: drop it "
+                                            "or set runner.eval_videos")
 
     # ----- cluster -----
     if c.address:

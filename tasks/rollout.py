@@ -300,14 +300,16 @@ def _sum_sync(traj: dict, parts) -> None:
         traj[M.OFFLOAD_S] = sum(moved)
 
 
-def evaluate(cfg: Config, run_id: str, shard: int, weights: dict) -> list[dict]:
+def evaluate(cfg: Config, run_id: str, shard: int, weights: dict, keep_actions: int = 0) -> list[dict]:
     """Deterministic evaluation on eval shard `shard`: the same seeds at every call.
 
     Eval episode i (0 <= i < eval.num_episodes) runs on eval env i % N with reset seed `eval.seed + i`,
     N = eval.num_envs. Torch's RNG is seeded from (eval.seed, shard) for the evaluation, so a policy that draws
     even in deterministic mode (a flow VLA's initial noise) scores the same at every call with the same weights.
     Each round is a rollout of the eval shard (auto_reset off: DISABLED mode) run until every env finished.
-    Returns the finished-episode dicts of this shard (see EnvShard.chunk_step).
+    Returns the finished-episode dicts of this shard (see EnvShard.chunk_step); those with episode id <
+    `keep_actions` also carry "actions", float32 [episode_len, D], the executed (clipped) actions, for videos
+    (tasks.video; an env shard without an action log, GPU simulation, gives none).
     """
     ev = cfg.env.eval
     n_shards = cfg.env.num_shards
@@ -329,6 +331,10 @@ def evaluate(cfg: Config, run_id: str, shard: int, weights: dict) -> list[dict]:
             while sh.active.any():
                 out = _act(rep, policy_obs(rep.module, state, rgb, instr), deterministic=True)
                 res = sh.chunk_step(out["actions"])
+                for e in res.episodes:
+                    log = sh.ep_actions[e["env"] - sh.env_offset] if e["episode_id"] < keep_actions else []
+                    if len(log) == e["episode_len"] > 0:  # the whole episode's actions (idle until begin_rollout)
+                        e["actions"] = np.stack(log).astype(np.float32)
                 episodes += res.episodes
                 state, rgb = res.obs, res.rgb
     return [e for e in episodes if e["episode_id"] < ev.num_episodes]

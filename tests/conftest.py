@@ -1,7 +1,8 @@
 """Fixtures and helpers that several test modules share (the default suite's time budget: README "Tests").
 
-- `smoke_run` (session): ONE `conf=smoke` run through `pipelines.run.main` (its own embedded cluster), used by
-  tests/test_end_to_end.py (what it logged and stored) and tests/test_vla_recipe.py (the recipe's state teacher).
+- `smoke_run` (session): ONE `conf=smoke` run (filming 1 eval episode: runner.eval_videos=1) through
+  `pipelines.run.main` (its own embedded cluster), used by tests/test_end_to_end.py (what it logged, stored and
+  filmed) and tests/test_vla_recipe.py (the recipe's state teacher).
 - `reused_clusters` (a context manager, given as a fixture): inside it, `pipelines.cluster.start_cluster` starts each embedded-cluster layout once and
   hands the same workers to every later run of that layout (what a user does with `cluster.address`), with every
   resident object of the earlier runs dropped first, as a fresh cluster would have none.
@@ -63,5 +64,6 @@ def smoke_run(tmp_path_factory):
     """The run root of one `conf=smoke` run (experiment dir `smoke/`, MLflow under the root), exit code asserted."""
     from pipelines.run import main
     root = tmp_path_factory.mktemp("smoke_run")
-    assert main(["conf=smoke", f"run_root={root}", "cluster.dashboard_address=127.0.0.1:0"]) == 0
+    assert main(["conf=smoke", f"run_root={root}", "cluster.dashboard_address=127.0.0.1:0",
+                 "runner.eval_videos=1"]) == 0
     return root

@@ -5,6 +5,7 @@ smoke: 4 envs in 2 shards, T=10 chunk steps of C=1 action, 3 training steps, eva
 """
 from __future__ import annotations
 
+import json
 import math
 
 import dask.array as da
@@ -117,6 +118,37 @@ def test_smoke_run_checkpoint_loads(smoke):
     assert len(state["run"]["runner"]["cursors"]) == 2
     assert state["policy"]["actor_logstd"].shape == (8,)
     assert (run_dir / "config.yaml").read_text().startswith("experiment: smoke")
+
+
+def test_smoke_run_films_its_eval_episode(smoke):
+    """runner.eval_videos=1: the step-3 eval's episode 0 as an mp4 in the run dir and in MLflow under
+    videos/step_3; the replay reproduced the eval's return (CPU determinism); one frame per executed action plus
+    the reset frame, 256 px, the caption bar on top; the robot moves; the cost logged as time/eval_video."""
+    import imageio.v2 as imageio
+
+    from tasks.evalstats import read_evals
+    from tasks.video import CAPTION_PX
+    _, client, run, run_dir = smoke
+    rid = run.info.run_id
+    arts = [a.path for a in client.list_artifacts(rid, "videos/step_3")]
+    assert sorted(arts) == ["videos/step_3/episode_0.mp4", "videos/step_3/videos.json"], arts
+    rec = json.loads((run_dir / "videos" / "step_3" / "videos.json").read_text())
+    assert rec["error"] is None and len(rec["videos"]) == 1
+    v = rec["videos"][0]
+    ep0 = read_evals(run_dir)[3]["episodes"][str(1_000_000)]  # eval episode 0: reset seed env.eval.seed + 0
+    assert v["episode_id"] == 0 and v["seed"] == 1_000_000
+    assert v["eval_return"] == pytest.approx(ep0["return"]) and v["return_matches"], v
+    assert v["return"] == pytest.approx(ep0["return"], rel=1e-4, abs=1e-4)
+    assert v["success_once"] == ep0["success_once"]
+    frames = np.stack(imageio.mimread(run_dir / "videos" / "step_3" / "episode_0.mp4", memtest=False))
+    assert frames.shape == (ep0["episode_len"] + 1, 256, 256, 3) and v["frames"] == ep0["episode_len"] + 1
+    bar = frames[:, :CAPTION_PX].astype(int)
+    assert (bar.max(axis=-1) < 40).mean() > 0.7 and (bar.min(axis=-1) > 200).any()  # black bar, white text
+    scene = frames[:, CAPTION_PX + 2:].astype(float)
+    assert np.abs(scene[-1] - scene[0]).mean() > 1.0  # the arm moved between the reset and the last frame
+    assert [s for s, _ in _history(client, rid, "time/eval_video")] == [3]
+    assert [v for _, v in _history(client, rid, "eval/videos")] == [1.0]
+    assert 0 < _history(client, rid, "time/eval_video")[0][1] < _history(client, rid, "time/eval")[0][1]
 
 
 @pytest.mark.slow  # exact resume and one timeline are the default suite's tests/pipelines/test_resume.py; a long cluster run; the default suite's 20-min budget (CI runs `-m slow` as its second job)

@@ -202,9 +202,11 @@ class Runner(Scheduler, Setup, Recovery):
         """
         st, ev = self.state, self.cfg.env.eval
         t0 = time.perf_counter()
+        video_dir = self.run_dir / "videos" / f"step_{st.step}" if graphs.eval_video_count(self.cfg) else None
         _, parts = self._compute(lambda attempt: graphs.build_eval(
             self.cfg, run_id=st.run_id, step=st.step, weights=self.weights, placement=self.placement,
-            attempt=attempt), "evaluation")
+            attempt=attempt, video_dir=None if video_dir is None else str(video_dir)), "evaluation")
+        videos = parts.pop() if video_dir is not None else None
         episodes = [e for part in parts for e in part]
         outcomes = evalstats.episode_outcomes(episodes)
         expected = {str(ev.seed + i) for i in range(ev.num_episodes)}
@@ -219,6 +221,8 @@ class Runner(Scheduler, Setup, Recovery):
             m[f"eval/{key}_ci_low"], m[f"eval/{key}_ci_high"] = summary[f"{key}_ci_low"], summary[f"{key}_ci_high"]
         m["eval/num_episodes"] = float(len(episodes))
         m["time/eval"] = time.perf_counter() - t0
+        if videos is not None:
+            self._log_videos(videos, video_dir, m)
         if m["eval/success_once"] > st.best_eval_success_once:
             st.best_eval_success_once, st.best_eval_step = m["eval/success_once"], st.step
         m["eval/best_success_once"] = st.best_eval_success_once
@@ -230,6 +234,29 @@ class Runner(Scheduler, Setup, Recovery):
         if earlier:
             self._compare_with_first(m, outcomes, earlier[0])
         return m
+
+    def _log_videos(self, videos: dict, video_dir: Path, m: dict) -> None:
+        """The eval videos (tasks.video.eval_videos' result, also written as `videos.json` beside them) to MLflow
+        under `videos/step_<N>`; `m` gets
+        `time/eval_video` (s, part of time/eval) and `eval/videos` (files written). A failure is one line, never
+        the run's end."""
+        m["time/eval_video"] = float(videos["seconds"])
+        m["eval/videos"] = float(len(videos["videos"]))
+        step = self.state.step
+        if videos["error"]:
+            self.echo(f"dagrl: eval videos at step {step}: none written ({videos['error']}); the eval's metrics are "
+                      f"unaffected; runner.eval_videos=0 skips them")
+            return
+        import json
+        (video_dir / "videos.json").write_text(json.dumps({"step": step, **videos}, indent=1))
+        differ = [v["episode_id"] for v in videos["videos"] if not v["return_matches"]]
+        if differ:
+            self.echo(f"dagrl: eval videos at step {step}: the replay of episode(s) {differ} did not reproduce the "
+                      f"eval's return (the video may not show exactly what the eval played)")
+        try:
+            self.tracker.log_artifact(video_dir, f"videos/step_{step}")
+        except Exception as exc:  # noqa: BLE001 - the files stay in the run dir
+            self.echo(f"dagrl: eval videos at step {step}: written to {video_dir}, not logged to MLflow ({exc})")
 
     def _eval_text(self) -> str:
         """`success_once 0.438 [0.30, 0.58] over 48 episodes (success_at_end 0.290 [0.18, 0.43])` of the last eval."""

@@ -31,9 +31,20 @@ def check_env_config(cfg: EnvConfig) -> None:
     _module(cfg.simulator).check_config(cfg)
 
 
-def make_single_env(cfg: EnvConfig) -> SingleEnv:
-    mod = _module(cfg.simulator)
-    return getattr(mod, _SIMULATORS[cfg.simulator][1])(cfg)
+def make_single_env(cfg: EnvConfig, render_size: int | None = None) -> SingleEnv:
+    """One simulator instance of `cfg`'s env task. `render_size` (pixels): an instance that also renders square
+    frames of that size (`render_frame()`, uint8 [S, S, 3]) for videos; same dynamics.
+
+    Raises:
+        ConfigError: an unknown simulator, or `render_size` for a simulator whose adapter cannot render.
+    """
+    cls = getattr(_module(cfg.simulator), _SIMULATORS[cfg.simulator][1])
+    if not render_size:
+        return cls(cfg)
+    if not hasattr(cls, "render_frame"):
+        raise ConfigError("env.simulator", cfg.simulator, "its adapter renders no frames for videos: set "
+                          "runner.eval_videos=0")
+    return cls(cfg, render_size=render_size)
 
 
 def make_shard(cfg: EnvConfig, *, shard: int, num_shards: int, num_envs: int, auto_reset: bool,

@@ -125,11 +125,19 @@ def _make_kwargs(cfg: EnvConfig, sim_backend: str, num_envs: int) -> tuple[dict,
 
 
 class ManiSkillEnv:
-    """One ManiSkill env instance implementing `tasks.envs.shard.SingleEnv` (numpy in, numpy out)."""
+    """One ManiSkill env instance implementing `tasks.envs.shard.SingleEnv` (numpy in, numpy out).
 
-    def __init__(self, cfg: EnvConfig):
+    `render_size` (pixels): also create ManiSkill's human render camera (`render_mode="rgb_array"`, square
+    `render_size` frames) for `render_frame`; the dynamics are those of the same instance without it (the camera
+    only observes), so (seed, actions) of an episode replays on it exactly.
+    """
+
+    def __init__(self, cfg: EnvConfig, render_size: int | None = None):
         import gymnasium as gym
         kwargs, self.image_shape = _make_kwargs(cfg, "physx_cpu", 1)  # physx_cuda: ManiSkillBatchedEnv
+        if render_size:
+            kwargs.update(render_mode="rgb_array",
+                          human_render_camera_configs=dict(width=int(render_size), height=int(render_size)))
         self.instruction = instruction_for(cfg.env_id)
         try:
             self.env = gym.make(cfg.env_id, **kwargs)
@@ -140,6 +148,7 @@ class ManiSkillEnv:
             raise
         self.obs_dim = int(np.prod(self.env.observation_space.shape[1:]))
         self.action_dim = int(np.prod(self.env.action_space.shape[1:] or self.env.action_space.shape))
+        self.fps = float(getattr(self.env.unwrapped, "control_freq", 20) or 20)  # actions per second (videos)
 
     def reset(self, seed: int) -> np.ndarray:
         obs, _ = self.env.reset(seed=seed)
@@ -160,6 +169,18 @@ class ManiSkillEnv:
         data = self.env.unwrapped._get_obs_sensor_data()
         cam = data["base_camera"] if "base_camera" in data else next(iter(data.values()))
         return cam["rgb"].reshape(self.image_shape).numpy()
+
+    def render_frame(self) -> np.ndarray:
+        """The human render camera's view of the current state, uint8 [S, S, 3] with S = `render_size`.
+
+        Raises:
+            RuntimeError: the env was created without `render_size`.
+        """
+        if self.env.unwrapped.render_mode != "rgb_array":
+            raise RuntimeError("render_frame needs an env created with render_size (render_mode='rgb_array')")
+        img = self.env.render()
+        img = img.cpu().numpy() if hasattr(img, "cpu") else np.asarray(img)
+        return np.ascontiguousarray(img.reshape(img.shape[-3:])[..., :3]).astype(np.uint8)
 
     def close(self) -> None:
         self.env.close()

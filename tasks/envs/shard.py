@@ -77,7 +77,8 @@ class SingleEnv(Protocol):
     def close(self) -> None: ...
 
     # optional, for obs_mode=rgb: image_shape (H, W, 3) (None without images) and
-    # render_rgb() -> uint8 [H, W, 3] of the current state; instruction: str (the env task's prompt)
+    # render_rgb() -> uint8 [H, W, 3] of the current state; instruction: str (the env task's prompt);
+    # for videos (tasks.video): an instance made with render_size=S has render_frame() -> uint8 [S, S, 3]
 
 
 @dataclass

@@ -210,6 +210,53 @@ def test_init_and_eval_graphs_run_with_the_synchronous_scheduler(monkeypatch):
     assert [e["episode_len"] for e in episodes] == [4, 4, 4]
 
 
+class RenderFakeEnv(FakeEnv):
+    """FakeEnv that renders: frame = a uniform image of brightness 40 * t (t: actions since the reset)."""
+
+    fps = 10.0
+
+    def __init__(self, cfg=None, render_size=None):
+        super().__init__(cfg)
+        self.size = render_size or 64
+
+    def render_frame(self):
+        return np.full((self.size, self.size, 3), min(255, 40 * self.t), np.uint8)
+
+
+def test_eval_graph_films_the_first_episodes(monkeypatch, tmp_path):
+    """With video_dir: the shards' eval nodes keep the executed actions of episodes 0..k-1 (k = runner.eval_videos)
+    and one eval_videos node after them replays exactly those on a rendering instance: one mp4 per episode with
+    episode_len + 1 frames, the replay's return equal to the eval's (same seed, same actions)."""
+    import imageio.v2 as imageio
+    monkeypatch.setattr(tasks.envs, "make_single_env", lambda cfg, render_size=None: RenderFakeEnv(cfg, render_size))
+    cfg = small_config()
+    cfg.env.eval.num_envs, cfg.env.eval.num_episodes, cfg.runner.eval_videos, cfg.runner.eval_video_size = 2, 3, 2, 64
+    weights = update.actor_init(cfg, RUN_B, (FakeEnv.obs_dim, FakeEnv.action_dim))
+    graph, keys = graphs.build_eval(cfg, run_id=RUN_B, step=7, weights=weights, placement=PLACEMENT,
+                                    video_dir=str(tmp_path / "videos"))
+    assert len(keys) == cfg.env.num_shards + 1 and keys[-1] == f"eval_videos-{RUN_B}-7"
+    assert graph.dependencies[keys[-1]] == set(keys[:-1])
+    *parts, vids = dask.get(graph, keys)
+    episodes = {e["episode_id"]: e for part in parts for e in part}
+    assert sorted(episodes) == [0, 1, 2]
+    assert "actions" not in episodes[2]  # only the filmed ones carry their actions
+    for i in (0, 1):
+        a = episodes[i]["actions"]
+        assert a.shape == (4, FakeEnv.action_dim) and a.dtype == np.float32
+        assert float(a.mean(axis=1).sum()) == pytest.approx(episodes[i]["return"], abs=1e-5)  # reward = mean(a)
+    assert vids["error"] is None and [v["episode_id"] for v in vids["videos"]] == [0, 1]
+    for v in vids["videos"]:
+        assert v["return_matches"] and v["return"] == pytest.approx(episodes[v["episode_id"]]["return"])
+        frames = np.stack(imageio.mimread(v["path"], memtest=False))
+        assert frames.shape == (5, 64, 64, 3) and v["frames"] == 5 and v["fps"] == 10.0
+        scene = frames[:, 30:].reshape(5, -1).mean(axis=1)  # below the caption bar: brightness 40 * t
+        np.testing.assert_allclose(scene, [0, 40, 80, 120, 160], atol=6)
+    # without video_dir (or with runner.eval_videos=0) the graph has no video node and no episode keeps actions
+    graph, keys = graphs.build_eval(cfg, run_id=RUN_B, step=8, weights=weights, placement=PLACEMENT)
+    assert len(keys) == cfg.env.num_shards
+    assert not any("actions" in e for part in dask.get(graph, keys) for e in part)
+
+
 def _rollout_with(monkeypatch, inference: str) -> tuple[dict, list[str], dict]:
     """Run one step with the given inference mode; return shard 0's trajectory, the key prefixes, the update."""
     import torch

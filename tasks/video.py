@@ -1,0 +1,116 @@
+"""Eval videos: the first `runner.eval_videos` episodes of an evaluation, replayed on a rendering simulator
+instance and written as mp4, one file per episode.
+
+Why a replay: an eval env runs without ManiSkill's render camera (state obs; VLA envs capture their small sensor
+image once per chunk step only), and on a CPU (lavapipe) a 256 px frame costs ~0.1-0.25 s, far more than a physics
+step. So the eval keeps the executed actions of the episodes to film (`tasks.rollout.evaluate(..., keep_actions=k)`)
+and one `eval_videos` node per evaluation replays them with `reset(seed)` + the same actions on an instance made
+with `render_size` (`tasks.envs.make_single_env`): on the CPU simulator (seed, actions) reproduces an episode
+bit-identically (tasks.envs.maniskill, "Determinism"), which `return_matches` checks against the eval's own
+return. Only the filmed episodes are rendered, never the others.
+
+Frames: the reset frame, then one per executed action (`episode_len + 1` frames), at the env task's control
+frequency (PushCube-v1: 20 fps). Each frame carries two caption lines: the env task, the eval's training step,
+the episode (id, reset seed); the action index `t/L`, that action's reward, the return so far and whether the
+episode has succeeded yet (success_once). Files: `<out_dir>/episode_<id>.mp4` (H.264 via imageio-ffmpeg).
+
+The node never fails an evaluation: any error (no Vulkan, no ffmpeg, an adapter that cannot render) comes back
+as `error` and the runner prints it in one line; the eval's metrics are unaffected.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tasks import resident
+from tasks.config import Config
+
+CAPTION_PX = 24  # the caption bar's height: two lines of PIL's default font
+
+
+def caption(frame: np.ndarray, lines: list[str]) -> np.ndarray:
+    """`frame` (uint8 [H, W, 3]) with a black bar of `lines` (white text) on top; a new array, same shape."""
+    from PIL import Image, ImageDraw
+
+    im = Image.fromarray(np.ascontiguousarray(frame))
+    draw = ImageDraw.Draw(im)
+    draw.rectangle((0, 0, im.width, CAPTION_PX), fill=(0, 0, 0))
+    for i, text in enumerate(lines[:2]):
+        draw.text((3, 1 + 11 * i), text, fill=(255, 255, 255))
+    return np.asarray(im)
+
+
+def write_episode_video(env, episode: dict, path: Path, title: str) -> dict:
+    """Replay one episode on `env` (made with `render_size`) and write its mp4.
+
+    Args:
+        env: a SingleEnv with `render_frame()` (tasks.envs.make_single_env(cfg, render_size=S)).
+        episode: an eval episode dict (tasks.envs.shard episode record) with "seed" and "actions" float32 [L, D]
+            (the executed, clipped actions), "return" (the eval's return, for the check).
+        path: the mp4 to write (parent folders are created).
+        title: the first caption line's prefix (env task, step).
+
+    Returns:
+        {"path", "episode_id", "seed", "frames" (L + 1), "fps", "return" (the replay's), "eval_return",
+        "return_matches" (|replay - eval| <= 1e-4 * max(1, |eval|)), "success_once" (the replay's)}.
+    """
+    import imageio.v2 as imageio
+
+    actions = np.asarray(episode["actions"], np.float32)
+    fps = float(getattr(env, "fps", 20.0))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head = f"{title} | episode {episode['episode_id']} (seed {episode['seed']})"
+    env.reset(int(episode["seed"]))
+    ret, success = 0.0, False
+    writer = imageio.get_writer(str(path), fps=fps, codec="libx264", quality=7, macro_block_size=1,
+                                ffmpeg_log_level="error")
+    try:
+        writer.append_data(caption(env.render_frame(), [head, f"t 0/{len(actions)}"]))
+        for t, a in enumerate(actions, start=1):
+            _, r, _, _, succ = env.step(a)
+            ret += r
+            success |= succ
+            writer.append_data(caption(env.render_frame(), [
+                head, f"t {t}/{len(actions)}  reward {r:.3f}  return {ret:.2f}  "
+                      f"success {'yes' if success else 'no'}"]))
+    finally:
+        writer.close()
+    ev = float(episode["return"])
+    return {"path": str(path), "episode_id": int(episode["episode_id"]), "seed": int(episode["seed"]),
+            "frames": len(actions) + 1, "fps": fps, "return": ret, "eval_return": ev,
+            "return_matches": abs(ret - ev) <= 1e-4 * max(1.0, abs(ev)), "success_once": bool(success)}
+
+
+def eval_videos(cfg: Config, run_id: str, out_dir: str, step: int, *episode_lists: list[dict]) -> dict:
+    """Task: the mp4s of the first `cfg.runner.eval_videos` episodes (by episode id) among the eval shards'
+    episode lists that carry "actions"; the render instance stays resident on the worker (one per run and size:
+    the first camera instance in a process compiles shaders, 15-30 s on software Vulkan).
+
+    Returns:
+        {"videos": [write_episode_video's dicts], "seconds": wall time of this node (s), "error": None or one line
+        (nothing raised: see the module docstring)}.
+    """
+    from tasks.envs import make_single_env
+
+    t0 = time.perf_counter()
+    r = cfg.runner
+    chosen = sorted((e for part in episode_lists for e in part if e.get("actions") is not None),
+                    key=lambda e: e["episode_id"])[:r.eval_videos]
+    videos, error = [], None
+    try:
+        if not chosen:
+            raise RuntimeError("no eval episode carries its actions (GPU simulation keeps no action log: "
+                               "env.sim_backend=physx_cuda episodes are not replayable on the CPU renderer)")
+        env, _ = resident.get_or_create(f"{run_id}/render/{r.eval_video_size}",
+                                     lambda: make_single_env(cfg.env, render_size=r.eval_video_size))
+        for e in chosen:
+            videos.append(write_episode_video(env, e, Path(out_dir) / f"episode_{e['episode_id']}.mp4",
+                                              f"{cfg.env.env_id} eval at step {step}"))
+    except Exception as exc:  # noqa: BLE001 - a video never fails the evaluation (module docstring)
+        error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    return {"videos": videos, "seconds": time.perf_counter() - t0, "error": error}
+
+
+__all__ = ["caption", "eval_videos", "write_episode_video"]

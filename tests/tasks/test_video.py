@@ -1,0 +1,101 @@
+"""tasks.video on a fake rendering env (no simulator): captions, the return check, which episodes are filmed, and
+errors coming back as one line instead of failing the evaluation. The real ManiSkill path (a smoke run filming its
+eval episode, replay reproducing the eval's return) is tests/test_end_to_end.py::test_smoke_run_films_its_eval_episode."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tasks.envs
+from tasks import resident, video
+from tasks.config import Config, ConfigError
+
+
+class Env:
+    """reward 0.5 per action, success from the 3rd action on; frame brightness 30 * t."""
+
+    fps = 20.0
+
+    def __init__(self, size=64):
+        self.size, self.t = size, 0
+
+    def reset(self, seed):
+        self.t = 0
+        return np.zeros(3, np.float32)
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(3, np.float32), 0.5, False, False, self.t >= 3
+
+    def render_frame(self):
+        return np.full((self.size, self.size, 3), 30 * self.t, np.uint8)
+
+
+def _episode(i, n=4, ret=None):
+    return {"episode_id": i, "seed": 100 + i, "actions": np.zeros((n, 2), np.float32),
+            "return": 0.5 * n if ret is None else ret, "episode_len": n}
+
+
+@pytest.fixture(autouse=True)
+def clean_resident():
+    resident.release("")
+    yield
+    resident.release("")
+
+
+def test_caption_draws_a_black_bar_with_white_text():
+    img = np.full((64, 64, 3), 128, np.uint8)
+    out = video.caption(img, ["PushCube-v1 eval at step 3", "t 1/50 reward 0.1"])
+    bar = out[:video.CAPTION_PX].astype(int)
+    assert out.shape == img.shape and (out[video.CAPTION_PX + 1:] == 128).all()  # the scene is untouched
+    assert (bar.max(axis=-1) == 0).mean() > 0.5 and (bar.min(axis=-1) > 200).any()  # text: ~30 % of 64 px
+    assert (img == 128).all()  # a new array
+
+
+def test_write_episode_video_replays_and_checks_the_return(tmp_path):
+    import imageio.v2 as imageio
+    v = video.write_episode_video(Env(), _episode(0), tmp_path / "a" / "e.mp4", "title")
+    assert v["frames"] == 5 and v["return"] == 2.0 and v["return_matches"] and v["success_once"]
+    frames = np.stack(imageio.mimread(v["path"], memtest=False))
+    np.testing.assert_allclose(frames[:, 30:].reshape(5, -1).mean(axis=1), [0, 30, 60, 90, 120], atol=6)
+    # the eval said another return: the replay did not reproduce it
+    assert not video.write_episode_video(Env(), _episode(1, ret=2.5), tmp_path / "b.mp4", "t")["return_matches"]
+    assert not video.write_episode_video(Env(), _episode(1, n=2), tmp_path / "c.mp4", "t")["success_once"]
+
+
+def test_eval_videos_films_the_lowest_episode_ids_and_never_raises(monkeypatch, tmp_path):
+    cfg = Config()
+    cfg.runner.eval_videos, cfg.runner.eval_video_size = 2, 64
+    made = []
+    monkeypatch.setattr(tasks.envs, "make_single_env",
+                        lambda c, render_size=None: made.append(render_size) or Env(render_size))
+    no_actions = {**_episode(0), "actions": None}
+    out = video.eval_videos(cfg, "run-v", str(tmp_path), 4, [_episode(3), _episode(1)], [no_actions, _episode(2)])
+    assert out["error"] is None and [v["episode_id"] for v in out["videos"]] == [1, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["episode_1.mp4", "episode_2.mp4"]
+    video.eval_videos(cfg, "run-v", str(tmp_path), 5, [_episode(1)])
+    assert made == [64]  # the render instance stays resident across evaluations of the run
+
+    def broken(c, render_size=None):
+        raise RuntimeError("vk::createInstance failed")
+    monkeypatch.setattr(tasks.envs, "make_single_env", broken)
+    out = video.eval_videos(cfg, "run-w", str(tmp_path), 4, [_episode(1)])
+    assert out["videos"] == [] and out["error"] == "RuntimeError: vk::createInstance failed"
+    out = video.eval_videos(cfg, "run-w", str(tmp_path), 4, [{**_episode(1), "actions": None}])
+    assert out["videos"] == [] and "no eval episode carries its actions" in out["error"]
+
+
+def test_eval_video_keys_are_checked_and_counted():
+    from pipelines.graphs import eval_video_count
+    for key, value in (("eval_videos", -1), ("eval_video_size", 16), ("eval_video_size", 4096)):
+        cfg = Config()
+        setattr(cfg.runner, key, value)
+        with pytest.raises(ConfigError, match=f"runner.{key}"):
+            cfg.validate()
+    cfg = Config()
+    cfg.env.eval.num_episodes, cfg.runner.eval_videos = 3, 5
+    assert eval_video_count(cfg) == 3  # at most the eval's episodes
+    cfg.runner.eval_videos = 0
+    assert eval_video_count(cfg) == 0
+    cfg.runner.eval_videos, cfg.env.sim_backend = 2, "physx_cuda"
+    assert eval_video_count(cfg) == 0  # no action log to replay
