@@ -383,7 +383,8 @@ class RunnerConfig:
     # n+k runs on weights v(n) while update n runs, and the update corrects with decoupled PPO. 0: synchronous
     progress: bool = True
     # every eval films its first N episodes (at most env.eval.num_episodes; mp4 with step, reward, return, success
-    # on the frames; tasks.video), logged to MLflow under videos/step_<step>; 0: none; GPU simulation: none. eval_video_size: the square frames' side in pixels
+    # on the frames, <= 10 fps; tasks.video), logged to MLflow under videos/step_<step>; 0: none; GPU simulation:
+    # none. A frame costs ~0.1-0.3 s on a CPU (lavapipe): 2 PushCube episodes add ~10-15 s to an eval eval_video_size: the square frames' side in pixels
     eval_videos: int = 2
     eval_video_size: int = 256
 

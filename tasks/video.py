@@ -9,8 +9,10 @@ with `render_size` (`tasks.envs.make_single_env`): on the CPU simulator (seed, a
 bit-identically (tasks.envs.maniskill, "Determinism"), which `return_matches` checks against the eval's own
 return. Only the filmed episodes are rendered, never the others.
 
-Frames: the reset frame, then one per executed action (`episode_len + 1` frames), at the env task's control
-frequency (PushCube-v1: 20 fps). Each frame carries two caption lines: the env task, the eval's training step,
+Frames: the reset frame, then one every `stride` executed actions and the last one (stride = the env task's
+control frequency / MAX_FPS, rounded, at least 1: PushCube-v1's 20 Hz gives 2, so a 50-action episode is 26 frames
+at 10 fps, real time). A frame is the costly part (a 256 px capture on lavapipe: ~0.3 s with both cores busy), so
+halving the frames halves the cost. Each frame carries two caption lines: the env task, the eval's training step,
 the episode (id, reset seed); the action index `t/L`, that action's reward, the return so far and whether the
 episode has succeeded yet (success_once). Files: `<out_dir>/episode_<id>.mp4` (H.264 via imageio-ffmpeg).
 
@@ -28,6 +30,19 @@ from tasks import resident
 from tasks.config import Config
 
 CAPTION_PX = 24  # the caption bar's height: two lines of PIL's default font
+MAX_FPS = 10.0  # frames per second of video at most (real time: the stride skips actions between frames)
+
+
+def frame_steps(num_actions: int, control_freq: float) -> tuple[list[int], float]:
+    """The action counts t (0 = the reset) after which a frame is rendered, and the video's fps.
+
+    Every `stride` = max(1, round(control_freq / MAX_FPS)) actions, plus the last action: e.g. (50, 20 Hz) ->
+    [0, 2, ..., 50] (26 frames) at 10 fps; (5, 10 Hz) -> [0, 1, ..., 5] at 10 fps."""
+    stride = max(1, int(round(control_freq / MAX_FPS)))
+    steps = list(range(0, num_actions + 1, stride))
+    if steps[-1] != num_actions:
+        steps.append(num_actions)
+    return steps, control_freq / stride
 
 
 def caption(frame: np.ndarray, lines: list[str]) -> np.ndarray:
@@ -53,13 +68,14 @@ def write_episode_video(env, episode: dict, path: Path, title: str) -> dict:
         title: the first caption line's prefix (env task, step).
 
     Returns:
-        {"path", "episode_id", "seed", "frames" (L + 1), "fps", "return" (the replay's), "eval_return",
+        {"path", "episode_id", "seed", "frames" (`frame_steps`), "fps", "return" (the replay's), "eval_return",
         "return_matches" (|replay - eval| <= 1e-4 * max(1, |eval|)), "success_once" (the replay's)}.
     """
     import imageio.v2 as imageio
 
     actions = np.asarray(episode["actions"], np.float32)
-    fps = float(getattr(env, "fps", 20.0))
+    steps, fps = frame_steps(len(actions), float(getattr(env, "fps", 20.0)))
+    wanted = set(steps)
     path.parent.mkdir(parents=True, exist_ok=True)
     head = f"{title} | episode {episode['episode_id']} (seed {episode['seed']})"
     env.reset(int(episode["seed"]))
@@ -72,14 +88,15 @@ def write_episode_video(env, episode: dict, path: Path, title: str) -> dict:
             _, r, _, _, succ = env.step(a)
             ret += r
             success |= succ
-            writer.append_data(caption(env.render_frame(), [
-                head, f"t {t}/{len(actions)}  reward {r:.3f}  return {ret:.2f}  "
-                      f"success {'yes' if success else 'no'}"]))
+            if t in wanted:
+                writer.append_data(caption(env.render_frame(), [
+                    head, f"t {t}/{len(actions)}  reward {r:.3f}  return {ret:.2f}  "
+                          f"success {'yes' if success else 'no'}"]))
     finally:
         writer.close()
     ev = float(episode["return"])
     return {"path": str(path), "episode_id": int(episode["episode_id"]), "seed": int(episode["seed"]),
-            "frames": len(actions) + 1, "fps": fps, "return": ret, "eval_return": ev,
+            "frames": len(steps), "fps": fps, "return": ret, "eval_return": ev,
             "return_matches": abs(ret - ev) <= 1e-4 * max(1.0, abs(ev)), "success_once": bool(success)}
 
 
@@ -113,4 +130,4 @@ def eval_videos(cfg: Config, run_id: str, out_dir: str, step: int, *episode_list
     return {"videos": videos, "seconds": time.perf_counter() - t0, "error": error}
 
 
-__all__ = ["caption", "eval_videos", "write_episode_video"]
+__all__ = ["caption", "eval_videos", "frame_steps", "write_episode_video"]

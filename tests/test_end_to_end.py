@@ -122,12 +122,13 @@ def test_smoke_run_checkpoint_loads(smoke):
 
 def test_smoke_run_films_its_eval_episode(smoke):
     """runner.eval_videos=1: the step-3 eval's episode 0 as an mp4 in the run dir and in MLflow under
-    videos/step_3; the replay reproduced the eval's return (CPU determinism); one frame per executed action plus
-    the reset frame, 256 px, the caption bar on top; the robot moves; the cost logged as time/eval_video."""
+    videos/step_3; the replay reproduced the eval's return (CPU determinism); the reset frame and one every 2nd
+    action (10 fps real time), 256 px, the caption bar on top; the robot moves; the cost logged as
+    time/eval_video."""
     import imageio.v2 as imageio
 
     from tasks.evalstats import read_evals
-    from tasks.video import CAPTION_PX
+    from tasks.video import CAPTION_PX, frame_steps
     _, client, run, run_dir = smoke
     rid = run.info.run_id
     arts = [a.path for a in client.list_artifacts(rid, "videos/step_3")]
@@ -141,7 +142,8 @@ def test_smoke_run_films_its_eval_episode(smoke):
     assert v["return"] == pytest.approx(ep0["return"], rel=1e-4, abs=1e-4)
     assert v["success_once"] == ep0["success_once"]
     frames = np.stack(imageio.mimread(run_dir / "videos" / "step_3" / "episode_0.mp4", memtest=False))
-    assert frames.shape == (ep0["episode_len"] + 1, 256, 256, 3) and v["frames"] == ep0["episode_len"] + 1
+    n = len(frame_steps(ep0["episode_len"], 20.0)[0])  # PushCube-v1: 20 Hz control, filmed at 10 fps
+    assert frames.shape == (n, 256, 256, 3) and v["frames"] == n and v["fps"] == 10.0
     bar = frames[:, :CAPTION_PX].astype(int)
     assert (bar.max(axis=-1) < 40).mean() > 0.7 and (bar.min(axis=-1) > 200).any()  # black bar, white text
     scene = frames[:, CAPTION_PX + 2:].astype(float)

@@ -55,12 +55,21 @@ def test_caption_draws_a_black_bar_with_white_text():
 def test_write_episode_video_replays_and_checks_the_return(tmp_path):
     import imageio.v2 as imageio
     v = video.write_episode_video(Env(), _episode(0), tmp_path / "a" / "e.mp4", "title")
-    assert v["frames"] == 5 and v["return"] == 2.0 and v["return_matches"] and v["success_once"]
+    assert v["frames"] == 3 and v["fps"] == 10.0  # 20 Hz control: a frame every 2nd action, t = 0, 2, 4
+    assert v["return"] == 2.0 and v["return_matches"] and v["success_once"]  # every action is replayed
     frames = np.stack(imageio.mimread(v["path"], memtest=False))
-    np.testing.assert_allclose(frames[:, 30:].reshape(5, -1).mean(axis=1), [0, 30, 60, 90, 120], atol=6)
+    np.testing.assert_allclose(frames[:, 30:].reshape(3, -1).mean(axis=1), [0, 60, 120], atol=6)
     # the eval said another return: the replay did not reproduce it
     assert not video.write_episode_video(Env(), _episode(1, ret=2.5), tmp_path / "b.mp4", "t")["return_matches"]
     assert not video.write_episode_video(Env(), _episode(1, n=2), tmp_path / "c.mp4", "t")["success_once"]
+
+
+def test_frame_steps_keep_real_time_at_most_max_fps():
+    assert video.frame_steps(50, 20.0) == (list(range(0, 51, 2)), 10.0)
+    assert video.frame_steps(5, 20.0) == ([0, 2, 4, 5], 10.0)  # the last action always gets its frame
+    assert video.frame_steps(5, 10.0) == ([0, 1, 2, 3, 4, 5], 10.0)
+    assert video.frame_steps(3, 5.0) == ([0, 1, 2, 3], 5.0)  # slower control: every action, its own rate
+    assert video.frame_steps(7, 60.0) == ([0, 6, 7], 10.0)
 
 
 def test_eval_videos_films_the_lowest_episode_ids_and_never_raises(monkeypatch, tmp_path):
