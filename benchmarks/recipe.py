@@ -30,7 +30,8 @@ every eval step with its Wilson 95 % interval, the best RL eval, the gain of the
 RL run's step-0 eval (the SFT policy on the same fixed episodes; without one, `runner.val_at_start=false`, the SFT
 run's eval of the checkpoint RL started from, when it ran on the same episodes: the same eval) with Newcombe's
 paired 95 % interval
-(tasks.evalstats), and the wall time of each stage. The best eval is picked on the same episodes it is scored on,
+(tasks.evalstats), and the wall time of each stage (SFT and RL: the run's elapsed training time through its last
+checkpoint, summed over resumes, start-up excluded; `stage_wall`). The best eval is picked on the same episodes it is scored on,
 so its gain is optimistic; the last eval's is not. Below the table: the mean gain and in how many runs the lower
 bound is above 0. Exit: 0 done, 2 bad arguments (one line), 1 a stage failed (its log named).
 """
@@ -357,7 +358,7 @@ class Recipe:
                 if self.dry_run:
                     continue
                 rows.append(summarize(name, seed, read_evals(sft["run_dir"]), read_evals(rl["run_dir"]),
-                                      {"record": rec.get("wall_s"), "sft": sft.get("wall_s"), "rl": rl.get("wall_s")},
+                                      {"record": rec.get("wall_s"), "sft": stage_wall(sft), "rl": stage_wall(rl)},
                                       sft_step=model_step(rl_cmd)))
         return rows
 
@@ -373,9 +374,20 @@ class Recipe:
                     continue
                 sft, rl = json.loads(sm.read_text()), json.loads(lm.read_text())
                 rows.append(summarize(name, seed, read_evals(sft["run_dir"]), read_evals(rl["run_dir"]),
-                                      {"record": rec.get("wall_s"), "sft": sft.get("wall_s"), "rl": rl.get("wall_s")},
+                                      {"record": rec.get("wall_s"), "sft": stage_wall(sft), "rl": stage_wall(rl)},
                                       sft_step=model_step(rl.get("cmd", []))))
         return rows
+
+
+def stage_wall(rec: dict) -> float | None:
+    """A finished run stage's wall time (s): the runner's elapsed training time in its latest checkpoint's
+    meta.json (`run.runner.elapsed_s`, summed over resumes, start-up excluded), else the marker's `wall_s` (the
+    last invocation's: it misses the earlier ones of a resumed stage)."""
+    try:
+        ckpt = latest_checkpoint(rec["run_dir"])
+        return float(json.loads((Path(ckpt) / "meta.json").read_text())["run"]["runner"]["elapsed_s"])
+    except (TypeError, OSError, ValueError, KeyError):
+        return rec.get("wall_s")
 
 
 def model_step(cmd: list[str]) -> int | None:

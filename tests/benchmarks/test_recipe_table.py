@@ -225,6 +225,17 @@ def test_recipe_resumes_an_interrupted_stage(recipe, tmp_path):
     assert [c[2] for c in fake.calls] == ["pipelines.record"]
 
 
+def test_stage_wall_is_the_runs_elapsed_time_across_resumes(recipe, tmp_path):
+    """A resumed stage's marker holds only its last invocation's wall; the table takes the runner's elapsed time
+    from the latest checkpoint (summed over resumes), and the marker's wall when no checkpoint says."""
+    run_dir = tmp_path / "run"
+    save_checkpoint(run_dir, 6, {"run": {"runner": {"step": 6, "elapsed_s": 800.0}}})
+    save_checkpoint(run_dir, 12, {"run": {"runner": {"step": 12, "elapsed_s": 1500.0}}})
+    assert recipe.stage_wall({"run_dir": str(run_dir), "wall_s": 700.0}) == 1500.0
+    assert recipe.stage_wall({"run_dir": str(tmp_path / "none"), "wall_s": 700.0}) == 700.0
+    assert recipe.stage_wall({"run_dir": None, "wall_s": None}) is None
+
+
 def test_recipe_argument_errors(recipe, tmp_path, capsys, monkeypatch):
     (tmp_path / "t").mkdir()
     monkeypatch.setitem(recipe.FAMILIES, "token", ("no_such_token_sft", "no_such_token_grpo"))  # a family's confs missing
