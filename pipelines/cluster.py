@@ -340,7 +340,8 @@ class ClusterHandle:
                     pass
 
 
-_CLOSE_LOGGERS = ("distributed", "tornado", "asyncio")
+_CLOSE_LOGGERS = ("distributed", "tornado", "tornado.application", "asyncio")  # distributed sets tornado.application
+# to error itself, so the parent's level does not reach it
 
 
 def _quiet_logs() -> None:

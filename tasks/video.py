@@ -106,8 +106,9 @@ def eval_videos(cfg: Config, run_id: str, out_dir: str, step: int, *episode_list
     the first camera instance in a process compiles shaders, 15-30 s on software Vulkan).
 
     Returns:
-        {"videos": [write_episode_video's dicts], "seconds": wall time of this node (s), "error": None or one line
-        (nothing raised: see the module docstring)}.
+        {"videos": [write_episode_video's dicts], "seconds": wall time of this node (s), "setup_s": of which
+        getting the render instance (its creation at the run's first eval: shader compile), "error": None or one
+        line (nothing raised: see the module docstring)}.
     """
     from tasks.envs import make_single_env
 
@@ -115,19 +116,20 @@ def eval_videos(cfg: Config, run_id: str, out_dir: str, step: int, *episode_list
     r = cfg.runner
     chosen = sorted((e for part in episode_lists for e in part if e.get("actions") is not None),
                     key=lambda e: e["episode_id"])[:r.eval_videos]
-    videos, error = [], None
+    videos, error, setup_s = [], None, 0.0
     try:
         if not chosen:
             raise RuntimeError("no eval episode carries its actions (GPU simulation keeps no action log: "
                                "env.sim_backend=physx_cuda episodes are not replayable on the CPU renderer)")
         env, _ = resident.get_or_create(f"{run_id}/render/{r.eval_video_size}",
-                                     lambda: make_single_env(cfg.env, render_size=r.eval_video_size))
+                                        lambda: make_single_env(cfg.env, render_size=r.eval_video_size))
+        setup_s = time.perf_counter() - t0
         for e in chosen:
             videos.append(write_episode_video(env, e, Path(out_dir) / f"episode_{e['episode_id']}.mp4",
                                               f"{cfg.env.env_id} eval at step {step}"))
     except Exception as exc:  # noqa: BLE001 - a video never fails the evaluation (module docstring)
         error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-    return {"videos": videos, "seconds": time.perf_counter() - t0, "error": error}
+    return {"videos": videos, "seconds": time.perf_counter() - t0, "setup_s": setup_s, "error": error}
 
 
 __all__ = ["caption", "eval_videos", "frame_steps", "write_episode_video"]
