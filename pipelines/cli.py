@@ -2,6 +2,8 @@
 `pipelines.compare`).
 
 - `start(argv, doc)`: the command line's words, `doc` printed for `-h`/`--help`, the loggers quietened;
+  `overrides_and_flags` also splits them into a few known `--flags` and Hydra overrides (an unknown flag: one line,
+  exit 2); `ArgumentParser`: argparse whose errors are one line (`UsageError`), for the commands with options;
 - `quiet()`: warnings and the chatty libraries' loggers silenced before anything heavy is imported;
 - `load(overrides, **kw)`: the one check path (`pipelines.config.load_config`), a refused config printed as one
   line `error: key=value: fix` (the command exits 2);
@@ -15,10 +17,52 @@ A leaf of `pipelines/`: it imports the modules it needs inside its functions and
 """
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
 import warnings
+
+
+class UsageError(ValueError):
+    """Bad command-line words (an unknown flag, a bad value); the message is one line with the fix."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse for the commands that take flags (`pipelines.replay`, `pipelines.compare`): an error is one
+    `UsageError` line naming the problem and `--help` (argparse itself prints the usage too, and exits)."""
+
+    def error(self, message):
+        raise UsageError(f"{message}; see {self.prog} --help")
+
+
+def examples(doc: str) -> str:
+    """The `Examples:` block of a command's docstring (up to the next blank line), for argparse's epilog."""
+    block = doc.split("\nExamples:\n", 1)[1] if "\nExamples:\n" in doc else ""
+    return "examples:\n" + block.split("\n\n", 1)[0] if block else ""
+
+
+def split_flags(argv: list[str], flags: dict[str, str], prog: str) -> tuple[set[str], list[str]]:
+    """(the flags given, the overrides) of a Hydra-style command line (`key=value` words and a few `--flags`).
+    `flags`: each known flag -> what it does (for the error). Raises UsageError for an unknown flag or a word that
+    is neither a flag nor `key=value` (one line: the flags it takes, `--help`)."""
+    given, overrides = set(), []
+    takes = (f"takes {', '.join(f'{f} ({what})' for f, what in flags.items())} and key=value overrides" if flags
+             else "takes key=value overrides only")
+    for a in argv:
+        if a.startswith("-"):
+            if a not in flags:
+                from tasks.config import did_you_mean
+                hint = did_you_mean(a, list(flags))
+                raise UsageError(f"unknown flag {a!r}{f' ({hint})' if hint else ''}; {prog} {takes}; "
+                                 f"see {prog} --help")
+            given.add(a)
+        elif "=" not in a and not a.startswith("~"):  # `~key` deletes a key in Hydra's grammar
+            raise UsageError(f"{a!r} is not key=value (Hydra override) or a flag; e.g. conf=smoke runner.max_steps=3;"
+                             f" see {prog} --help")
+        else:
+            overrides.append(a)
+    return given, overrides
 
 
 def quiet() -> None:
@@ -39,6 +83,21 @@ def start(argv: list[str] | None, doc: str) -> list[str] | None:
         return None
     quiet()
     return argv
+
+
+def overrides_and_flags(argv: list[str] | None, doc: str, prog: str,
+                        flags: dict[str, str] | None = None) -> tuple[set[str], list[str]] | int:
+    """`start` then `split_flags` for the Hydra-style commands (run, validate, record): (flags given, overrides),
+    or the exit code when there is nothing to run: 0 after `--help`, 2 after one line `error: ...` (an unknown
+    flag, a word that is not key=value)."""
+    argv = start(argv, doc)
+    if argv is None:
+        return 0
+    try:
+        return split_flags(argv, flags or {}, prog)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 def load(overrides, **kw):
