@@ -136,36 +136,83 @@ def preflight(cfg, *, tracking: bool = True, writes=None) -> bool:
     return True
 
 
+class held_signals:
+    """While active (a context manager, main thread only): SIGINT and SIGTERM do not interrupt; `name` is the first
+    one that came (None if none). The previous handlers are restored on exit. For what must not be cut in the
+    middle, the cluster's close (a KeyboardInterrupt there printed a traceback and left workers behind)."""
+
+    SIGNALS = ("SIGINT", "SIGTERM")
+
+    def __init__(self):
+        self.name, self._old = None, {}
+
+    def _hold(self, signum, frame) -> None:
+        import signal
+        self.name = self.name or signal.Signals(signum).name
+
+    def __enter__(self):
+        import signal
+        for name in self.SIGNALS:
+            sig = getattr(signal, name)
+            self._old[sig] = signal.signal(sig, self._hold)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
 def with_cluster(cfg, body) -> int:
     """Start the cluster of `cfg`, run `body(handle) -> exit code`, close the cluster. Exit 2 for a cluster that
     cannot start or a ConfigError raised by `body` (one line on stderr), 1 for a run with no healthy placement
-    left (`RunStalled`) or a step stopped by a non-finite value (`StepFailed`), 130 when interrupted (SIGTERM too)."""
+    left (`RunStalled`) or a step stopped by a non-finite value (`StepFailed`), 130 when interrupted (SIGTERM too).
+
+    Interrupted (Ctrl-C, SIGTERM) while the cluster starts, while `body` runs (outside the body's own handling:
+    pipelines.run's graceful stop) or while the cluster closes: one line on stderr, exit 130. The embedded
+    cluster's workers ignore SIGINT (`pipelines.worker_preload`), so a terminal's Ctrl-C, which reaches the whole
+    process group, prints no worker traceback; the close itself is not cut short (`held_signals`)."""
     import signal
     from pipelines.cluster import start_cluster
     from pipelines.runner.recovery import RunStalled
     from pipelines.runner.scheduler import StepFailed
     from tasks.config import ConfigError
     from tasks.envs.vulkan import VulkanMissingError
-    try:
-        handle = start_cluster(cfg)
-    except (ConnectionError, ConfigError, VulkanMissingError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
 
     def _term(signum, frame):  # SIGTERM (timeout, kill, schedulers) ends the run like Ctrl-C: MLflow run KILLED
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, _term)
+    old_term = signal.signal(signal.SIGTERM, _term)
     try:
-        return body(handle)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except (RunStalled, StepFailed) as exc:  # no healthy placement left (recovery) or a non-finite value stopped
-        print(f"error: {exc}", file=sys.stderr)  # a step (scheduler): one line, exit 1
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        try:
+            handle = start_cluster(cfg)
+        except (ConnectionError, ConfigError, VulkanMissingError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("interrupted while the cluster was starting; nothing was run", file=sys.stderr)
+            return 130
+        try:
+            rc = body(handle)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            rc = 2
+        except (RunStalled, StepFailed) as exc:  # no healthy placement left (recovery) or a non-finite value
+            print(f"error: {exc}", file=sys.stderr)  # stopped a step (scheduler): one line, exit 1
+            rc = 1
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            rc = 130
+        except BaseException:
+            with held_signals():
+                handle.close()
+            raise
+        with held_signals() as held:
+            handle.close()
+        if held.name is not None and rc != 130:  # the run had ended; the interrupt came while closing
+            print(f"interrupted ({held.name}) while the cluster was closing (the run had ended with exit code "
+                  f"{rc}); the cluster is closed", file=sys.stderr)
+            rc = 130
+        return rc
     finally:
-        handle.close()
+        signal.signal(signal.SIGTERM, old_term)

@@ -86,32 +86,9 @@ class graceful_stop:
             signal.signal(sig, old)
 
 
-def _ignore_sigint_in_workers(handle) -> None:
-    """A terminal's Ctrl-C reaches every process of its process group: local workers ignore SIGINT so that the
-    driver decides (finish the step, checkpoint). A worker plugin, so restarted workers (recovery) do too. Best
-    effort: a worker whose event loop is not on its main thread keeps the default."""
-    from distributed.diagnostics.plugin import WorkerPlugin
-
-    class IgnoreSigint(WorkerPlugin):
-        name = "dagrl-ignore-sigint"
-
-        def setup(self, worker) -> None:
-            import signal
-            try:
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
-            except ValueError:  # not the main thread
-                pass
-    try:
-        handle.client.register_plugin(IgnoreSigint())
-    except Exception:  # noqa: BLE001 - never fail a run for this
-        pass
-
-
 def _train(cfg, handle) -> int:
     from pipelines.runner import Runner
     print(f"dagrl: experiment {cfg.experiment} | dashboard {handle.dashboard_link}", flush=True)
-    if cfg.cluster.address is None:
-        _ignore_sigint_in_workers(handle)
     from tasks.evalstats import fmt_rate
     runner = Runner(cfg, handle)
     print(f"dagrl: run {runner.state.run_id} | run dir {runner.run_dir} | MLflow {runner.tracking_uri} "
