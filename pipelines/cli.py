@@ -1,5 +1,5 @@
 """What the command-line entry points share (`pipelines.run`, `pipelines.record`, `pipelines.validate`,
-`pipelines.compare`).
+`pipelines.replay`, `pipelines.compare`).
 
 - `start(argv, doc)`: the command line's words, `doc` printed for `-h`/`--help`, the loggers quietened;
   `overrides_and_flags` also splits them into a few known `--flags` and Hydra overrides (an unknown flag: one line,
@@ -11,7 +11,7 @@
   a bad one printed as one line `error: run_root='...': why; fix` / `error: tracking.uri='...': why; fix` (exit 2);
 - `with_cluster(cfg, body)`: start the cluster, run the command's body, close the cluster, map the errors a body
   can raise to the exit codes every command documents (2 bad config or cluster, 1 a stalled run or a stopped step,
-  130 interrupted).
+  130 interrupted: one line, also while the cluster starts or closes; `held_signals` keeps the close whole).
 
 A leaf of `pipelines/`: it imports the modules it needs inside its functions and nothing imports it back from there.
 """

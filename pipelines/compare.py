@@ -253,14 +253,17 @@ def plot(path: str | Path, run_labels, metrics, summaries: dict[str, list[Summar
     return path
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (argparse prints the usage too)
-        raise CompareError(f"{message}; see python -m pipelines.compare --help")
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The command line (module docstring). Raises CompareError for bad arguments."""
+    from pipelines.cli import ArgumentParser, UsageError
     from tasks.config import Config
+
+    class _Parser(ArgumentParser):
+        def error(self, message):  # one line, exit 2: CompareError, as every other refusal of this command
+            try:
+                super().error(message)
+            except UsageError as exc:
+                raise CompareError(str(exc)) from None
     ap = _Parser(prog="python -m pipelines.compare", add_help=False)
     ap.add_argument("runs", nargs="+", metavar="RUN")
     ap.add_argument("--metric", action="append", default=None)
