@@ -1,7 +1,9 @@
 """What the command-line entry points share (`pipelines.run`, `pipelines.record`, `pipelines.validate`,
-`pipelines.compare`).
+`pipelines.replay`, `pipelines.compare`).
 
 - `start(argv, doc)`: the command line's words, `doc` printed for `-h`/`--help`, the loggers quietened;
+  `overrides_and_flags` also splits them into a few known `--flags` and Hydra overrides (an unknown flag: one line,
+  exit 2); `ArgumentParser`: argparse whose errors are one line (`UsageError`), for the commands with options;
 - `quiet()`: warnings and the chatty libraries' loggers silenced before anything heavy is imported;
 - `load(overrides, **kw)`: the one check path (`pipelines.config.load_config`), a refused config printed as one
   line `error: key=value: fix` (the command exits 2);
@@ -9,16 +11,58 @@
   a bad one printed as one line `error: run_root='...': why; fix` / `error: tracking.uri='...': why; fix` (exit 2);
 - `with_cluster(cfg, body)`: start the cluster, run the command's body, close the cluster, map the errors a body
   can raise to the exit codes every command documents (2 bad config or cluster, 1 a stalled run or a stopped step,
-  130 interrupted).
+  130 interrupted: one line, also while the cluster starts or closes; `held_signals` keeps the close whole).
 
 A leaf of `pipelines/`: it imports the modules it needs inside its functions and nothing imports it back from there.
 """
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
 import warnings
+
+
+class UsageError(ValueError):
+    """Bad command-line words (an unknown flag, a bad value); the message is one line with the fix."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse for the commands that take flags (`pipelines.replay`, `pipelines.compare`): an error is one
+    `UsageError` line naming the problem and `--help` (argparse itself prints the usage too, and exits)."""
+
+    def error(self, message):
+        raise UsageError(f"{message}; see {self.prog} --help")
+
+
+def examples(doc: str) -> str:
+    """The `Examples:` block of a command's docstring (up to the next blank line), for argparse's epilog."""
+    block = doc.split("\nExamples:\n", 1)[1] if "\nExamples:\n" in doc else ""
+    return "examples:\n" + block.split("\n\n", 1)[0] if block else ""
+
+
+def split_flags(argv: list[str], flags: dict[str, str], prog: str) -> tuple[set[str], list[str]]:
+    """(the flags given, the overrides) of a Hydra-style command line (`key=value` words and a few `--flags`).
+    `flags`: each known flag -> what it does (for the error). Raises UsageError for an unknown flag or a word that
+    is neither a flag nor `key=value` (one line: the flags it takes, `--help`)."""
+    given, overrides = set(), []
+    takes = (f"takes {', '.join(f'{f} ({what})' for f, what in flags.items())} and key=value overrides" if flags
+             else "takes key=value overrides only")
+    for a in argv:
+        if a.startswith("-"):
+            if a not in flags:
+                from tasks.config import did_you_mean
+                hint = did_you_mean(a, list(flags))
+                raise UsageError(f"unknown flag {a!r}{f' ({hint})' if hint else ''}; {prog} {takes}; "
+                                 f"see {prog} --help")
+            given.add(a)
+        elif "=" not in a and not a.startswith("~"):  # `~key` deletes a key in Hydra's grammar
+            raise UsageError(f"{a!r} is not key=value (Hydra override) or a flag; e.g. conf=smoke runner.max_steps=3;"
+                             f" see {prog} --help")
+        else:
+            overrides.append(a)
+    return given, overrides
 
 
 def quiet() -> None:
@@ -39,6 +83,21 @@ def start(argv: list[str] | None, doc: str) -> list[str] | None:
         return None
     quiet()
     return argv
+
+
+def overrides_and_flags(argv: list[str] | None, doc: str, prog: str,
+                        flags: dict[str, str] | None = None) -> tuple[set[str], list[str]] | int:
+    """`start` then `split_flags` for the Hydra-style commands (run, validate, record): (flags given, overrides),
+    or the exit code when there is nothing to run: 0 after `--help`, 2 after one line `error: ...` (an unknown
+    flag, a word that is not key=value)."""
+    argv = start(argv, doc)
+    if argv is None:
+        return 0
+    try:
+        return split_flags(argv, flags or {}, prog)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 def load(overrides, **kw):
@@ -77,36 +136,83 @@ def preflight(cfg, *, tracking: bool = True, writes=None) -> bool:
     return True
 
 
+class held_signals:
+    """While active (a context manager, main thread only): SIGINT and SIGTERM do not interrupt; `name` is the first
+    one that came (None if none). The previous handlers are restored on exit. For what must not be cut in the
+    middle, the cluster's close (a KeyboardInterrupt there printed a traceback and left workers behind)."""
+
+    SIGNALS = ("SIGINT", "SIGTERM")
+
+    def __init__(self):
+        self.name, self._old = None, {}
+
+    def _hold(self, signum, frame) -> None:
+        import signal
+        self.name = self.name or signal.Signals(signum).name
+
+    def __enter__(self):
+        import signal
+        for name in self.SIGNALS:
+            sig = getattr(signal, name)
+            self._old[sig] = signal.signal(sig, self._hold)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
 def with_cluster(cfg, body) -> int:
     """Start the cluster of `cfg`, run `body(handle) -> exit code`, close the cluster. Exit 2 for a cluster that
     cannot start or a ConfigError raised by `body` (one line on stderr), 1 for a run with no healthy placement
-    left (`RunStalled`) or a step stopped by a non-finite value (`StepFailed`), 130 when interrupted (SIGTERM too)."""
+    left (`RunStalled`) or a step stopped by a non-finite value (`StepFailed`), 130 when interrupted (SIGTERM too).
+
+    Interrupted (Ctrl-C, SIGTERM) while the cluster starts, while `body` runs (outside the body's own handling:
+    pipelines.run's graceful stop) or while the cluster closes: one line on stderr, exit 130. The embedded
+    cluster's workers ignore SIGINT (`pipelines.worker_preload`), so a terminal's Ctrl-C, which reaches the whole
+    process group, prints no worker traceback; the close itself is not cut short (`held_signals`)."""
     import signal
     from pipelines.cluster import start_cluster
     from pipelines.runner.recovery import RunStalled
     from pipelines.runner.scheduler import StepFailed
     from tasks.config import ConfigError
     from tasks.envs.vulkan import VulkanMissingError
-    try:
-        handle = start_cluster(cfg)
-    except (ConnectionError, ConfigError, VulkanMissingError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
 
     def _term(signum, frame):  # SIGTERM (timeout, kill, schedulers) ends the run like Ctrl-C: MLflow run KILLED
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, _term)
+    old_term = signal.signal(signal.SIGTERM, _term)
     try:
-        return body(handle)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except (RunStalled, StepFailed) as exc:  # no healthy placement left (recovery) or a non-finite value stopped
-        print(f"error: {exc}", file=sys.stderr)  # a step (scheduler): one line, exit 1
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        try:
+            handle = start_cluster(cfg)
+        except (ConnectionError, ConfigError, VulkanMissingError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("interrupted while the cluster was starting; nothing was run", file=sys.stderr)
+            return 130
+        try:
+            rc = body(handle)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            rc = 2
+        except (RunStalled, StepFailed) as exc:  # no healthy placement left (recovery) or a non-finite value
+            print(f"error: {exc}", file=sys.stderr)  # stopped a step (scheduler): one line, exit 1
+            rc = 1
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            rc = 130
+        except BaseException:
+            with held_signals():
+                handle.close()
+            raise
+        with held_signals() as held:
+            handle.close()
+        if held.name is not None and rc != 130:  # the run had ended; the interrupt came while closing
+            print(f"interrupted ({held.name}) while the cluster was closing (the run had ended with exit code "
+                  f"{rc}); the cluster is closed", file=sys.stderr)
+            rc = 130
+        return rc
     finally:
-        handle.close()
+        signal.signal(signal.SIGTERM, old_term)

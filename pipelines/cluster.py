@@ -412,7 +412,8 @@ def start_cluster(cfg: Config) -> ClusterHandle:
     gpus = gpu_worker_specs(cfg, _cuda_device_count())
     from distributed import Nanny, Scheduler, SpecCluster
     common = {"nthreads": c.threads_per_worker, "host": "127.0.0.1", "memory_limit": c.memory_limit,
-              "silence_logs": logging.ERROR, "dashboard": False}
+              "silence_logs": logging.ERROR, "dashboard": False,
+              "preload": ["pipelines.worker_preload"]}  # the workers ignore a terminal's Ctrl-C (the driver decides)
     # torch threads of the actor: the cores the env workers leave (1 on a 2-core machine, where 2 threads were
     # measured no faster idle and up to 18x slower under load)
     actor_threads = max(1, (os.cpu_count() or 1) - c.num_env_workers)

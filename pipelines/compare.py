@@ -34,12 +34,13 @@ Exit codes: 0 printed; 2 an unknown run or metric, a store that cannot be read, 
 from __future__ import annotations
 
 import argparse
-import difflib
 import math
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from tasks.config import close_matches  # the one "did you mean"
 
 DEFAULT_EVAL_METRIC = "eval/success_once"
 DEFAULT_TRAIN_METRICS = ("train/actor_loss", "train/sft_loss", "train/critic_loss")
@@ -144,8 +145,7 @@ def _unknown_run(client, experiments, name: str, uri: str) -> str:
     from storage.tracking import RUN_ID_TAG
     known = [e.name for e in experiments] + sorted({r.data.tags.get(RUN_ID_TAG) or r.info.run_name
                                                     for r in _search(client, experiments)} - {None})
-    close = [k for k in known if name and k.startswith(name)]
-    close += [k for k in difflib.get_close_matches(name, known, n=5, cutoff=0.6) if k not in close]
+    close = close_matches(name, known, n=5)
     return (f"RUN={name!r}: no dagrl run id, MLflow run id or experiment of that name in {uri} (close matches: "
             f"{', '.join(close[:5]) or 'none'}); pass a run directory's name (runs/<experiment>/<run_id>) or an "
             f"experiment name, or the store it was logged to (--tracking-uri / --run-root)")
@@ -188,7 +188,7 @@ def check_metrics(runs, run_labels: list[str], metrics: list[str]) -> None:
     for key in metrics:
         for r, lab in zip(runs, run_labels):
             if key not in r.data.metrics:
-                close = difflib.get_close_matches(key, list(r.data.metrics), n=3, cutoff=0.5)
+                close = close_matches(key, r.data.metrics, n=3, cutoff=0.5)
                 raise CompareError(f"--metric={key!r}: not logged by run {lab} (close: "
                                    f"{', '.join(close) or 'none'}); pass a key every run logged, e.g. "
                                    f"{', '.join(sorted(r.data.metrics)[:4])}")
@@ -253,14 +253,17 @@ def plot(path: str | Path, run_labels, metrics, summaries: dict[str, list[Summar
     return path
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (argparse prints the usage too)
-        raise CompareError(f"{message}; see python -m pipelines.compare --help")
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The command line (module docstring). Raises CompareError for bad arguments."""
+    from pipelines.cli import ArgumentParser, UsageError
     from tasks.config import Config
+
+    class _Parser(ArgumentParser):
+        def error(self, message):  # one line, exit 2: CompareError, as every other refusal of this command
+            try:
+                super().error(message)
+            except UsageError as exc:
+                raise CompareError(str(exc)) from None
     ap = _Parser(prog="python -m pipelines.compare", add_help=False)
     ap.add_argument("runs", nargs="+", metavar="RUN")
     ap.add_argument("--metric", action="append", default=None)

@@ -29,7 +29,7 @@ from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from tasks.config import REMOVED_KEYS, Config, ConfigError, upgrade_saved_config
+from tasks.config import REMOVED_KEYS, Config, ConfigError, close_matches, did_you_mean, upgrade_saved_config
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 SCHEMA_NAME = "dagrl_schema"
@@ -135,14 +135,46 @@ def _config_error(exc: Exception, overrides: Sequence[str]) -> ConfigError:
             given = next((o.split("=", 1)[1] for o in overrides if o.startswith(f"{group}=")), None)
             if given is None:  # chosen by the experiment file's defaults list
                 given = msg.split(f"Could not find '{group}/", 1)[-1].split("'", 1)[0] if f"'{group}/" in msg else "?"
-            return ConfigError(group, given, f"no conf/{group}/{given}.yaml; available: {names}")
+            hint = did_you_mean(given, names)
+            return ConfigError(group, given, f"no conf/{group}/{given}.yaml; {hint + ' ' if hint else ''}"
+                                             f"available: {names}")
     cause = exc.__cause__ or exc
     key = getattr(cause, "full_key", None) or getattr(exc, "full_key", None)
     detail = str(cause).splitlines()[0]
-    return _from_omegaconf(key, _value_for(key, overrides), detail)
+    return _from_omegaconf(key, _value_for(key, overrides), detail, overrides)
 
 
-def _from_omegaconf(key, value, detail: str) -> ConfigError:
+def schema_keys() -> list[str]:
+    """Every dotted key of the schema (`Config`): its leaves and the sections above them ("runner",
+    "env.eval", "env.eval.num_envs", ...), in declaration order."""
+    out: list[str] = []
+
+    def walk(node, prefix: str) -> None:
+        for name in node:
+            key = f"{prefix}.{name}" if prefix else str(name)
+            out.append(key)
+            child = node._get_node(name)
+            if isinstance(child, DictConfig) and not child._is_none() and not isinstance(_schema_default(key), dict):
+                walk(child, key)
+    walk(OmegaConf.structured(Config), "")
+    return out
+
+
+def unknown_key_fix(key: str) -> str:
+    """The fix for an unknown dotted `key`: "did you mean" the schema keys at its level (its section's own keys,
+    when the section exists; else the full dotted keys), then where every key is printed."""
+    known = schema_keys()
+    parent, _, name = key.rpartition(".")
+    if parent in known or not parent:  # a typo in the last part: the section's own keys
+        siblings = [k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent]
+        close = [f"{parent}.{c}" if parent else c for c in close_matches(name, siblings)]
+    else:  # a typo further up (runer.max_steps): full dotted keys
+        close = close_matches(key, [k for k in known if k.count(".") == key.count(".")])
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    return f"unknown key; {hint}`python -m pipelines.validate --show` prints every key"
+
+
+def _from_omegaconf(key, value, detail: str, overrides: Sequence[str] = ()) -> ConfigError:
     if key in REMOVED_KEYS:  # a key the schema no longer has: its own fix
         return ConfigError(key, value, REMOVED_KEYS[key])
     if "not in" in detail or "Could not override" in detail:
@@ -152,11 +184,23 @@ def _from_omegaconf(key, value, detail: str) -> ConfigError:
             form = (f"+{parent}={{{name.replace(',', chr(92) + ',')}: VALUE}}" if "," in name
                     else f"+{key}=VALUE, or +{parent}={{{name}: VALUE}}")
             return ConfigError(key, value, f"a new key of the dict {parent}: add it with a leading + ({form})")
-        return ConfigError(key or "config", value,
-                           "unknown key (a typo?); `python -m pipelines.validate --show` prints every key")
+        full = _given_key_under(key, overrides)  # the override's own dotted key (runer.max_steps, not runer)
+        return ConfigError(full or "config", _value_for(full, overrides) if full != key else value,
+                           unknown_key_fix(full) if full else "unknown key")
     if "could not be converted" in detail or "is not a valid" in detail or "Unsupported value type" in detail:
         return ConfigError(key or "config", value, f"wrong type: {detail}")
     return ConfigError(key or "config", value, detail[:300])
+
+
+def _given_key_under(key, overrides: Sequence[str]):
+    """The command-line key `key` names: `key` itself when given, else the first override's key below it (OmegaConf
+    names the first unknown part: `runer` for `runer.max_steps=3`), else `key`."""
+    if not key:
+        return key
+    keys = [o.lstrip("+~").partition("=")[0] for o in overrides]
+    if key in keys:
+        return key
+    return next((k for k in keys if k.startswith(key + ".")), key)
 
 
 def _value_for(key, overrides: Sequence[str]):
@@ -169,6 +213,17 @@ def _value_for(key, overrides: Sequence[str]):
         if key and key.startswith(k + "."):
             best = v
     return best
+
+
+# Keys an experiment file may write as `???` (OmegaConf's mandatory value): the command line must give them
+# (`check_required`); the fix printed when it does not ({experiment}: the experiment's name). Any other `???` key
+# gets a generic fix.
+MISSING = "???"
+REQUIRED_KEYS = {
+    "policy.model_path": ("experiment {experiment} starts RL from an SFT checkpoint: give "
+                          "policy.model_path=<SFT run>/checkpoints/global_step_N/hf (or checkpoints/best/hf; README, "
+                          "\"VLA policies\"); policy.model_path=null starts from random weights instead"),
+}
 
 
 def to_config(dcfg: DictConfig, *, validate: bool = True, saved: bool = False) -> Config:
@@ -305,16 +360,27 @@ def _group_choice(entry) -> tuple[str, str | None] | None:
     return (group, choice) if group in GROUPS else None
 
 
-def _file_keys(path: Path, package: str) -> list[str]:
-    """Dotted keys a conf file sets under `package` ("" for `_global_`): its own leaves and, first, those of the
-    files of the same group its defaults list includes (`- NAME`); `defaults` itself is not a key."""
-    node = OmegaConf.load(path)
-    keys: list[str] = []
+def _file_values(path: Path, package: str) -> dict:
+    """Dotted key -> value a conf file sets under `package` ("" for `_global_`): its own leaves and, first, those
+    of the files of the same group its defaults list includes (`- NAME`); `defaults` itself is not a key. Values
+    as written (a `???` stays the string "???")."""
+    node = OmegaConf.to_container(OmegaConf.load(path))  # plain, unresolved: a `???` value is a key too
+    out: dict = {}
     for entry in node.get("defaults", []) if package else []:
         if isinstance(entry, str) and entry != "_self_":
-            keys += _file_keys(path.parent / f"{entry}.yaml", package)
+            out.update(_file_values(path.parent / f"{entry}.yaml", package))
     body = {k: v for k, v in node.items() if k != "defaults"}
-    return keys + (_leaves(body, package) if body else [])
+    for key in _leaves(body, package) if body else []:
+        value = body
+        for part in key[len(package) + 1 if package else 0:].split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        out[key] = value
+    return out
+
+
+def _file_keys(path: Path, package: str) -> list[str]:
+    """The dotted keys of `_file_values(path, package)`."""
+    return list(_file_values(path, package))
 
 
 def group_choices(overrides: Sequence[str] = ()) -> dict[str, tuple[str, str]]:
@@ -363,6 +429,28 @@ def given_keys(overrides: Sequence[str] = ()) -> dict[str, str]:
             continue
         out.update({k: COMMAND_LINE for k in _leaves(ov.value(), ov.key_or_group)})
     return out
+
+
+def check_required(overrides: Sequence[str] = ()) -> None:
+    """The keys the experiment file (or a group file it chooses) writes as `???` must be given on the command line.
+    (Hydra's merge keeps the value below a `???`, so the composed config cannot say; the files are read here.)
+
+    Raises:
+        ConfigError: the first such key not given, with its fix (REQUIRED_KEYS) and "???" as the value.
+    """
+    name = experiment_name(overrides)
+    files = [(CONF_DIR / group / f"{choice}.yaml", group) for group, (choice, who) in group_choices(overrides).items()
+             if who != COMMAND_LINE]
+    files.append((CONF_DIR / "conf" / f"{name}.yaml", ""))
+    given = given_keys(overrides)
+    for path, package in files:
+        if not path.is_file():  # an unknown choice is compose's error
+            continue
+        for key, value in _file_values(path, package).items():
+            if value == MISSING and not from_command_line(given.get(key, "")):
+                raise ConfigError(key, MISSING, REQUIRED_KEYS.get(
+                    key, "the experiment leaves it to the command line (???): give {key}=VALUE").format(
+                    experiment=name, key=key))
 
 
 def from_command_line(where: str) -> bool:
@@ -496,7 +584,8 @@ def load_config(overrides: Sequence[str] = (), *, components: bool = True, comma
                 require_teacher: bool = True, notes: list[str] | None = None) -> tuple[Config, DictConfig]:
     """Compose, type, validate: THE check path of `pipelines.run`, `pipelines.validate` and `pipelines.record`.
 
-    In order: Hydra's grammar (`parse_overrides`), the schema (`compose`, `to_config`), combinations
+    In order: Hydra's grammar (`parse_overrides`), the schema (`compose`, the experiment's `???` keys:
+    `check_required`, `to_config`), combinations
     (`Config.validate`), then with `components`: registries, env task, Vulkan, model_path, sft.store
     (`check_components`), the placement against the devices (`pipelines.cluster.check_placement`, including the
     placement entries that would do nothing) and the command's checks (`check_command`); last, keys that were set
@@ -506,6 +595,7 @@ def load_config(overrides: Sequence[str] = (), *, components: bool = True, comma
     Returns (Config, the resolved DictConfig for saving/logging). Raises ConfigError (or VulkanMissingError).
     """
     dcfg = compose(overrides)
+    check_required(overrides)
     cfg = to_config(dcfg)
     cuda = 0
     if components:

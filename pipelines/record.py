@@ -9,7 +9,14 @@ shard on its env worker, each running one episode per env and writing its zarr r
 Output: a trajectory store (default `<run_root>/demos/<experiment>.zarr`, refused if it exists) whose attributes
 name the teacher and count the successful episodes; `algorithm.name=sft sft.store=PATH` trains on it.
 Exit codes as pipelines.run: 0 done, 2 bad config / teacher / output path, or an output directory that cannot
-be written (checked before any worker starts; one line), 1 failure, 130 interrupted.
+be written (checked before any worker starts; one line), an unknown flag or a word that is not an override,
+1 failure, 130 interrupted.
+
+Examples:
+  python -m pipelines.record conf=pushcube_record record.teacher=runs/pushcube_ppo/20261201-151530-98db
+  python -m pipelines.record conf=pushcube_record record.teacher=20261201-151530-98db record.num_episodes=64 \\
+      record.out=runs/demos/small.zarr
+  python -m pipelines.validate conf=pushcube_record record.teacher=RUN       # its checks only, nothing recorded
 """
 from __future__ import annotations
 
@@ -80,11 +87,12 @@ def record(cfg, handle, *, echo=print) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipelines.cli import load, preflight, start, with_cluster
-    argv = start(argv, __doc__)
-    if argv is None:
-        return 0
-    cfg = load(argv, command="record")  # the shared check path, incl. check_record
+    """`python -m pipelines.record ...` (module docstring). Returns the exit code."""
+    from pipelines.cli import load, overrides_and_flags, preflight, with_cluster
+    words = overrides_and_flags(argv, __doc__, "python -m pipelines.record")
+    if isinstance(words, int):
+        return words
+    cfg = load(words[1], command="record")  # the shared check path, incl. check_record
     if cfg is None:
         return 2
     from pipelines.config import record_output_path

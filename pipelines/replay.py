@@ -1,4 +1,4 @@
-"""`python -m pipelines.replay RUN_OR_STORE [--episode ID ...] [--num-episodes N] [--video PATH.mp4] [--json]`
+"""`python -m pipelines.replay RUN_OR_STORE [--episodes IDS] [--num-episodes N] [--video PATH.mp4] [--json]`
 
 The command only: parse, resolve and open the store, call. The store's episode index is storage.episodes, the
 re-simulation of one episode tasks.replay (plain functions, no Dask).
@@ -39,11 +39,21 @@ the seed's reset observation equals the stored observation there. An episode res
 start (a resumed run, a retried rollout task, or `env.auto_reset=false`) is replayed from the last restart.
 Episodes whose start predates the store's first complete step are skipped with a note.
 
-Default selection: the first `--num-episodes` (3) complete episodes, in order of their first stored step.
+Which episodes: `--episodes 0,3,10-12` (ids and inclusive ranges, comma-separated; `--episode` is the same option,
+repeatable: `--episode 2 --episode 5-6`), replayed in the order given. Default (none given): `--num-episodes` (3)
+complete episodes worth watching (`storage.episodes.worth_watching`, from the stored rewards and success flags):
+the successful episode with the highest stored return, the failed one with the lowest, then alternately the
+highest and lowest returns left; an episode that cannot be replayed (its start predates the store) gives way to
+the next in that order. The report says why each was picked.
 
 `--video PATH.mp4` renders the replayed episodes one after another (the reset frame, then one frame per executed
 action, at the task's control frequency) from a second simulator instance created with `render_mode="rgb_array"`.
 Rendering on software Vulkan is slow: the first camera env in a process takes 15-30 s, then ~0.1-0.2 s a frame.
+
+Examples:
+  python -m pipelines.replay runs/pushcube_ppo/20261201-151530-98db            # 3 episodes worth watching
+  python -m pipelines.replay 20261201-151530-98db --episodes 0,3,10-12 --json  # a run id under --run-root
+  python -m pipelines.replay RUN --num-episodes 2 --video replay.mp4 --video-size 256
 
 Exit codes: 0 every replayed episode verified, 1 otherwise, 2 bad input (one line `error: ...` on stderr).
 """
@@ -60,7 +70,7 @@ import numpy as np
 
 # the store's episode index lives in storage.episodes, the re-simulation in tasks.replay (re-exported here)
 from storage.episodes import (INDEX_FIELDS as _INDEX_FIELDS, Episode, EpisodeData, StoreIndex,  # noqa: F401
-                              find_episodes, load_index, read_episode_data)
+                              find_episodes, load_index, read_episode_data, stored_outcomes, worth_watching)
 from pipelines.cli import quiet
 from tasks import trajectory
 from tasks.replay import (TOLERANCE, _max_abs, choose_start, env_config_from_store,  # noqa: F401
@@ -265,14 +275,17 @@ def replay(store_path: Path, *, episode_ids: list[int] | None = None, num_episod
             raise ReplayInputError(f"episode id {unknown[0]} is not in the complete steps of {store_path} "
                                    f"(known ids: {sample}); pick one of those")
         selected = [episodes[i] for i in dict.fromkeys(episode_ids)]
+        why: dict[int, str] = {}
         limit = None
     else:
         if num_episodes < 1:
             raise ReplayInputError(f"--num-episodes {num_episodes}: must be >= 1")
-        selected = [ep for ep in episodes.values() if ep.complete]
-        if not selected:
-            raise ReplayInputError(f"no complete episode in the complete steps of {store_path}; pass --episode ID "
-                                   f"to replay a partial one (ids: {', '.join(map(str, list(episodes)[:8]))})")
+        complete = {i: ep for i, ep in episodes.items() if ep.complete}
+        if not complete:
+            raise ReplayInputError(f"no complete episode in the complete steps of {store_path}; pass --episodes "
+                                   f"IDS to replay a partial one (ids: {', '.join(map(str, list(episodes)[:8]))})")
+        order = worth_watching(stored_outcomes(store, idx, complete))
+        selected, why = [complete[i] for i, _ in order], dict(order)
         limit = num_episodes
 
     from tasks.envs import make_single_env
@@ -311,6 +324,8 @@ def replay(store_path: Path, *, episode_ids: list[int] | None = None, num_episod
                                            f"{row['skipped']}; pick an episode that starts inside the store")
                 skipped.append({"episode": ep.id, "reason": row["skipped"]})
                 continue
+            if ep.id in why:
+                row["picked"] = why[ep.id]
             rows.append(row)
             bar.update(1)
         bar.close()
@@ -318,7 +333,7 @@ def replay(store_path: Path, *, episode_ids: list[int] | None = None, num_episod
         env.close()
     if not rows:
         raise ReplayInputError(f"no episode of {store_path} starts inside its complete steps; "
-                               "pass --episode ID of an episode that does")
+                               "pass --episodes IDS of an episode that does")
     if limit is not None and len(rows) < limit:
         notes.append(f"only {len(rows)} complete episode(s) replayable, {limit} asked")
 
@@ -376,6 +391,9 @@ def format_report(rep: dict) -> str:
     n_ok = sum(r["verified"] for r in rep["episodes"])
     lines += ["", f"{n_ok}/{len(rep['episodes'])} episodes verified (tolerance {rep['tolerance']:g}: max |Δobs| and "
                   f"max |Δreward| <= tolerance, flags equal) in {rep['replay_seconds']:.1f} s"]
+    picked = [f"{r['episode']} ({r['picked']})" for r in rep["episodes"] if "picked" in r]
+    if picked:
+        lines.append(f"  picked (no --episodes): {', '.join(picked)}")
     for r in rep["episodes"]:
         for m in r["flag_mismatches"][:5]:
             lines.append(f"  episode {r['episode']}: {m}")
@@ -393,16 +411,48 @@ def format_report(rep: dict) -> str:
     return "\n".join(lines)
 
 
+def parse_episodes(text: str) -> list[int]:
+    """Episode ids from `0,3,10-12` (comma-separated ids and inclusive ranges, in the order written; repeats
+    dropped later). Raises argparse.ArgumentTypeError naming the bad part."""
+    out: list[int] = []
+    for part in text.split(","):
+        a, dash, b = part.strip().partition("-")
+        try:
+            lo = int(a)
+            hi = int(b) if dash else lo
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r} in {text!r} is not an id or a range A-B of ids; "
+                                             f"e.g. --episodes 0,3,10-12") from None
+        if lo < 0 or hi < lo:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r}: ids are >= 0 and a range A-B has A <= B")
+        out += range(lo, hi + 1)
+    return out
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number >= 1")
+    return n
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pipelines.replay",
-                                description="Re-simulate stored episodes from (seed, actions) and verify them "
-                                            "against the trajectory store; optionally render a video.")
+    from pipelines.cli import ArgumentParser, examples
+    p = ArgumentParser(prog="python -m pipelines.replay", epilog=examples(__doc__),
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Re-simulate stored episodes from (seed, actions) and verify them against the "
+                                   "trajectory store; optionally render a video.")
     p.add_argument("run_or_store", metavar="RUN_OR_STORE",
                    help="a trajectories.zarr, a run directory, or a run id (looked up under --run-root)")
-    p.add_argument("--episode", type=int, action="append", metavar="ID",
-                   help="episode id to replay (repeatable); default: the first --num-episodes complete episodes")
-    p.add_argument("--num-episodes", type=int, default=DEFAULT_NUM_EPISODES, metavar="N",
-                   help=f"how many complete episodes to replay by default (default {DEFAULT_NUM_EPISODES})")
+    p.add_argument("--episodes", "--episode", dest="episodes", type=parse_episodes, action="append", metavar="IDS",
+                   help="episode ids and ranges, e.g. 0,3,10-12 (repeatable); default: --num-episodes complete "
+                        "episodes worth watching (the highest-return success, the lowest-return failure, then "
+                        "alternately the highest and lowest returns left)")
+    p.add_argument("--num-episodes", type=_positive, default=DEFAULT_NUM_EPISODES, metavar="N",
+                   help=f"how many episodes to pick by default (default {DEFAULT_NUM_EPISODES})")
     p.add_argument("--run-root", default="runs", help="where run ids are looked up (default: runs)")
     p.add_argument("--video", type=Path, metavar="PATH.mp4", help="render the replayed episodes to this mp4")
     p.add_argument("--video-size", type=int, metavar="PIXELS",
@@ -422,7 +472,17 @@ def _import_maniskill_quietly(cfg) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """`python -m pipelines.replay ...` (module docstring). Returns the exit code."""
+    from pipelines.cli import UsageError
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if {"-h", "--help"} & set(argv):
+        _parser().print_help()
+        return 0
+    try:
+        args = _parser().parse_args(argv)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     quiet()
     try:
         if args.video is not None and args.video.suffix.lower() != ".mp4":
@@ -430,7 +490,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.video_size is not None and (args.video_size < 16 or args.video_size % 2):
             raise ReplayInputError(f"--video-size {args.video_size}: use an even number of pixels >= 16")
         store_path = resolve_store(args.run_or_store, args.run_root)
-        report = replay(store_path, episode_ids=args.episode, num_episodes=args.num_episodes, video=args.video,
+        ids = [i for spec in args.episodes or [] for i in spec] or None
+        report = replay(store_path, episode_ids=ids, num_episodes=args.num_episodes, video=args.video,
                         video_size=args.video_size)
     except ReplayInputError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -10,25 +10,36 @@ cluster, or a step stopped by a non-finite value: one line `error: training step
 first SIGINT (Ctrl-C) or SIGTERM during training finishes the step in flight, writes a checkpoint and exits 130
 (resume with `runner.resume=<run_id>` or `runner.resume=latest`); a second one exits at once.
 
-Extra flags: `--show` prints the resolved config and exits.
+Extra flags: `--show` prints the resolved config and exits. An unknown flag, or a word that is not a Hydra
+override (`key=value`, `+key=value`, `~key`), exits 2 with one line.
+
+Examples:
+  python -m pipelines.run                                           # the default experiment (conf=pushcube_ppo)
+  python -m pipelines.run conf=smoke runner.max_steps=3 env.num_envs=8
+  python -m pipelines.run conf=pushcube_flow_grpo policy.model_path=SFT_RUN/checkpoints/global_step_30/hf
+  python -m pipelines.run runner.resume=latest                      # continue the newest run of the experiment
+  python -m pipelines.run conf=smoke --show                         # print the resolved config, start nothing
 """
 from __future__ import annotations
 
 import sys
 
-from pipelines.cli import load, preflight, start, with_cluster  # the entry points' shared plumbing
+from pipelines.cli import load, overrides_and_flags, preflight, with_cluster  # the entry points' shared plumbing
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = start(argv, __doc__)
-    if argv is None:
-        return 0
+    """`python -m pipelines.run ...` (module docstring). Returns the exit code."""
+    words = overrides_and_flags(argv, __doc__, "python -m pipelines.run",
+                                {"--show": "print the resolved config and exit"})
+    if isinstance(words, int):
+        return words
+    flags, overrides = words
     from pipelines.config import to_yaml
     from tasks.config import ConfigError
-    cfg = load([a for a in argv if a != "--show"], command="run")  # the one check path (pipelines.validate's too)
+    cfg = load(overrides, command="run")  # the one check path (pipelines.validate's too)
     if cfg is None:
         return 2
-    if "--show" in argv:
+    if "--show" in flags:
         print(to_yaml(cfg))
         return 0
     if not preflight(cfg):  # run_root writable, tracking.uri reachable: before a resume reads it, before any worker
@@ -75,32 +86,9 @@ class graceful_stop:
             signal.signal(sig, old)
 
 
-def _ignore_sigint_in_workers(handle) -> None:
-    """A terminal's Ctrl-C reaches every process of its process group: local workers ignore SIGINT so that the
-    driver decides (finish the step, checkpoint). A worker plugin, so restarted workers (recovery) do too. Best
-    effort: a worker whose event loop is not on its main thread keeps the default."""
-    from distributed.diagnostics.plugin import WorkerPlugin
-
-    class IgnoreSigint(WorkerPlugin):
-        name = "dagrl-ignore-sigint"
-
-        def setup(self, worker) -> None:
-            import signal
-            try:
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
-            except ValueError:  # not the main thread
-                pass
-    try:
-        handle.client.register_plugin(IgnoreSigint())
-    except Exception:  # noqa: BLE001 - never fail a run for this
-        pass
-
-
 def _train(cfg, handle) -> int:
     from pipelines.runner import Runner
     print(f"dagrl: experiment {cfg.experiment} | dashboard {handle.dashboard_link}", flush=True)
-    if cfg.cluster.address is None:
-        _ignore_sigint_in_workers(handle)
     from tasks.evalstats import fmt_rate
     runner = Runner(cfg, handle)
     print(f"dagrl: run {runner.state.run_id} | run dir {runner.run_dir} | MLflow {runner.tracking_uri} "

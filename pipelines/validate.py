@@ -8,7 +8,15 @@ placement; keys that are set but do nothing) and prints the derived layout of a 
 (`cluster.num_gpus`, else the CUDA devices, else `cluster.num_gpu_workers`; for `cluster.address` without
 `num_gpus` only its syntax). With `--connect` and `cluster.address` set, it also connects to that scheduler and
 checks that its workers have the devices and resources the placement needs (nothing is submitted).
-Exit codes: 0 valid, 2 invalid (one line on stderr).
+With `--connect` it also prints the workers it found (name, address, resources, memory limit, threads, status)
+and the components the placement puts on each. `--connect` without `cluster.address` is an error.
+Exit codes: 0 valid, 2 invalid, an unknown flag or a word that is not an override (one line on stderr).
+
+Examples:
+  python -m pipelines.validate                                   # the default experiment
+  python -m pipelines.validate conf=pushcube_ppo env=pickcube --show
+  python -m pipelines.validate conf=pushcube_flow_grpo policy.model_path=SFT_RUN/checkpoints/global_step_30/hf
+  python -m pipelines.validate cluster.address=tcp://127.0.0.1:8786 --connect
 """
 from __future__ import annotations
 
@@ -49,20 +57,48 @@ def describe(cfg, placement=None) -> str:
     ])
 
 
+def describe_workers(info: dict, placement=None, inference: str = "colocated") -> str:
+    """The workers of a live cluster, one line each: name, address, resources, memory limit, threads, status and,
+    with `placement` (a cluster.Placement planned on them), the components it puts there (the rollout's
+    policy_infer nodes only with `inference="disaggregated"`; colocated inference runs in the env shards' nodes).
+
+    Args:
+        info: `client.scheduler_info(n_workers=-1)` (its `address` and `workers`).
+    """
+    from dask.utils import format_bytes
+    from pipelines.cluster import _natural
+    workers = info.get("workers", {})
+    roles: dict[str, list[str]] = {}
+    if placement is not None:
+        for r, w in enumerate(placement.actor_workers):
+            roles.setdefault(w, []).append(f"actor rank {r}" if len(placement.actor_workers) > 1 else "actor")
+        for w in placement.rollout_workers:
+            if inference == "disaggregated":
+                roles.setdefault(w, []).append("rollout")
+        for s, w in enumerate(placement.shard_workers):
+            roles.setdefault(w, []).append(f"env shard {s}")
+    lines = [f"  workers: {len(workers)} at {info.get('address', '?')}"]
+    for addr, w in sorted(workers.items(), key=lambda kv: (_natural(kv[1].get("name", kv[0])), kv[0])):
+        res = ",".join(f"{k}={v:g}" for k, v in sorted((w.get("resources") or {}).items())) or "none"
+        mem = format_bytes(w["memory_limit"]) if w.get("memory_limit") else "no limit"
+        lines.append(f"    {w.get('name', addr)!s:<10} {addr:<26} resources {res:<10} memory {mem:>10}  "
+                     f"{w.get('nthreads', '?')} thread(s)  {w.get('status', '?')}"
+                     + (f"  <- {', '.join(roles[addr])}" if addr in roles else ""))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
-    from pipelines.cli import start
-    argv = start(argv, __doc__)
-    if argv is None:
-        return 0
+    """`python -m pipelines.validate ...` (module docstring). Returns the exit code."""
+    from pipelines.cli import overrides_and_flags
+    words = overrides_and_flags(argv, __doc__, "python -m pipelines.validate",
+                                {"--show": "print the resolved config",
+                                 "--connect": "check the workers of cluster.address"})
+    if isinstance(words, int):
+        return words
+    flags, overrides = words
     from pipelines.config import load_config, to_yaml
     from tasks.config import ConfigError
     from tasks.envs.vulkan import VulkanMissingError
-    flags = {a for a in argv if a.startswith("--")}
-    unknown = flags - {"--show", "--connect"}
-    if unknown:
-        print(f"error: unknown flag(s) {sorted(unknown)}; use --show or --connect", file=sys.stderr)
-        return 2
-    overrides = [a for a in argv if not a.startswith("--")]
     try:
         # the check path of pipelines.run (or of pipelines.record for a config that sets record.* keys)
         from pipelines.config import command_for
@@ -70,17 +106,26 @@ def main(argv: list[str] | None = None) -> int:
         cfg, _ = load_config(overrides, command=command, require_teacher=False)
         from pipelines.cluster import check_placement
         placement = check_placement(cfg, command=command)
-        if "--connect" in flags and cfg.cluster.address:
+        workers = None
+        if "--connect" in flags:
+            if not cfg.cluster.address:
+                raise ConfigError("cluster.address", None, "--connect checks an existing cluster: give "
+                                                           "cluster.address=tcp://HOST:PORT (pipelines.run starts "
+                                                           "the embedded one itself)")
             from pipelines.cluster import ComponentPlacement, connect, plan_placement
             with connect(cfg.cluster.address, cfg.cluster.connect_timeout_s) as client:
-                live = plan_placement(cfg, client)
+                info = client.scheduler_info(n_workers=-1)
+            live = plan_placement(cfg, info)
             placement = ComponentPlacement(live.devices, len(live.gpu_workers), live.mode)
+            workers = describe_workers(info, live, cfg.rollout.inference)
     except (ConfigError, VulkanMissingError, ConnectionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if "--show" in flags:
         print(to_yaml(cfg))
     print("ok: " + describe(cfg, placement))
+    if workers is not None:
+        print(workers)
     if command == "record":
         print("  for: python -m pipelines.record" + ("" if cfg.record.teacher else
                                                      " (record.teacher not set: pipelines.record needs it)"))

@@ -115,3 +115,34 @@ def read_episode_data(store, idx: StoreIndex, ep: Episode) -> EpisodeData:
         out.obs[p], out.actions[p], out.rewards[p] = (arrays["obs"][j, t], arrays["actions"][j, t],
                                                       arrays["rewards"][j, t])
     return out
+
+
+def stored_outcomes(store, idx: StoreIndex, episodes: dict[int, Episode]) -> dict[int, tuple[float, bool]]:
+    """episode id -> (stored return: the sum of its executed actions' rewards, success_once: `success` at any of
+    its chunk steps), from `store`'s complete steps (one read of `rewards`)."""
+    rewards = store.read("rewards", idx.steps)  # [S, T, B, C]
+    rewards = rewards.reshape(len(idx.steps) * idx.T, idx.num_envs, *rewards.shape[3:])  # -> [P, B, C]
+    out = {}
+    for eid, ep in episodes.items():
+        p, b = ep.positions, ep.env
+        out[eid] = (float((rewards[p, b] * idx.step_mask[p, b]).sum()), bool(idx.success[p, b].any()))
+    return out
+
+
+WATCH_ORDER = ("highest-return success", "lowest-return failure", "highest return left", "lowest return left")
+
+
+def worth_watching(outcomes: dict[int, tuple[float, bool]]) -> list[tuple[int, str]]:
+    """Every episode of `outcomes` (id -> (return, success)) in the order worth watching, each with why it is
+    there: first the successful episode with the highest return, then the failed one with the lowest return
+    (ties: the lower id; either is left out when there is no success / no failure), then the rest alternately
+    from the top and the bottom of the ranking by return (highest first, the lower id first on ties).
+    Deterministic; a caller takes a prefix."""
+    ranked = sorted(outcomes, key=lambda e: (-outcomes[e][0], e))  # highest return first
+    best = next((e for e in ranked if outcomes[e][1]), None)
+    worst = next((e for e in sorted(outcomes, key=lambda e: (outcomes[e][0], e)) if not outcomes[e][1]), None)
+    picked = [(e, why) for e, why in ((best, WATCH_ORDER[0]), (worst, WATCH_ORDER[1])) if e is not None]
+    rest = [e for e in ranked if e not in (best, worst)]
+    for k in range(len(rest)):  # top, bottom, second from the top, ...
+        picked.append((rest[k // 2], WATCH_ORDER[2]) if k % 2 == 0 else (rest[len(rest) - 1 - k // 2], WATCH_ORDER[3]))
+    return picked

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks.config import ConfigError, EnvConfig
+from tasks.config import ConfigError, EnvConfig, did_you_mean
 from tasks.envs.vulkan import VulkanMissingError, ensure_vulkan
 
 OBS_MODES = ("state", "rgb")  # rgb: the state vector plus the task's camera image (see ManiSkillEnv)
@@ -66,10 +66,9 @@ def check_config(env: EnvConfig) -> None:
         raise ConfigError("env.reward_mode", env.reward_mode, f"use one of {list(REWARD_MODES)}")
     reg = _registry()
     if env.env_id not in reg:
-        import difflib
-        close = difflib.get_close_matches(env.env_id, list(reg), n=3)
-        raise ConfigError("env.env_id", env.env_id,
-                          f"not a ManiSkill env task; did you mean {close}? (e.g. PushCube-v1, PickCube-v1)")
+        hint = did_you_mean(env.env_id, reg)
+        raise ConfigError("env.env_id", env.env_id, f"not a ManiSkill env task; {hint + ' ' if hint else ''}"
+                                                    f"(e.g. PushCube-v1, PickCube-v1)")
     from mani_skill.utils.assets.data import is_data_source_downloaded
     missing = [a for a in (reg[env.env_id].asset_download_ids or []) if not is_data_source_downloaded(a)]
     if missing:

@@ -13,6 +13,9 @@ from pipelines.config import load_config
 from tasks.config import Config, ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
+GRPO, PPO_VLA, SFT = "conf=pushcube_flow_grpo", "conf=pushcube_flow_ppo", "conf=pushcube_flow_sft"
+NO_SFT = "policy.model_path=null"  # the RL experiments require policy.model_path (a random init, explicitly)
+NEEDS_SFT_CHECKPOINT = ("pushcube_flow_grpo", "pushcube_flow_ppo", "pushcube_token_grpo")  # RL from an SFT run
 
 
 @pytest.fixture(autouse=True)
@@ -69,20 +72,24 @@ def test_overrides_are_typed():
     (["algorithm.num_minibatches=7"], "algorithm.num_minibatches",
      "must divide the batch of rollout.chunk_steps*env.num_envs=3200 samples"),
     # VLA recipe keys
-    (["conf=pushcube_flow_grpo", "algorithm.group_size=3"], "algorithm.group_size",
+    (["conf=pushcube_flow_grpo", "policy.model_path=null", "algorithm.group_size=3"], "algorithm.group_size",
      "must divide env.num_envs=128 and the env shard size 64"),
-    (["conf=pushcube_flow_grpo", "algorithm.group_size=1"], "algorithm.group_size", "use >= 2"),
-    (["conf=pushcube_flow_grpo", "algorithm.adv_type=gae"], "algorithm.adv_type",
+    (["conf=pushcube_flow_grpo", "policy.model_path=null", "algorithm.group_size=1"], "algorithm.group_size",
+     "use >= 2"),
+    (["conf=pushcube_flow_grpo", "policy.model_path=null", "algorithm.adv_type=gae"], "algorithm.adv_type",
      "was removed: algorithm.name selects the advantage estimator"),
     (["+algorithm.adv_type=gae"], "algorithm.adv_type", "drop adv_type"),
     (["algorithm.name=gae"], "algorithm.name", "known: ['ppo', 'grpo', 'rloo', 'sft']"),
     (["conf=pushcube_flow_sft", "sft.store=/nonexistent.zarr"], "sft.store", "no zarr store there"),
     (["conf=pushcube_flow_ppo", "policy.model_path=/nonexistent"], "policy.model_path",
      "not a save_pretrained checkpoint directory"),
-    (["conf=pushcube_flow_ppo", "policy.noise_method=flow_ode"], "policy.noise_method", "flow_sde or flow_noise"),
-    (["conf=pushcube_flow_ppo", "env.image_size=4"], "env.image_size", "8..512"),
-    (["conf=pushcube_flow_ppo", "policy.value_head=max_token"], "policy.value_head", "mean_token"),
-    (["conf=pushcube_flow_ppo", "env.image_size=36"], "env.image_size", "multiple of the tiny preset's patch_size=8"),
+    (["conf=pushcube_flow_ppo", "policy.model_path=null", "policy.noise_method=flow_ode"], "policy.noise_method",
+     "flow_sde or flow_noise"),
+    (["conf=pushcube_flow_ppo", "policy.model_path=null", "env.image_size=4"], "env.image_size", "8..512"),
+    (["conf=pushcube_flow_ppo", "policy.model_path=null", "policy.value_head=max_token"], "policy.value_head",
+     "mean_token"),
+    (["conf=pushcube_flow_ppo", "policy.model_path=null", "env.image_size=36"], "env.image_size",
+     "multiple of the tiny preset's patch_size=8"),
     (["algorithm.num_actor_ranks=2", "algorithm.micro_batch_size=3"], "algorithm.micro_batch_size", "must divide"),
     (["algorithm.global_batch_size=800"], "algorithm.global_batch_size",
      "used by the multi-rank update only (algorithm.num_actor_ranks > 1)"),
@@ -229,12 +236,129 @@ def _fake_sft_store(path: Path, C: int = 5, image: int = 32) -> Path:
     return path
 
 
+# ----- "did you mean" (tasks.config.close_matches: the one mechanism, env ids' too) -----
+
+def _typo(name: str) -> str:
+    return name[:len(name) // 2] + name[len(name) // 2 + 1:]  # the middle character dropped
+
+
+def _schema_leaves(node=None, prefix=""):
+    """The schema's leaf keys, walked from the dataclasses themselves (not from pipelines.config)."""
+    import dataclasses
+    node = Config() if node is None else node
+    for f in dataclasses.fields(node):
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _schema_leaves(value, key)
+        else:
+            yield key
+
+
+def test_every_schema_key_with_a_typo_gets_itself_suggested():
+    """For every key of the schema: a typo in its last part is matched among its section's keys, a typo in its
+    first part among the full dotted keys; the suggestion is the key itself (it may come with equally close
+    ones), and the fix stays one line."""
+    from pipelines.config import unknown_key_fix
+    leaves = list(_schema_leaves())
+    assert len(leaves) > 100
+    checked = 0
+    for key in leaves:
+        *parents, name = key.split(".")
+        typos = [".".join([*parents, _typo(name)])] if len(name) >= 4 else []
+        if parents and len(parents[0]) >= 4:
+            typos.append(".".join([_typo(parents[0]), *parents[1:], name]))
+        for typo in typos:
+            if typo in leaves:
+                continue
+            fix = unknown_key_fix(typo)
+            said = fix.split("did you mean ", 1)[1].split("?", 1)[0].split(" or ") if "did you mean" in fix else []
+            assert key in said and "\n" not in fix, (typo, fix)
+            checked += 1
+    assert checked > 150
+
+
+@pytest.mark.parametrize("override, key, meant", [
+    ("runner.max_step=3", "runner.max_step", "runner.max_steps"),
+    ("runer.max_steps=3", "runer.max_steps", "runner.max_steps"),  # OmegaConf names `runer`: the typed key is kept
+    ("env.evl.num_envs=3", "env.evl.num_envs", "env.eval.num_envs"),
+    ("+algorithm.gama=0.9", "algorithm.gama", "algorithm.gamma"),
+])
+def test_unknown_key_error_names_the_typed_key_and_the_meant_one(override, key, meant):
+    from tasks.config import config_value
+    with pytest.raises(ConfigError) as info:
+        load_config(["conf=smoke", override], components=False)
+    assert info.value.key == key and str(info.value.value) == override.split("=", 1)[1]
+    assert f"did you mean {meant}?" in info.value.fix and "\n" not in str(info.value), str(info.value)
+    config_value(Config(), meant)  # a real key
+    load_config(["conf=smoke", override.lstrip("+").replace(key, meant)], components=False)  # and it composes
+
+
+def test_unknown_names_suggest_close_ones_only():
+    from pipelines.config import CONF_DIR
+    from tasks.config import close_matches
+    with pytest.raises(ConfigError) as info:
+        load_config(["conf=pushcube_flow_grp"], components=False)
+    assert info.value.key == "conf" and "did you mean 'pushcube_flow_grpo'?" in info.value.fix
+    assert "available: [" in info.value.fix  # the whole list stays (one line)
+    with pytest.raises(ConfigError) as info:
+        load_config(["policy=flow_vla_tin"], components=False)
+    said = info.value.fix.split("did you mean ", 1)[1].split("?", 1)[0]
+    assert said == "'flow_vla_tiny' or 'flow_vla_tiny_critic'"  # the names it is a prefix of
+    assert all((CONF_DIR / "policy" / f"{n.strip(chr(39))}.yaml").is_file() for n in said.split(" or "))
+    with pytest.raises(ConfigError) as info:
+        load_config(["+zzzzqq=1"], components=False)
+    assert "did you mean" not in info.value.fix  # nothing close: no guess
+    # the rule: prefixes first, else difflib matches within 0.1 of the best, at most n
+    assert close_matches("ab", ["abc", "xab", "abd"]) == ["abc", "abd"]
+    assert close_matches("max_stpes", ["max_steps", "max_env_steps", "seed"]) == ["max_steps"]
+    assert close_matches("zzz", ["max_steps"]) == []
+    assert close_matches("a", ["a1", "a2", "a3", "a4"], n=2) == ["a1", "a2"]
+
+
+def test_env_id_typo_gets_did_you_mean_from_the_same_helper():
+    with pytest.raises(ConfigError) as info:
+        load_config(["env.env_id=PushCubbe-v1"])
+    assert info.value.key == "env.env_id" and "did you mean 'PushCube-v1'?" in info.value.fix
+
+
+# ----- an experiment's required keys (`???`) -----
+
+@pytest.mark.parametrize("name", NEEDS_SFT_CHECKPOINT)
+def test_rl_from_sft_experiments_require_policy_model_path_offline(name, tmp_path, capsys):
+    """Without policy.model_path the RL-from-SFT experiments are refused by the one check path (validate and run
+    alike, one line, exit 2, nothing written); given (a path, or null for random weights) they compose."""
+    from pipelines import run, validate
+    for main in (validate.main, run.main):
+        assert main([f"conf={name}", f"run_root={tmp_path / 'runs'}"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: policy.model_path='???': "), err
+        assert f"experiment {name} " in err[0] and "policy.model_path=<SFT run>/checkpoints/global_step_N/hf" in err[0]
+    assert not (tmp_path / "runs").exists()
+    with pytest.raises(ConfigError) as info:
+        load_config([f"conf={name}"], components=False)  # also without the components' checks
+    assert info.value.key == "policy.model_path"
+    cfg, _ = load_config([f"conf={name}", NO_SFT], components=False)
+    assert cfg.policy.model_path is None
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")  # the schema's check: a save_pretrained directory
+    cfg, _ = load_config([f"conf={name}", f"policy.model_path={tmp_path / 'hf'}"], components=False)
+    assert cfg.policy.model_path == str(tmp_path / "hf")
+
+
+def test_experiments_that_require_a_key_are_exactly_the_rl_from_sft_ones():
+    """Which shipped experiments write `???` (and for which keys): the RL experiments that start from an SFT run."""
+    from pipelines.config import CONF_DIR, MISSING, _file_values
+    required = {p.stem: sorted(k for k, v in _file_values(p, "").items() if v == MISSING)
+                for p in sorted((CONF_DIR / "conf").glob("*.yaml"))}
+    assert {n: ks for n, ks in required.items() if ks} == {n: ["policy.model_path"] for n in NEEDS_SFT_CHECKPOINT}
+
+
 @pytest.fixture(scope="module")
 def sft_store(tmp_path_factory):
     return _fake_sft_store(tmp_path_factory.mktemp("sft") / "demos.zarr")
 
 
-GRPO, PPO_VLA, SFT = "conf=pushcube_flow_grpo", "conf=pushcube_flow_ppo", "conf=pushcube_flow_sft"
 TWO_GPUS = "cluster.num_gpu_workers=2"
 # (overrides, the key the error must name, words of its reason); "{store}" -> a valid sft.store
 INERT = [
@@ -245,25 +369,29 @@ INERT = [
     (["policy.preset=pi0"], "policy.preset", "VLAs only"),
     (["+policy.sizes.patch_size=4"], "policy.sizes.patch_size", "VLAs only"),
     (["policy.value_head=first_token"], "policy.value_head", "VLAs only"),
-    ([PPO_VLA, "policy.hidden_sizes=[8]"], "policy.hidden_sizes", "mlp only"),
-    ([PPO_VLA, "policy.init_logstd=-1"], "policy.init_logstd", "mlp only"),
-    ([PPO_VLA, "policy.noise_level=0.3"], "policy.noise_level", "flow_sde"),
-    ([PPO_VLA, "policy.noise_method=flow_sde", "policy.noise_std_max=0.2"], "policy.noise_std_max", "flow_noise"),
-    ([GRPO, "policy.critic_state=true"], "policy.critic_state", "does not train"),
-    ([GRPO, "policy.value_detach=true"], "policy.value_detach", "does not train"),
+    ([PPO_VLA, NO_SFT, "policy.hidden_sizes=[8]"], "policy.hidden_sizes", "mlp only"),
+    ([PPO_VLA, NO_SFT, "policy.init_logstd=-1"], "policy.init_logstd", "mlp only"),
+    ([PPO_VLA, NO_SFT, "policy.noise_level=0.3"], "policy.noise_level", "flow_sde"),
+    ([PPO_VLA, NO_SFT, "policy.noise_method=flow_sde", "policy.noise_std_max=0.2"], "policy.noise_std_max",
+     "flow_noise"),
+    ([GRPO, NO_SFT, "policy.critic_state=true"], "policy.critic_state", "does not train"),
+    ([GRPO, NO_SFT, "policy.value_detach=true"], "policy.value_detach", "does not train"),
     # env
     (["env.image_size=32"], "env.image_size", "obs_mode=rgb"),
     # algorithm: keys of another algorithm, a switched-off option, a no-op device setting
-    ([GRPO, "algorithm.gamma=0.9"], "algorithm.gamma", "critic-free"),
-    ([GRPO, "algorithm.gae_lambda=0.9"], "algorithm.gae_lambda", "critic-free"),
-    ([GRPO, "algorithm.value_coef=1.0"], "algorithm.value_coef", "critic-free"),
-    ([GRPO, "algorithm.value_clip=0.2"], "algorithm.value_clip", "critic-free"),
-    ([GRPO, "algorithm.critic_lr=0.001"], "algorithm.critic_lr", "critic-free"),
-    ([GRPO, "algorithm.critic_warmup_steps=2"], "algorithm.critic_warmup_steps", "critic-free"),
-    ([GRPO, "algorithm.normalize_advantages=false"], "algorithm.normalize_advantages", "within each group"),
-    ([GRPO, "algorithm.rewards_upper_bound=0.9"], "algorithm.rewards_upper_bound", "filter_rewards=true"),
+    ([GRPO, NO_SFT, "algorithm.gamma=0.9"], "algorithm.gamma", "critic-free"),
+    ([GRPO, NO_SFT, "algorithm.gae_lambda=0.9"], "algorithm.gae_lambda", "critic-free"),
+    ([GRPO, NO_SFT, "algorithm.value_coef=1.0"], "algorithm.value_coef", "critic-free"),
+    ([GRPO, NO_SFT, "algorithm.value_clip=0.2"], "algorithm.value_clip", "critic-free"),
+    ([GRPO, NO_SFT, "algorithm.critic_lr=0.001"], "algorithm.critic_lr", "critic-free"),
+    ([GRPO, NO_SFT, "algorithm.critic_warmup_steps=2"], "algorithm.critic_warmup_steps", "critic-free"),
+    ([GRPO, NO_SFT, "algorithm.normalize_advantages=false"], "algorithm.normalize_advantages",
+     "within each group"),
+    ([GRPO, NO_SFT, "algorithm.rewards_upper_bound=0.9"], "algorithm.rewards_upper_bound",
+     "filter_rewards=true"),
     (["algorithm.group_size=4"], "algorithm.group_size", "algorithm.name=grpo|rloo only"),
-    ([GRPO, "algorithm.name=rloo", "algorithm.filter_rewards=true"], "algorithm.filter_rewards", "grpo only"),
+    ([GRPO, NO_SFT, "algorithm.name=rloo", "algorithm.filter_rewards=true"], "algorithm.filter_rewards",
+     "grpo only"),
     (["algorithm.filter_rewards=true"], "algorithm.filter_rewards", "grpo only"),
     (["algorithm.offload=true"], "algorithm.offload", "policy.device=cpu"),
     (["algorithm.num_actor_ranks=2", TWO_GPUS, "cluster.component_placement.actor=0-1",
@@ -338,7 +466,7 @@ def test_experiment_keys_switched_off_by_the_command_line_are_notes_not_silence(
     assert len(notes) == 1 and notes[0].startswith("note: rollout.chunk_steps_per_node=5 (set in "
                                                    "conf/conf/smoke.yaml) does nothing")
     notes.clear()
-    load_config([PPO_VLA, "policy.noise_method=flow_sde"], notes=notes)  # the file's noise_std_min/max
+    load_config([PPO_VLA, NO_SFT, "policy.noise_method=flow_sde"], notes=notes)  # the file's noise_std_min/max
     assert [n.split("=")[0] for n in notes] == ["note: policy.noise_std_min", "note: policy.noise_std_max"]
 
 
@@ -369,7 +497,8 @@ def test_group_chosen_on_the_command_line_replaces_the_experiments():
     # a key of a group file chosen on the command line that does nothing is an error, naming the file
     with pytest.raises(ConfigError, match=r"policy.value_head=.*conf/policy/flow_vla_tiny_critic.yaml \(chosen on "
                                           r"the command line\).*critic-free"):
-        load_config(["conf=pushcube_flow_grpo", "policy=flow_vla_tiny_critic"], components=False)
+        load_config(["conf=pushcube_flow_grpo", "policy.model_path=null", "policy=flow_vla_tiny_critic"],
+                    components=False)
     with pytest.raises(ConfigError, match=r"env='nope': no conf/env/nope.yaml; available: \[.*'pickcube'"):
         load_config(["env=nope"], components=False)
 
@@ -434,6 +563,7 @@ BAD = [
     ["conf=pushcube_record"],  # run refuses a record experiment; validate checks it for pipelines.record
     ["env.num_envs=5"],
     ["cluster.num_gpus=0"],
+    ["conf=pushcube_flow_grpo"],  # policy.model_path: the experiment's `???`, required
 ]
 
 
@@ -460,11 +590,16 @@ def test_validate_and_run_give_the_same_error_and_run_writes_nothing(overrides, 
 EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "conf").glob("*.yaml"))
 
 
+def _required(name: str, sft_store) -> list[str]:
+    """The keys an experiment requires on the command line (its `???` keys), as a test gives them."""
+    return ([f"sft.store={sft_store}"] if name.endswith("_sft") else []) + \
+        ([NO_SFT] if name in NEEDS_SFT_CHECKPOINT else [])
+
+
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_experiment_validates_without_notes(name, sft_store, capsys):
     from pipelines import validate
-    extra = [f"sft.store={sft_store}"] if name.endswith("_sft") else []
-    assert validate.main([f"conf={name}", *extra]) == 0, capsys.readouterr().err
+    assert validate.main([f"conf={name}", *_required(name, sft_store)]) == 0, capsys.readouterr().err
     out = capsys.readouterr()
     assert out.out.startswith("ok: ") and out.err == ""
 
@@ -508,7 +643,7 @@ def test_params_of_every_experiment_and_placement_reach_mlflow_intact(tmp_path, 
     from pipelines.config import to_dict
     from storage.tracking import Tracker, flatten_config, unflatten_values
     tracker = None
-    cases = [[f"conf={n}", *([f"sft.store={sft_store}"] if n.endswith("_sft") else [])] for n in EXPERIMENTS]
+    cases = [[f"conf={n}", *_required(n, sft_store)] for n in EXPERIMENTS]
     cases += [["conf=smoke", *p] for p in PLACEMENTS]
     for overrides in cases:
         cfg, _ = load_config(overrides, command="record" if "pushcube_record" in overrides[0] else "run",

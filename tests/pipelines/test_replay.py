@@ -43,7 +43,7 @@ def _copy_run(run_dir: Path, tmp_path: Path) -> Path:
 
 @pytest.mark.slow  # its module fixture is a 4-step cluster run; a long cluster run; the default suite's 20-min budget (CI runs `-m slow` as its second job)
 def test_first_complete_episode_replays_exactly(run_dir, capsys):
-    rc, rep = _replay_json(capsys, run_dir, "--num-episodes", "1")
+    rc, rep = _replay_json(capsys, run_dir, "--episodes", "0")
     assert rc == 0 and rep["all_verified"]
     (ep,) = rep["episodes"]
     assert ep["episode"] == 0 and ep["env"] == 0 and ep["seed"] == 0  # base_seed 0 + id 0
@@ -93,12 +93,46 @@ def test_episode_starting_before_the_first_complete_step_is_skipped(run_dir, tmp
     assert rc == 0 and rep["layout"]["complete_steps"] == "1-3"
     assert {s["episode"] for s in rep["skipped"]} == {0, 1, 2, 3}
     # episodes 4-7 start at chunk step 20 of step 1 (after episode k-4 ended): replayable and complete
-    assert [e["episode"] for e in rep["episodes"]] == [4, 5, 6, 7]
+    assert sorted(e["episode"] for e in rep["episodes"]) == [4, 5, 6, 7]
     assert all(e["verified"] and e["max_abs_obs_diff"] == 0.0 for e in rep["episodes"])
     capsys.readouterr()
     assert replay.main([str(run), "--episode", "0"]) == 2  # asked for explicitly: bad input
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: episode 0 cannot be replayed") and "\n" not in err
+
+
+@pytest.mark.slow  # its module fixture is a 4-step cluster run; a long cluster run; the default suite's 20-min budget (CI runs `-m slow` as its second job)
+def test_default_picks_episodes_worth_watching_and_ranges_select(run_dir, capsys):
+    """No --episodes: the highest-return success, the lowest-return failure (each only if there is one), then the
+    highest and lowest returns left, from the store's own rewards and success flags read here; --episodes with a
+    range replays exactly those ids, in order."""
+    store = TrajectoryStore.open(run_dir / STORE)
+    steps = store.complete_steps()
+    ids, rew, mask, succ, term, trunc = (store.read(f, steps) for f in ("episode_id", "rewards", "step_mask",
+                                                                           "success", "terminated", "truncated"))
+    done = term | trunc
+    ret, ok, complete = {}, {}, set()
+    for e, t, b in zip(*np.nonzero(mask.any(axis=-1))):  # [S, T, B] executed chunk steps
+        i = int(ids[e, t, b])
+        ret[i] = ret.get(i, 0.0) + float((rew[e, t, b] * mask[e, t, b]).sum())
+        ok[i] = ok.get(i, False) or bool(succ[e, t, b])
+        if done[e, t, b]:
+            complete.add(i)
+    ret = {i: r for i, r in ret.items() if i in complete}
+    rc, rep = _replay_json(capsys, run_dir, "--num-episodes", "2")
+    got = [e["episode"] for e in rep["episodes"]]
+    assert rc == 0 and len(got) == 2 and set(got) <= set(ret)
+    wins, losses = [i for i in ret if ok[i]], [i for i in ret if not ok[i]]
+    want = ([max(wins, key=lambda i: (ret[i], -i))] if wins else []) + \
+        ([min(losses, key=lambda i: (ret[i], i))] if losses else [])
+    rest = sorted((i for i in ret if i not in want), key=lambda i: (-ret[i], i))
+    want += [rest[0], rest[-1]]  # then the highest and the lowest return left
+    assert got == want[:2], (got, ret, ok)
+    assert rep["episodes"][0]["stored_return"] == pytest.approx(ret[want[0]])
+    assert all("picked" in e for e in rep["episodes"])
+    rc, rep = _replay_json(capsys, run_dir, "--episodes", "5,1-2")
+    assert rc == 0 and [e["episode"] for e in rep["episodes"]] == [5, 1, 2]
+    assert not any("picked" in e for e in rep["episodes"])
 
 
 @pytest.mark.slow  # its module fixture is a 4-step cluster run; a long cluster run; the default suite's 20-min budget (CI runs `-m slow` as its second job)

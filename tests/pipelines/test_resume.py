@@ -143,8 +143,8 @@ def test_mlp_ppo_smoke_resume_is_exact(tmp_path):
     assert mu["env/num_episodes"][2] > 0  # episodes ended in the resumed step
 
 
-FLOW_GRPO = ["conf=pushcube_flow_grpo", "env.obs_mode=state", "env.num_envs=4", "algorithm.group_size=2",
-             "env.eval.num_envs=2", "env.eval.num_episodes=2", "env.max_episode_steps=10", "rollout.chunk_steps=2",
+FLOW_GRPO = ["conf=pushcube_flow_grpo", "policy.model_path=null", "env.obs_mode=state", "env.num_envs=4",
+             "algorithm.group_size=2", "env.eval.num_envs=2", "env.eval.num_episodes=2", "env.max_episode_steps=10", "rollout.chunk_steps=2",
              "rollout.chunk_steps_per_node=2", "runner.val_at_start=false", "runner.save_interval=1",
              "runner.val_check_interval=1", "algorithm.num_minibatches=2"]
 

@@ -98,12 +98,12 @@ def test_nan_policy_stops_with_one_line_naming_the_step(tmp_path, capsys, monkey
     from distributed.diagnostics.plugin import WorkerPlugin
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     plugin = type("NaNActionsPlugin", (NaNActions, WorkerPlugin), {})
-    original = run._ignore_sigint_in_workers
+    original = run._train
 
-    def install(handle):  # pipelines.run's hook on the fresh cluster: the place to break its policy
-        original(handle)
+    def train(cfg, handle):  # pipelines.run's training on the fresh cluster: first break its policy
         handle.client.register_plugin(plugin(), name=NaNActions.name)
-    monkeypatch.setattr(run, "_ignore_sigint_in_workers", install)
+        return original(cfg, handle)
+    monkeypatch.setattr(run, "_train", train)
     rc, err = _run_err(capsys, f"run_root={tmp_path}", "runner.max_steps=2", "runner.val_at_start=false",
                        "runner.progress=false")
     assert rc == 1, err

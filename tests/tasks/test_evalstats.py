@@ -232,7 +232,7 @@ def test_vla_confs_eval_200_fixed_episodes(conf, monkeypatch, tmp_path):
     for n in (200, 203):
         (tmp_path / "demos.zarr").mkdir(exist_ok=True)
         (tmp_path / "demos.zarr" / "zarr.json").write_text("{}")  # the SFT conf's store check only
-        extra = [f"sft.store={tmp_path / 'demos.zarr'}"] if conf.endswith("sft") else []
+        extra = [f"sft.store={tmp_path / 'demos.zarr'}"] if conf.endswith("sft") else ["policy.model_path=null"]
         cfg, _ = load_config([f"conf={conf}", f"env.eval.num_episodes={n}", *extra], components=False)
         C = cfg.policy.num_action_chunks
         monkeypatch.setattr(rollout, "_act", lambda rep, obs, deterministic=False: {

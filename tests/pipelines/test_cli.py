@@ -1,0 +1,276 @@
+"""The command-line entry points as a new user meets them (issue 14, item 6): `--help` with examples, one line and
+exit 2 on bad words, `validate --connect` listing the workers, `pipelines.replay --episodes` and its default
+pick, and Ctrl-C: one line, also while the cluster starts or closes (in-process with real signals sent to this
+process at fixed points, and once through a real `pipelines.run` whose process group gets SIGINT)."""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipelines import cli, compare, record, replay, run, validate
+
+REPO = Path(__file__).resolve().parents[2]
+MAINS = {"run": run.main, "validate": validate.main, "record": record.main, "replay": replay.main,
+         "compare": compare.main}
+
+
+def _call(capsys, main, *argv) -> tuple[int, str, list[str]]:
+    capsys.readouterr()
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, [line for line in out.err.splitlines() if line.strip()]
+
+
+def _example_lines(text: str, name: str) -> list[list[str]]:
+    """The words of each example command line of `python -m pipelines.NAME` in a help text (comments dropped,
+    backslash continuations joined)."""
+    text = text.replace("\\\n", " ")
+    lines = [ln.split("  #", 1)[0].strip() for ln in text.splitlines()]
+    return [shlex.split(ln)[3:] for ln in lines if ln.startswith(f"python -m pipelines.{name} ")]
+
+
+# ----- --help -----
+
+@pytest.mark.parametrize("name", list(MAINS))
+def test_help_shows_examples_that_the_command_accepts(name, capsys):
+    """`--help` exits 0 and shows at least two example command lines of that very command; the flags the examples
+    use are the command's own (its parser, or its known flags) - a renamed flag cannot leave a stale example."""
+    rc, out, err = _call(capsys, MAINS[name], "--help")
+    assert rc == 0 and err == []
+    assert "xamples:" in out
+    examples = _example_lines(out, name)
+    assert len(examples) >= 2, out
+    for words in examples:
+        words = [w.replace("RUN", "20261201-151530-98db") for w in words]
+        if name == "replay":
+            replay._parser().parse_args(words)
+        elif name == "compare":
+            compare.parse_args(words)
+        else:
+            flags, overrides = cli.split_flags(words, {"--show": "", "--connect": ""} if name == "validate"
+                                               else {"--show": ""} if name == "run" else {}, name)
+            assert all("=" in o for o in overrides)
+
+
+# ----- bad words: one line, exit 2 -----
+
+BAD_WORDS = [
+    ("run", ["--bogus"], "unknown flag '--bogus'"),
+    ("run", ["conf=smoke", "max_steps"], "'max_steps' is not key=value"),
+    ("validate", ["--sho"], "(did you mean '--show'?)"),
+    ("record", ["--show"], "takes key=value overrides only"),
+    ("replay", ["RUN", "--bogus"], "unrecognized arguments: --bogus"),
+    ("replay", ["RUN", "--episodes", "1,x"], "'x' in '1,x' is not an id"),
+    ("replay", ["RUN", "--episodes", "5-2"], "A <= B"),
+    ("replay", ["RUN", "--num-episodes", "0"], ">= 1"),
+    ("replay", [], "required: RUN_OR_STORE"),
+    ("compare", ["RUN", "--bogus"], "unrecognized arguments: --bogus"),
+    ("compare", ["RUN", "--metric"], "expected one argument"),
+]
+
+
+@pytest.mark.parametrize("name, argv, words", BAD_WORDS, ids=[f"{n}-{' '.join(a)}" for n, a, _ in BAD_WORDS])
+def test_bad_words_exit_2_with_one_line(name, argv, words, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing may be written
+    rc, out, err = _call(capsys, MAINS[name], *argv)
+    assert rc == 2 and out == "" and len(err) == 1, err
+    assert err[0].startswith("error: ") and words in err[0] and "Traceback" not in err[0], err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_split_flags_keeps_hydra_words_and_names_the_known_flags():
+    flags, overrides = cli.split_flags(["--show", "conf=smoke", "+a.b=1", "~c"], {"--show": "print"}, "p")
+    assert flags == {"--show"} and overrides == ["conf=smoke", "+a.b=1", "~c"]
+    with pytest.raises(cli.UsageError, match=r"unknown flag '--connect'; p takes --show \(print\) and key=value"):
+        cli.split_flags(["--connect"], {"--show": "print"}, "p")
+
+
+# ----- validate --connect -----
+
+@pytest.fixture(scope="module")
+def external_cluster():
+    """A scheduler with two env workers (CPU=1, 2 GiB) and one GPU worker (GPU=1, no memory limit), in-process."""
+    from distributed import Scheduler, SpecCluster, Worker
+    spec = {name: {"cls": Worker, "options": {"name": name, "resources": res, "nthreads": 1, "memory_limit": mem}}
+            for name, res, mem in [("env-0", {"CPU": 1}, "2GiB"), ("env-1", {"CPU": 1}, "2GiB"),
+                                   ("gpu-0", {"GPU": 1}, 0)]}
+    with SpecCluster(workers=spec, scheduler={"cls": Scheduler, "options": {"host": "127.0.0.1",
+                                                                           "dashboard_address": ":0"}}) as c:
+        yield c
+
+
+def test_validate_connect_lists_the_workers_and_what_goes_where(external_cluster, capsys):
+    from distributed import Client
+
+    from pipelines.cluster import plan_placement
+    from pipelines.config import load_config
+    addr = external_cluster.scheduler_address
+    with Client(addr) as client:
+        info = client.scheduler_info(n_workers=-1)
+    by_name = {w["name"]: a for a, w in info["workers"].items()}
+    overrides = ["conf=smoke", f"cluster.address={addr}"]  # (notes on stderr: smoke's local-cluster keys)
+    rc, out, err = _call(capsys, validate.main, *overrides, "--connect")
+    assert rc == 0 and all(ln.startswith("note: ") for ln in err), err
+    lines = out.splitlines()
+    start = lines.index(f"  workers: 3 at {addr}")
+    rows = {ln.split()[0]: ln for ln in lines[start + 1:start + 4]}
+    assert set(rows) == {"env-0", "env-1", "gpu-0"}
+    cfg, _ = load_config(overrides, components=False)
+    placement = plan_placement(cfg, info)  # what the run would do on these workers
+    for name, res, mem in [("env-0", "CPU=1", "2.00 GiB"), ("env-1", "CPU=1", "2.00 GiB"),
+                           ("gpu-0", "GPU=1", "no limit")]:
+        row = rows[name]
+        assert by_name[name] in row and f"resources {res}" in row and mem in row and "running" in row, row
+        shards = [s for s, w in enumerate(placement.shard_workers) if w == by_name[name]]
+        assert all(f"env shard {s}" in row for s in shards) and ("actor" in row) == (
+            by_name[name] == placement.actor_worker), row
+    # without cluster.address there is nothing to connect to: one line, exit 2
+    rc, out, err = _call(capsys, validate.main, "conf=smoke", "--connect")
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: cluster.address=None: --connect"), err
+
+
+# ----- pipelines.replay: --episodes and the default pick -----
+
+def test_parse_episodes_reads_ids_and_inclusive_ranges_in_order():
+    assert replay.parse_episodes("0,3,10-12") == [0, 3, 10, 11, 12]
+    assert replay.parse_episodes("7") == [7] and replay.parse_episodes("4-4") == [4]
+    assert replay.parse_episodes(" 2 , 0-1") == [2, 0, 1]
+    args = replay._parser().parse_args(["RUN", "--episode", "2", "--episodes", "5-6", "--episode", "1"])
+    assert [i for spec in args.episodes for i in spec] == [2, 5, 6, 1]  # the old flag: the same option
+
+
+def test_worth_watching_orders_best_success_worst_failure_then_extremes():
+    from storage.episodes import WATCH_ORDER, worth_watching
+    outcomes = {0: (1.0, True), 1: (0.2, False), 2: (3.0, True), 3: (0.1, False), 4: (2.0, False), 5: (0.5, True)}
+    got = worth_watching(outcomes)
+    assert [e for e, _ in got][:2] == [2, 3]  # the highest-return success, the lowest-return failure
+    assert [why for _, why in got][:2] == list(WATCH_ORDER[:2])
+    rest = sorted(set(outcomes) - {2, 3}, key=lambda e: -outcomes[e][0])  # 4, 0, 5, 1 by return
+    assert [e for e, _ in got][2:] == [rest[0], rest[-1], rest[1], rest[-2]]
+    assert sorted(e for e, _ in got) == sorted(outcomes)  # each once
+    # no failure: the best success, then the extremes of the rest; ties go to the lower id
+    assert [e for e, _ in worth_watching({0: (1.0, True), 1: (1.0, True), 2: (0.0, True)})] == [0, 1, 2]
+    assert [e for e, _ in worth_watching({3: (0.0, False), 1: (0.0, False)})] == [1, 3]
+    assert worth_watching({}) == []
+
+
+def test_stored_outcomes_sum_executed_rewards_and_any_success():
+    """2 complete steps of T=2, 2 envs, C=2: episode 0 (env 0) spans both steps, its 2nd action of the last chunk
+    step not executed; episode 1 (env 1) only the first step, successful at its second chunk step."""
+    from storage.episodes import Episode, StoreIndex, stored_outcomes
+    S, T, B, C = 2, 2, 2, 2
+    rewards = np.arange(S * T * B * C, dtype=np.float32).reshape(S, T, B, C)
+    mask = np.ones((S * T, B, C), bool)
+    mask[3, 0, 1] = False
+    success = np.zeros((S * T, B), bool)
+    success[1, 1] = True
+    zeros = np.zeros((S * T, B), np.int64)
+    idx = StoreIndex(steps=np.array([0, 1]), T=T, num_envs=B, episode_id=zeros, episode_seed=zeros, step_mask=mask,
+                     terminated=zeros.astype(bool), truncated=zeros.astype(bool), success=success,
+                     contiguous=np.ones(S * T, bool))
+
+    class Store:
+        def read(self, name, steps):
+            assert name == "rewards" and list(steps) == [0, 1]
+            return rewards
+    eps = {0: Episode(0, 0, 0, [0, 1, 2, 3], True, True), 1: Episode(1, 1, 1, [0, 1], True, True)}
+    flat = rewards.reshape(S * T, B, C)
+    want0 = sum(flat[p, 0, c] for p in range(4) for c in range(C) if not (p == 3 and c == 1))
+    want1 = sum(flat[p, 1, c] for p in range(2) for c in range(C))
+    assert stored_outcomes(Store(), idx, eps) == {0: (pytest.approx(want0), False), 1: (pytest.approx(want1), True)}
+
+
+# ----- Ctrl-C: one line -----
+
+class _Handle:
+    """A stand-in cluster handle whose close() can be interrupted by a real signal to this process."""
+
+    def __init__(self, signal_in_close=False):
+        self.signal_in_close, self.closed = signal_in_close, False
+        self.dashboard_link = ""
+
+    def close(self):
+        if self.signal_in_close:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)  # the handler runs between bytecodes: here, inside close
+        self.closed = True
+
+
+@pytest.mark.parametrize("when", ["start", "body", "close", "close_after_interrupt", "sigterm_in_body"])
+def test_an_interrupt_anywhere_in_with_cluster_is_one_line(when, monkeypatch, capsys):
+    import pipelines.cluster
+    handle = _Handle(signal_in_close=when.startswith("close"))
+
+    def start(cfg):
+        if when == "start":
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+        return handle
+
+    def body(h):
+        if when in ("body", "close_after_interrupt"):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+        if when == "sigterm_in_body":
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+        return 0
+    monkeypatch.setattr(pipelines.cluster, "start_cluster", start)
+    before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    capsys.readouterr()
+    rc = cli.with_cluster(None, body)
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert rc == 130 and len(err) == 1, err
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    if when == "start":
+        assert err[0].startswith("interrupted while the cluster was starting") and not handle.closed
+    elif when == "close":
+        assert err[0].startswith("interrupted (SIGINT) while the cluster was closing (the run had ended with exit "
+                                 "code 0)") and handle.closed
+    else:  # interrupted in the body: the close still ran to its end, a second interrupt there adds nothing
+        assert err[0] == "interrupted" and handle.closed
+
+
+def test_embedded_workers_ignore_sigint():
+    """The preload every embedded worker gets makes its process ignore SIGINT (here: this main thread)."""
+    from pipelines import worker_preload
+    old = signal.getsignal(signal.SIGINT)
+    try:
+        worker_preload.dask_setup(None)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+@pytest.mark.timeout(400)
+def test_ctrl_c_on_a_real_run_prints_one_line(tmp_path):
+    """`python -m pipelines.run conf=smoke` in its own process group, SIGINT to the whole group (what a terminal's
+    Ctrl-C does) as soon as the cluster is up (the `dagrl: experiment` line): exit 130, one line on stderr, no
+    worker traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.run", "conf=smoke", f"run_root={tmp_path}",
+                             "runner.progress=false"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
+    reader.start()
+    try:
+        for line in proc.stdout:
+            if line.startswith("dagrl: experiment"):
+                os.killpg(proc.pid, signal.SIGINT)
+                break
+        rc = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    reader.join(10)
+    err = [ln for ln in err if ln.strip() and " INFO mlflow" not in ln]  # a new store's migrations log lines
+    assert rc == 130 and err == ["interrupted\n"], err
