@@ -163,58 +163,34 @@ def run_env_settings(store_path: Path) -> tuple[dict, str | None]:
 # ----------------------------------------------------------------------------------------------------------------
 # video
 # ----------------------------------------------------------------------------------------------------------------
-def make_render_env(cfg, size: int | None):
-    """A ManiSkill env like tasks.envs.maniskill.ManiSkillEnv's, plus render_mode="rgb_array"."""
-    from tasks.envs.vulkan import FIX, VulkanMissingError, ensure_vulkan
-
-    if cfg.simulator != "maniskill":
-        raise ReplayInputError(f"--video supports the maniskill simulator only, the store's is {cfg.simulator!r}; "
-                               "drop --video")
-    ensure_vulkan()
-    import gymnasium as gym
-    _import_maniskill_quietly(cfg)
-    kwargs = dict(obs_mode=cfg.obs_mode, control_mode=cfg.control_mode, reward_mode=cfg.reward_mode,
-                  sim_backend="physx_cpu" if cfg.sim_backend == "cpu" else cfg.sim_backend,
-                  render_mode="rgb_array", num_envs=1)
-    if cfg.max_episode_steps:
-        kwargs["max_episode_steps"] = cfg.max_episode_steps
-    if size:
-        kwargs["human_render_camera_configs"] = dict(width=size, height=size)
-    try:
-        return gym.make(cfg.env_id, **kwargs)
-    except RuntimeError as exc:
-        if "vk::" in str(exc) or "Vulkan" in str(exc):
-            raise VulkanMissingError(f"Vulkan failed in SAPIEN ({exc}): {FIX}") from None
-        raise
-
-
-def _frame(env, caption: str) -> np.ndarray:
-    img = env.render()
-    img = img.cpu().numpy() if hasattr(img, "cpu") else np.asarray(img)
-    img = np.ascontiguousarray(img.reshape(img.shape[-3:])[..., :3]).astype(np.uint8)
-    try:
-        from PIL import Image, ImageDraw
-
-        im = Image.fromarray(img)
-        draw = ImageDraw.Draw(im)
-        draw.rectangle((0, 0, im.width, 14), fill=(0, 0, 0))
-        draw.text((3, 2), caption, fill=(255, 255, 255))
-        return np.asarray(im)
-    except ImportError:  # pillow comes with imageio; captions are a nicety
-        return img
+VIDEO_SIZE = 512  # --video's default frame side (px): ManiSkill's own render camera size for PushCube
 
 
 def render_video(cfg, rows: list[dict], path: Path, size: int | None) -> dict:
-    """Render the replayed episodes (rows with `_actions`) into one mp4 at the task's control frequency."""
+    """Render the replayed episodes (rows with `_actions`) into one mp4 at the task's control frequency, on the
+    same rendering instance the eval videos use (`tasks.envs.make_single_env(cfg, render_size=...)`) with their
+    captions (`tasks.video.caption`: episode, seed; action index, return so far, success so far).
+
+    Raises:
+        ReplayInputError: a simulator whose adapter renders no frames, or no usable Vulkan driver.
+    """
     import imageio.v2 as imageio
-    import torch
     from tqdm import tqdm
+
+    from tasks.config import ConfigError
+    from tasks.envs import make_single_env
+    from tasks.envs.vulkan import VulkanMissingError
+    from tasks.video import caption
 
     t0 = time.perf_counter()
     print("replay: creating the render env (the first camera env in a process compiles shaders: 15-30 s on "
           "software Vulkan)", file=sys.stderr, flush=True)
-    env = make_render_env(cfg, size)
-    fps = float(getattr(env.unwrapped, "control_freq", 20) or 20)
+    try:
+        _import_maniskill_quietly(cfg)
+        env = make_single_env(cfg, render_size=size or VIDEO_SIZE)
+    except (ConfigError, VulkanMissingError) as exc:
+        raise ReplayInputError(f"--video: {exc}; drop --video") from None
+    fps = float(getattr(env, "fps", 20.0))
     total = sum(len(r["_actions"]) + 1 for r in rows)
     d_obs = 0.0
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -223,16 +199,17 @@ def render_video(cfg, rows: list[dict], path: Path, size: int | None) -> dict:
     try:
         with tqdm(total=total, desc="render", unit="frame", file=sys.stderr, dynamic_ncols=True) as bar:
             for r in rows:
-                env.reset(seed=r["seed"])
-                ret = 0.0
-                writer.append_data(_frame(env, f"episode {r['episode']} seed {r['seed']} step 0"))
+                head, n = f"episode {r['episode']} seed {r['seed']}", len(r["_actions"])
+                env.reset(int(r["seed"]))
+                ret, success = 0.0, False
+                writer.append_data(caption(env.render_frame(), [head, f"t 0/{n}"]))
                 bar.update(1)
                 for i, (a, ref) in enumerate(zip(r["_actions"], r["_obs_after"]), start=1):
-                    obs, rew, *_ = env.step(torch.from_numpy(a).reshape(1, -1))
-                    ret += float(rew.reshape(-1)[0])
-                    d_obs = max(d_obs, _max_abs(obs.reshape(-1).numpy(), ref))
-                    writer.append_data(_frame(env, f"episode {r['episode']} seed {r['seed']} step {i} "
-                                                   f"return {ret:.2f}"))
+                    obs, rew, _, _, succ = env.step(np.asarray(a, np.float32))
+                    ret, success = ret + rew, success or succ
+                    d_obs = max(d_obs, _max_abs(obs, ref))
+                    writer.append_data(caption(env.render_frame(), [
+                        head, f"t {i}/{n}  return {ret:.2f}  success {'yes' if success else 'no'}"]))
                     bar.update(1)
     finally:
         writer.close()
