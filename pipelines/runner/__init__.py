@@ -4,7 +4,9 @@
   store, the actor's init graph, and the one-timeline rollback;
 - `pipelines.runner.scheduler`: the step scheduler, one loop in which synchronous is asynchronous with
   `runner.max_staleness=0`, and the one retry loop;
-- `pipelines.runner.recovery`: the watch over the placed workers (lost, paused, stuck, silent) and `_recover`.
+- `pipelines.runner.recovery`: the watch over the placed workers (lost, paused, stuck, silent) and `_recover`;
+- `pipelines.runner.perf`: the perf events of each step, eval and checkpoint, and the `perf_summary.json` (time
+  per phase from Dask's task stream, throughput, every process's peak memory, retries) written at the end.
 
 Only this package and pipelines.run hold a Dask client. Per step (`Runner.run`): the scheduler reserves the
 store's step, builds and submits the step graph, waits for `step_metrics` and the store writes, marks the step
@@ -144,7 +146,7 @@ class Runner(Scheduler, Setup, Recovery):
         table. Never raises: a report that fails is one line."""
         try:
             if live:
-                self.perf.sample_memory()
+                self.perf.sample_memory(exact=True)
             self.perf.session_end(read_cluster=live)
             path, summary = write_summary(self.run_dir)
             self.tracker.log_artifact(path)

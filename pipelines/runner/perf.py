@@ -15,7 +15,9 @@ Sources (nothing is timed by hand where Dask or torch measures):
 - the driver's wall of each training step (`time/step`: first submission to results fetched), eval (`time/eval`)
   and checkpoint, and of each session (`Runner.run`);
 - the kernel's high-water resident set size of every process (getrusage ru_maxrss: the driver, which holds the
-  embedded scheduler, an external scheduler, every worker) and torch's peak CUDA allocation on workers using CUDA.
+  embedded scheduler, an external scheduler, every worker at the end of each session) and torch's peak CUDA
+  allocation on workers using CUDA; after each step the workers' heartbeat memory (Dask's `WorkerState.memory`),
+  which keeps a (lower-bound) peak of workers lost before the end.
 
 Definitions (seconds unless stated):
 - phase of a task: by its key's name (the part before the first '-', pipelines.graphs): `PHASE_RULES`. A colocated
@@ -165,6 +167,16 @@ def _proc_memory() -> dict:
             "rss": int(psutil.Process().memory_info().rss), "gpu_peak": gpu}
 
 
+def _scheduler_memory(dask_scheduler=None) -> dict:
+    """Runs on the scheduler: its own process's memory (`_proc_memory`) and, from the workers' heartbeats (Dask's
+    worker memory metric `WorkerState.memory.process`), each worker's {"host", "pid", "rss"} now."""
+    from urllib.parse import urlparse
+    out = _proc_memory()
+    out["workers"] = {a: {"host": urlparse(a).hostname or a, "pid": int(ws.pid), "rss": int(ws.memory.process)}
+                      for a, ws in dask_scheduler.workers.items()}
+    return out
+
+
 def read_events(run_dir: str | Path) -> list[dict]:
     """The perf events of a run dir (oldest first; [] when none were written). A torn last line (a driver killed
     while writing) is skipped."""
@@ -197,7 +209,7 @@ class PerfRecorder:
                                   "the task stream's index")
         self._tag = re.compile(re.escape(run_id) + r"-(\d+)")
         self._accounted_step = -1  # graphs of steps <= this (0-based index) are accounted
-        self._procs: dict[str, dict] = {}  # "host:pid" -> the largest memory seen, with its role
+        self._procs: dict[str, dict] = {}  # "driver" | "scheduler" | worker address -> its largest memory, role
         self._t0: float | None = None
 
     # ----- plumbing -----
@@ -289,34 +301,38 @@ class PerfRecorder:
     def rollback(self, to_step: int) -> None:
         self._write({"kind": "rollback", "to_step": to_step})
 
-    def sample_memory(self) -> int:
-        """Read every process's memory (driver, scheduler, workers), keep each one's largest, log a memory event
-        when a peak rose; returns the resident bytes of all of them now (the driver's alone if the workers do not
-        answer)."""
+    def sample_memory(self, exact: bool = False) -> int:
+        """Read every process's memory, keep each one's largest and log a memory event when a peak rose; returns
+        the resident bytes of the driver and every worker now (the driver's alone if the scheduler does not answer).
+
+        Each call: the driver's own high-water RSS, and one scheduler query for the scheduler's and, from the
+        workers' heartbeats, every worker's current RSS (a lower bound of its peak, kept for workers lost later).
+        `exact` (the end of a session): also each worker's kernel high-water RSS and torch's peak CUDA
+        allocation (`client.run`, which waits for a worker's event loop, so not after every step)."""
         roles = self.roles()
-        procs = {"driver": _proc_memory()}
-        sched = self._call(lambda: self.client.run_on_scheduler(_proc_memory), None, "the scheduler's memory")
+        me = _proc_memory()
+        seen = {"driver": ("driver", me)}  # process -> (role, memory); workers by address (a restart: a new one)
+        sched = self._call(lambda: self.client.run_on_scheduler(_scheduler_memory), None, "the scheduler's memory")
+        now = me["rss"]
         if sched is not None:
-            procs["scheduler"] = sched
-        workers = self._call(lambda: self.client.run(_proc_memory, on_error="return"), {}, "the workers' memory") or {}
-        for addr, mem in workers.items():
-            if isinstance(mem, dict):
-                procs[addr] = mem
-        now, rose = 0, False
-        seen = set()
-        for who, mem in procs.items():
-            pid = f"{mem['host']}:{mem['pid']}"
-            if pid in seen:  # the embedded scheduler is the driver's process
-                continue
-            seen.add(pid)
-            now += mem["rss"]
-            role = who if who in ("driver", "scheduler") else roles.get(who, "other_workers")
-            old = self._procs.get(pid)
-            if old is None or mem["peak_rss"] > old["peak_rss"] or (mem["gpu_peak"] or 0) > (old["gpu_peak"] or 0):
+            if (sched["host"], sched["pid"]) != (me["host"], me["pid"]):  # not the embedded one (the driver's)
+                seen["scheduler"] = ("scheduler", sched)
+                now += sched["rss"]
+            for addr, w in sched["workers"].items():
+                seen[addr] = (roles.get(addr, "other_workers"), {"peak_rss": w["rss"], "gpu_peak": None})
+                now += w["rss"]
+        if exact:
+            got = self._call(lambda: self.client.run(_proc_memory, on_error="return"), {}, "the workers' memory")
+            for addr, mem in (got or {}).items():
+                if isinstance(mem, dict):
+                    seen[addr] = (roles.get(addr, "other_workers"), mem)
+        rose = False
+        for pid, (role, mem) in seen.items():
+            old = self._procs.get(pid, {"peak_rss": 0, "gpu_peak": None})
+            peak, gpu = max(mem["peak_rss"], old["peak_rss"]), max(mem.get("gpu_peak") or 0, old["gpu_peak"] or 0)
+            if pid not in self._procs or peak > old["peak_rss"] or gpu > (old["gpu_peak"] or 0):
                 rose = True
-                self._procs[pid] = {"role": role, "address": who, "peak_rss": max(mem["peak_rss"],
-                                    old["peak_rss"] if old else 0),
-                                    "gpu_peak": max(mem["gpu_peak"] or 0, (old or {}).get("gpu_peak") or 0) or None}
+                self._procs[pid] = {"role": role, "peak_rss": peak, "gpu_peak": gpu or None}
         if rose:
             self._write({"kind": "memory", "procs": self._procs})
         return now

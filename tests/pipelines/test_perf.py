@@ -223,6 +223,18 @@ def test_profiles_are_in_the_run_dir_and_mlflow(finished):
     assert inner == {"profile/step_2.html", "profile/update_step_1.json"}
 
 
+def test_the_command_reports_what_the_run_wrote(finished, run_root, capsys):
+    """`python -m pipelines.perf RUN --json` rebuilds, from the events, the summary the run wrote at its end; an
+    unknown run is one line and exit 2."""
+    from pipelines import perf
+    cfg, runner, said, res = finished
+    assert perf.main([res.run_id, "--run-root", str(run_root), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads((res.run_dir / "perf_summary.json").read_text())
+    assert perf.main(["20991231-000000-0000", "--run-root", str(run_root)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: no run '20991231-000000-0000'")
+
+
 def test_a_resume_with_nothing_left_reports_the_cluster(finished, cluster, run_root):
     """runner.resume=<finished run>: no step runs, yet the summary has a second session and every role's memory,
     and the printed peak is not 0 (issue 14 item 6)."""
