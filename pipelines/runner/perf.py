@@ -52,11 +52,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import time
 from collections import defaultdict
 from graphlib import TopologicalSorter
 from pathlib import Path
+
+from tasks.profiling import process_memory, scheduler_memory
 
 EVENTS = "perf/events.jsonl"
 SUMMARY = "perf_summary.json"
@@ -148,33 +149,6 @@ def split_phases(keys, times: dict[str, tuple[float, float]], timing: list[dict]
         out["inference"] -= sync
         out["weight_sync"] += sync
     return dict(out)
-
-
-def _proc_memory() -> dict:
-    """This process's memory: {"pid", "host", "peak_rss" (bytes, the kernel's high-water mark), "rss" (bytes,
-    now), "gpu_peak" (bytes, torch's peak CUDA allocation over the devices; None without CUDA in use)}. Runs on
-    workers (client.run) and on the driver."""
-    import resource
-    import socket
-
-    import psutil
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-    gpu = None
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        gpu = max(torch.cuda.max_memory_allocated(d) for d in range(torch.cuda.device_count()))
-    return {"pid": os.getpid(), "host": socket.gethostname(), "peak_rss": int(peak),
-            "rss": int(psutil.Process().memory_info().rss), "gpu_peak": gpu}
-
-
-def _scheduler_memory(dask_scheduler=None) -> dict:
-    """Runs on the scheduler: its own process's memory (`_proc_memory`) and, from the workers' heartbeats (Dask's
-    worker memory metric `WorkerState.memory.process`), each worker's {"host", "pid", "rss"} now."""
-    from urllib.parse import urlparse
-    out = _proc_memory()
-    out["workers"] = {a: {"host": urlparse(a).hostname or a, "pid": int(ws.pid), "rss": int(ws.memory.process)}
-                      for a, ws in dask_scheduler.workers.items()}
-    return out
 
 
 def read_events(run_dir: str | Path) -> list[dict]:
@@ -310,9 +284,9 @@ class PerfRecorder:
         `exact` (the end of a session): also each worker's kernel high-water RSS and torch's peak CUDA
         allocation (`client.run`, which waits for a worker's event loop, so not after every step)."""
         roles = self.roles()
-        me = _proc_memory()
+        me = process_memory()
         seen = {"driver": ("driver", me)}  # process -> (role, memory); workers by address (a restart: a new one)
-        sched = self._call(lambda: self.client.run_on_scheduler(_scheduler_memory), None, "the scheduler's memory")
+        sched = self._call(lambda: self.client.run_on_scheduler(scheduler_memory), None, "the scheduler's memory")
         now = me["rss"]
         if sched is not None:
             if (sched["host"], sched["pid"]) != (me["host"], me["pid"]):  # not the embedded one (the driver's)
@@ -322,7 +296,7 @@ class PerfRecorder:
                 seen[addr] = (roles.get(addr, "other_workers"), {"peak_rss": w["rss"], "gpu_peak": None})
                 now += w["rss"]
         if exact:
-            got = self._call(lambda: self.client.run(_proc_memory, on_error="return"), {}, "the workers' memory")
+            got = self._call(lambda: self.client.run(process_memory, on_error="return"), {}, "the workers' memory")
             for addr, mem in (got or {}).items():
                 if isinstance(mem, dict):
                     seen[addr] = (roles.get(addr, "other_workers"), mem)
