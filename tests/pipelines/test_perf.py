@@ -11,15 +11,13 @@ step and is counted in the summary.
 """
 from __future__ import annotations
 
-import itertools
 import json
 import random
 import time
-from pathlib import Path
 
 import pytest
 
-from pipelines.runner.perf import (RUN_PHASES, STEP_PHASES, critical_path, format_table, phase_of, read_events,
+from pipelines.runner.perf import (RUN_PHASES, critical_path, format_table, phase_of, read_events,
                                    split_phases, summarize)
 
 pytestmark = pytest.mark.timeout(600)
