@@ -63,7 +63,7 @@ def test_phase_of_names_each_node_of_the_graphs():
     assert phase_of(f"env_step_s0p1-{rid}-3-2") == "rollout"
     assert phase_of(f"policy_infer_p1-{rid}-3-2") == "inference"
     assert phase_of(f"weights_handle-{rid}-3") == "weight_sync"
-    assert phase_of(f"weights_handle_eval-{rid}-3") == "eval"
+    assert phase_of(f"weights_handle_eval-{rid}-3") == phase_of(f"eval_videos-{rid}-3") == "eval"
     assert phase_of(f"actor_update_r1-{rid}-3-retry1") == "update"
     assert phase_of(f"store_s0-{rid}-3") == "store"
     assert phase_of(f"export_pretrained-{rid}-3") == "checkpoint"
