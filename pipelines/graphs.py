@@ -98,7 +98,9 @@ def _store(path: str, step: int, shard: int, traj: dict, attempt: int | None = N
 def step_metrics(update_out: dict, *parts: dict) -> dict:
     """Merge a step's metrics: update metrics, advantage stats (mean over shards), episodes, timings, cursors,
     weight sync (`time/weight_sync`: the slowest replica load, s; `system/weight_sync_mb`: MB loaded into replicas).
-    `update_out` is the update's output or its handle (tasks.weights.handle: no tensors)."""
+    `update_out` is the update's output or its handle (tasks.weights.handle: no tensors). `timing`: per shard the
+    rollout's own seconds {"env", "infer", "total", "weight_sync"} (pipelines.runner.perf splits a colocated
+    env_step node's Dask-measured time with them)."""
     M = trajectory.Meta
     n = len(parts) // 2
     trajs, advs = parts[:n], parts[n:]
@@ -122,7 +124,8 @@ def step_metrics(update_out: dict, *parts: dict) -> dict:
         m["system/weight_sync_mb"] = sum(s["bytes"] for s in syncs) / 1e6
     if any(M.OFFLOAD_S in t for t in trajs):
         m["time/offload_replica_max"] = max(t.get(M.OFFLOAD_S, 0.0) for t in trajs)
-    return {"metrics": m, "cursors": [t[M.CURSOR] for t in trajs], "episodes": episodes}
+    timing = [{**t[M.TIMING], "weight_sync": (t.get(M.WEIGHT_SYNC) or {}).get("seconds", 0.0)} for t in trajs]
+    return {"metrics": m, "cursors": [t[M.CURSOR] for t in trajs], "episodes": episodes, "timing": timing}
 
 
 def step_metrics_ranks(num_others: int, rank0: dict, *rest: dict) -> dict:
@@ -142,7 +145,8 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
                      placement: Placement, store_path: str | None,
                      dims: tuple[int, int] | None = None, attempt: int = 0,
                      group: list[dict] | None = None, actor_weights=None, update_weights=None,
-                     after: list | None = None, store_attempt: int | None = None) -> StepGraph:
+                     after: list | None = None, store_attempt: int | None = None,
+                     profile_trace: str | None = None) -> StepGraph:
     """One training step's graph. `weights` is a Future (or value) of the versioned weights to roll out with.
 
     Args:
@@ -160,6 +164,8 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
         store_attempt: the store attempt id `TrajectoryStore.reserve(step)` returned for this submission; each
             `store_s{s}` write records it (None: the step's latest attempt when the write starts), so a write of
             a given-up attempt that runs late does not count for the retry's attempt.
+        profile_trace: run the update node (rank 0's) under torch.profiler and write a Chrome trace JSON there
+            (tasks.profiling.profiled; `runner.profile_update_step`); None: not profiled.
     """
     g = GraphBuilder()
     tag = f"{run_id}-{step}" + (f"-retry{attempt}" if attempt else "")
@@ -179,7 +185,7 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
     R = cfg.algorithm.num_actor_ranks
     if R == 1:
         fn = update.actor_update_offload if cfg.algorithm.offload else update.actor_update
-        upd = g.add(f"actor_update-{tag}", fn, cfg, run_id,
+        upd = g.add(f"actor_update-{tag}", *_profiled(profile_trace, fn), cfg, run_id,
                     full_weights if update_weights is None else update_weights, *advs, deps=tuple(advs),
                     worker=placement.actor_worker, resources={"GPU": 1})
         h = _weights_handle(g, "update_handle", tag, upd, placement)
@@ -188,7 +194,8 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
     if update_weights is not None:
         raise ValueError("update_weights (asynchronous steps) is wired for the one-rank update only")
     ranks = _rank_nodes(g, "actor_update", tag, R, group, placement, distributed.actor_update_rank, cfg, run_id,
-                        full_weights if actor_weights is None else actor_weights, *advs, deps=tuple(advs))
+                        full_weights if actor_weights is None else actor_weights, *advs, deps=tuple(advs),
+                        profile_trace=profile_trace)
     h = _weights_handle(g, "update_handle", tag, ranks[0], placement, worker=placement.actor_workers[0])
     met = g.add(f"step_metrics-{tag}", step_metrics_ranks, R - 1, h, *ranks[1:], *trajs, *advs,
                 deps=(h, *ranks[1:], *trajs, *advs))
@@ -207,17 +214,27 @@ def _weights_handle(g: GraphBuilder, name: str, tag: str, weights, placement: Pl
 
 
 def _rank_nodes(g: GraphBuilder, name: str, tag: str, R: int, group: list[dict] | None, placement: Placement,
-                fn, *args, deps: tuple[str, ...] = ()) -> list[str]:
+                fn, *args, deps: tuple[str, ...] = (), profile_trace: str | None = None) -> list[str]:
     """One node `{name}_r{r}-{tag}` per actor rank: `fn(*args[:2], group[r], *args[2:])`, pinned to
-    rank r's GPU worker (distinct workers: two ranks in one process would deadlock in their first collective)."""
+    rank r's GPU worker (distinct workers: two ranks in one process would deadlock in their first collective);
+    rank 0's under torch.profiler when `profile_trace` is given (`_profiled`)."""
     if group is None or len(group) != R:
         raise ValueError(f"algorithm.num_actor_ranks={R} needs {R} group specs (distributed.group_specs), got "
                          f"{None if group is None else len(group)}")
     if len(placement.actor_workers) < R:
         raise ValueError(f"algorithm.num_actor_ranks={R} needs {R} actor workers, the placement has "
                          f"{len(placement.actor_workers)}")
-    return [g.add(f"{name}_r{r}-{tag}", fn, *args[:2], group[r], *args[2:], deps=deps,
-                  worker=placement.actor_workers[r], resources={"GPU": 1}) for r in range(R)]
+    return [g.add(f"{name}_r{r}-{tag}", *_profiled(profile_trace if r == 0 else None, fn), *args[:2], group[r],
+                  *args[2:], deps=deps, worker=placement.actor_workers[r], resources={"GPU": 1}) for r in range(R)]
+
+
+def _profiled(trace: str | None, fn) -> tuple:
+    """The head of a node's task tuple: `(fn,)`, or `(tasks.profiling.profiled, trace, fn)` to run `fn` under
+    torch.profiler and write its Chrome trace to `trace` (the key, and so the phase, stay those of `fn`'s node)."""
+    if trace is None:
+        return (fn,)
+    from tasks.profiling import profiled
+    return (profiled, trace, fn)
 
 
 def _colocated_rollout(g: GraphBuilder, cfg: Config, tag: str, run_id: str, weights, cursors, placement,
@@ -379,11 +396,12 @@ def _export(run_id: str, checkpoint_path: str) -> str:
 
 
 def build_sft_step(cfg: Config, *, run_id: str, step: int, weights, placement: Placement,
-                   attempt: int = 0) -> tuple[HighLevelGraph, str, str]:
+                   attempt: int = 0, profile_trace: str | None = None) -> tuple[HighLevelGraph, str, str]:
     """One SFT step: `sft.num_loaders` data nodes (env workers) each draw a share of the step's
     `sft.updates_per_step` minibatches from the store; `sft_update` on the actor takes the gradient steps.
 
-    Returns (graph, key of the new versioned weights, key of the step's metrics).
+    Returns (graph, key of the new versioned weights, key of the step's metrics). `profile_trace`: as in
+    `build_train_step`, for the sft_update node.
     """
     from tasks import demos
     g = GraphBuilder()
@@ -393,8 +411,8 @@ def build_sft_step(cfg: Config, *, run_id: str, step: int, weights, placement: P
     loads = [g.add(f"sft_load_r{r}-{tag}", demos.sft_load, cfg, seeding.sft_load_seed(cfg.seed, step, r), k,
                    worker=placement.shard_workers[r % len(placement.shard_workers)], resources={"CPU": 1})
              for r, k in enumerate(shares) if k]
-    upd = g.add(f"sft_update-{tag}", demos.sft_update, cfg, run_id, weights, *loads, deps=tuple(loads),
-                worker=placement.actor_worker, resources={"GPU": 1})
+    upd = g.add(f"sft_update-{tag}", *_profiled(profile_trace, demos.sft_update), cfg, run_id, weights, *loads,
+                deps=tuple(loads), worker=placement.actor_worker, resources={"GPU": 1})
     met = g.add(f"step_metrics-{tag}", _metrics_of, upd, deps=(upd,), worker=placement.actor_worker)
     return g.graph(), upd, met
 

@@ -409,6 +409,12 @@ class RunnerConfig:
     # none. A frame costs ~0.1-0.3 s on a CPU (lavapipe): 2 PushCube episodes add ~10-15 s to an eval eval_video_size: the square frames' side in pixels
     eval_videos: int = 2
     eval_video_size: int = 256
+    # training steps (numbered as MLflow's: the first is 1) run under distributed.performance_report, written to
+    # <run dir>/profile/step_N.html and logged to MLflow under profile/ (pipelines.runner.perf); [] : none
+    profile_steps: list[int] = field(default_factory=list)
+    # the training step whose update node runs under torch.profiler on its worker: a Chrome trace
+    # <run dir>/profile/update_step_N.json (rank 0's with several ranks), logged under profile/; null: none
+    profile_update_step: Optional[int] = None
 
     def check(self) -> None:
         """This section's own values. Raises ConfigError (runner.*)."""
@@ -438,6 +444,15 @@ class RunnerConfig:
             raise ConfigError("runner.resume", n.resume, "use a run id, 'latest', or null")
         if n.max_staleness < 0:
             raise ConfigError("runner.max_staleness", n.max_staleness, "must be >= 0 (0: synchronous steps)")
+        bad = [s for s in n.profile_steps if not 1 <= s <= n.max_steps]
+        if bad or len(set(n.profile_steps)) != len(n.profile_steps):
+            raise ConfigError("runner.profile_steps", list(n.profile_steps),
+                              f"use distinct training steps in 1..runner.max_steps={n.max_steps} (the first step is "
+                              f"1), e.g. [1,{min(2, n.max_steps)}]; [] profiles none")
+        if n.profile_update_step is not None and not 1 <= n.profile_update_step <= n.max_steps:
+            raise ConfigError("runner.profile_update_step", n.profile_update_step,
+                              f"use a training step in 1..runner.max_steps={n.max_steps} (the first step is 1), "
+                              f"or null")
 
 
 @dataclass

@@ -4,7 +4,9 @@
   store, the actor's init graph, and the one-timeline rollback;
 - `pipelines.runner.scheduler`: the step scheduler, one loop in which synchronous is asynchronous with
   `runner.max_staleness=0`, and the one retry loop;
-- `pipelines.runner.recovery`: the watch over the placed workers (lost, paused, stuck, silent) and `_recover`.
+- `pipelines.runner.recovery`: the watch over the placed workers (lost, paused, stuck, silent) and `_recover`;
+- `pipelines.runner.perf`: the perf events of each step, eval and checkpoint, and the `perf_summary.json` (time
+  per phase from Dask's task stream, throughput, every process's peak memory, retries) written at the end.
 
 Only this package and pipelines.run hold a Dask client. Per step (`Runner.run`): the scheduler reserves the
 store's step, builds and submits the step graph, waits for `step_metrics` and the store writes, marks the step
@@ -23,12 +25,14 @@ after the step(s) in flight with a checkpoint of the current step.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from pipelines import graphs
 from pipelines.cluster import ClusterHandle, Placement, plan_placement
+from pipelines.runner.perf import PerfRecorder, format_table, write_summary
 from pipelines.runner.recovery import Recovery
 from pipelines.runner.scheduler import Scheduler, StepFailed
 from pipelines.runner.setup import (Resume, RunResult, RunState, Setup, new_run_id, resolve_resume, run_params,
@@ -60,12 +64,16 @@ class Runner(Scheduler, Setup, Recovery):
             self.state.actor_generation += 1
         self._open_run()
         try:  # an interrupt or error while setting up must not leave the MLflow run RUNNING
+            self.peak_rss = 0
+            self.perf = PerfRecorder(self.client, self.run_dir, self.state.run_id, roles=self._roles,
+                                     colocated=cfg.rollout.inference == "colocated",
+                                     samples_per_step=cfg.batch_size)
             self._log_run(resume)
             self.weights, dims = self._init_actor(
                 ckpt, tag=f"g{self.state.actor_generation}" if self.ranks > 1 else "")
             self.dims = tuple(dims)
             self.store = self._open_store(self.dims)
-            self.peak_rss = 0
+            self._bar = None  # the progress bar while run() goes (a rollback sets it back: Setup._rollback)
             self.last_eval: dict = {}
             self._stopping = False  # submit nothing more (the run is done; steps in flight drain)
             self._submits: dict[int, int] = {}  # step -> graphs submitted for it (retry keys stay unique)
@@ -79,32 +87,96 @@ class Runner(Scheduler, Setup, Recovery):
     # ----- the loop -----
     def run(self) -> RunResult:
         """Train until `_done`: eval at start, then per step train, eval, log, checkpoint; a final eval and
-        checkpoint (none of the eval when stopped early). Sets the MLflow run FINISHED / KILLED / FAILED."""
+        checkpoint (none of the eval when stopped early). Sets the MLflow run FINISHED / KILLED / FAILED. Ends with
+        the perf report (`_report`: perf_summary.json in the run dir and in MLflow, the table printed), also when
+        nothing was left to do (a resume of a finished run). `RunResult.peak_rss_gb`: the sum of every process's
+        peak resident memory (driver, scheduler, workers; pipelines.runner.perf)."""
         st = self.state
         t_start = time.perf_counter()
-        bar = self._progress_bar()
+        self.perf.session_start()
+        bar = self._bar = self._progress_bar()
         self._last_ckpt = None
         status = "FAILED"
+        ended = False
         try:
+            self._wait_init()
             self._eval_at_start(t_start)
             while True:
                 self._stopping = self._done(t_start)
                 if self._stopping and not self._ahead:  # steps in flight when the run is done still finish
                     break
-                m = self.train_step()
+                with self._profiled(st.step + 1):
+                    m = self.train_step()
                 self._account_step(m, t_start, bar)
             status = self._finish_run(t_start)
+            ended = True
         except KeyboardInterrupt:
             status = "KILLED"
             raise
         finally:
             if bar is not None:
                 bar.close()
+            self._bar = None
+            self._report(live=ended)
             self.tracker.set_terminated(status)
         return RunResult(st.run_id, self.run_dir, self.tracker.run_id, self.tracking_uri,
                          self.store.path if self.store is not None else None, st.step, st.env_steps,
-                         time.perf_counter() - t_start, self.last_eval, self.peak_rss / 2**30,
+                         time.perf_counter() - t_start, self.last_eval, self.perf.cluster_peak_bytes() / 2**30,
                          interrupted=self.stop_requested)
+
+    def _wait_init(self) -> None:
+        """Wait (watched, nothing fetched) for the init graph's weights, so that the first step's wall holds the
+        first step only; the wait is the perf event "init". A worker lost meanwhile is left to the first step's
+        retry, as without the wait."""
+        futs = [f for f in (self.weights, self.actor_weights) if hasattr(f, "key")]
+        if futs:
+            t0 = time.perf_counter()
+            self._wait_or_lost(futs)
+            self.perf.phase("init", self.state.step, time.perf_counter() - t0)
+
+    def _roles(self) -> dict[str, str]:
+        """Worker address -> its role in the current placement ("env_workers", "gpu_workers")."""
+        p = self.placement
+        return {**{a: "env_workers" for a in p.env_workers}, **{a: "gpu_workers" for a in p.gpu_workers}}
+
+    def _report(self, live: bool) -> None:
+        """The perf report at the end of `run()` (pipelines.runner.perf): a last memory sample, the session's end,
+        `<run dir>/perf_summary.json` logged to MLflow and the table printed. Not `live` (the loop raised): the
+        summary is written from what was recorded, without reading the cluster (it may be gone) and without the
+        table. Never raises: a report that fails is one line."""
+        try:
+            if live:
+                self.perf.sample_memory(exact=True)
+            self.perf.session_end(read_cluster=live)
+            path, summary = write_summary(self.run_dir)
+            self.tracker.log_artifact(path)
+            if live:
+                self.echo(format_table(summary))
+        except Exception as exc:  # noqa: BLE001 - the run's outcome stands without its report
+            self.echo(f"dagrl: the perf summary was not written: {type(exc).__name__}: {exc}")
+
+    @contextmanager
+    def _profiled(self, n: int):
+        """Training step n under `distributed.performance_report` when it is in `runner.profile_steps`: the HTML
+        report `<run dir>/profile/step_<n>.html`, logged to MLflow under profile/; then the update's torch trace
+        (`runner.profile_update_step`, tasks.profiling) when step n wrote one. A step that raises leaves its
+        report unwritten (closing it would query a cluster that may be gone)."""
+        if n in self.cfg.runner.profile_steps:
+            from distributed import performance_report
+            path = self.run_dir / "profile" / f"step_{n}.html"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            report = performance_report(filename=str(path))
+            with self.client.as_current():
+                report.__enter__()
+            yield
+            with self.client.as_current():
+                report.__exit__(None, None, None)
+            self.tracker.log_artifact(path, "profile")
+        else:
+            yield
+        trace = self._update_trace(n)
+        if trace is not None and Path(trace).is_file():
+            self.tracker.log_artifact(trace, "profile")
 
     def _progress_bar(self):
         if not self.cfg.runner.progress:
@@ -122,23 +194,23 @@ class Runner(Scheduler, Setup, Recovery):
 
     def _account_step(self, m: dict, t_start: float, bar) -> None:
         """After a training step: eval (every val_check_interval), log, checkpoint (every save_interval, and at a new
-        best eval), hook, bar."""
+        best eval), bar (at the run's step), hook."""
         st, r = self.state, self.cfg.runner
         if st.step % r.val_check_interval == 0:
             m.update(self.evaluate())
         self.tracker.log_metrics(m, step=st.step)  # before the checkpoint (module docstring)
         if st.step % r.save_interval == 0 or self._best_unmarked():  # a new best eval is checkpointed too
             self._last_ckpt = self.checkpoint(st.elapsed_s + time.perf_counter() - t_start)
-        if self.after_step is not None:
-            self.after_step(self)
         if bar is not None:
-            bar.update(1)
+            bar.n = st.step  # the run's step, also after a rollback (Setup._rollback sets it back at once)
             post = {"env_sps": f"{m['rollout/env_steps_per_s']:.0f}",
                     "success": f"{m.get('env/success_once', float('nan')):.2f}"} \
                 if "rollout/env_steps_per_s" in m else {"loss": f"{m['train/sft_loss']:.3f}"}
             if self.last_eval:
                 post["eval"] = f"{self.last_eval['eval/success_once']:.2f}"
             bar.set_postfix(post)
+        if self.after_step is not None:
+            self.after_step(self)
 
     def _finish_run(self, t_start: float) -> str:
         """The final eval (not when stopped early, nor when the kept timeline has it) and checkpoint; returns the
@@ -223,6 +295,7 @@ class Runner(Scheduler, Setup, Recovery):
         m["time/eval"] = time.perf_counter() - t0
         if videos is not None:
             self._log_videos(videos, video_dir, m)
+        self.perf.phase("eval", st.step, m["time/eval"])
         if m["eval/success_once"] > st.best_eval_success_once:
             st.best_eval_success_once, st.best_eval_step = m["eval/success_once"], st.step
         m["eval/best_success_once"] = st.best_eval_success_once
@@ -293,6 +366,7 @@ class Runner(Scheduler, Setup, Recovery):
         """Write a checkpoint of the current step (the pipeline must be drained); returns its path."""
         from dataclasses import asdict
         st = self.state
+        t0 = time.perf_counter()
         if self._ahead:  # the actor would be read while a later update may run (scheduler docstring)
             raise RuntimeError(f"checkpoint at step {st.step} with {len(self._ahead)} step(s) in flight")
 
@@ -308,4 +382,5 @@ class Runner(Scheduler, Setup, Recovery):
         if st.best_eval_step == st.step:  # written after the eval that set it: this checkpoint holds the best
             mark_best(self.run_dir, st.step, st.best_eval_success_once)
         prune_checkpoints(self.run_dir, self.cfg.runner.keep_checkpoints)  # never the best
+        self.perf.phase("checkpoint", st.step, time.perf_counter() - t0)
         return path

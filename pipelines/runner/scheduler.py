@@ -28,7 +28,6 @@ from asyncio import CancelledError
 from dataclasses import dataclass, field
 
 from pipelines import graphs
-from pipelines.cluster import cluster_rss_bytes
 from pipelines.runner.recovery import RunStalled, bounded, one_line
 from tasks.config import ConfigError
 
@@ -80,12 +79,18 @@ class Scheduler:
             if not isinstance(out, Lost):
                 return out
             if attempt < R:
+                self._perf("retry", what, n)
                 self._guarded(lambda: self._recover(out.workers, self.state.step, out.busy), prefix, n)
         failed, fix = self._failure(out.workers, out.busy)
         ranks = set(self.placement.actor_workers[:self.ranks])
         self._give_up(f"{prefix}{failed}, on each of {R + 1} attempt(s) (runner.max_retries={R})",
                       f"{fix}, or raise runner.max_retries (now {R})",
                       actor_healthy=not (out.workers & ranks) and not out.busy, step=n)
+
+    def _perf(self, event: str, *args):
+        """`self.perf.<event>(*args)` (pipelines.runner.perf.PerfRecorder) when the runner has one."""
+        perf = getattr(self, "perf", None)
+        return None if perf is None else getattr(perf, event)(*args)
 
     def _guarded(self, fn, prefix: str, n: int):
         """`fn()`; an error while the cluster is gone (`_cluster_gone`) becomes the give-up line, others pass."""
@@ -175,11 +180,11 @@ class Scheduler:
                 busy = set().union(*(self._busy_rank_workers(g) for _, g, _ in self._ahead))
                 self._cancel_pipeline()  # every step in flight: the retry starts from the current step
                 return Lost(got, busy)
-            self._ahead.pop(0)
+            _, graph, _ = self._ahead.pop(0)
             for old in [v for v in self._w if v < step + 1 - k]:  # weights no later rollout takes
                 del self._w[old]
             out, *store_out = got
-            return self._finish_step(step, futs[0], out, store_out, attempt, t0)
+            return self._finish_step(step, futs[0], out, store_out, attempt, t0, graph)
 
         return self._retrying(once, "training step")
 
@@ -219,12 +224,19 @@ class Scheduler:
             dims=self.dims, store_path=str(self.store.path) if self.store is not None else None,
             store_attempt=store_attempt, attempt=attempt, group=self._group_specs(),
             actor_weights=self.actor_weights, update_weights=self._w[j] if ahead else None,
-            after=self._after if ahead else None)
+            after=self._after if ahead else None, profile_trace=self._update_trace(j + 1))
         futs = self.client.get(sg.graph, [sg.update, sg.metrics, *sg.stores, *sg.last_env], sync=False)
         n = 2 + len(sg.stores)
         self._w[j + 1] = futs[0]
         self._after = futs[n:]
         self._ahead.append((j, sg.graph, futs[:n]))
+
+    def _update_trace(self, n: int) -> str | None:
+        """Where training step n's update writes its torch profiler trace (`runner.profile_update_step`), else
+        None."""
+        if self.cfg.runner.profile_update_step != n:
+            return None
+        return str(self.run_dir / "profile" / f"update_step_{n}.json")
 
     def _cancel_pipeline(self) -> None:
         """Give up every step in flight, newest first and one graph at a time: a step's outputs go only after the
@@ -234,8 +246,10 @@ class Scheduler:
             self._drop(futs)
         self._ahead, self._after = [], None
 
-    def _finish_step(self, step: int, upd_f, out: dict, store_out: list, retries: int, t0: float) -> dict:
-        """Account a finished training step: weights, store step, cursors, counters; return its metrics."""
+    def _finish_step(self, step: int, upd_f, out: dict, store_out: list, retries: int, t0: float,
+                     graph=None) -> dict:
+        """Account a finished training step: weights, store step, cursors, counters, its perf event (`graph`: the
+        step's graph); return its metrics."""
         st = self.state
         version = int(out["metrics"]["train/weight_version"])
         if self.ranks > 1:  # the group lives on with the weights; a rebuild comes with a new init's weights
@@ -257,25 +271,37 @@ class Scheduler:
         if store_out:
             m["time/store_max"] = max(s["seconds"] for s in store_out)
             m["system/store_mb"] = sum(s["bytes"] for s in store_out) / 1e6
-        self.peak_rss = max(self.peak_rss, cluster_rss_bytes())
-        m["system/rss_total_gb"] = self.peak_rss / 2**30
         m["train/retries"] = float(retries)
+        self._account_perf(graph, out, m, env_steps, retries)
         return m
+
+    def _account_perf(self, graph, out: dict, m: dict, env_steps: int, attempt: int) -> None:
+        """The step's perf event (pipelines.runner.perf) and `system/rss_total_gb`: the largest resident memory
+        of the driver and every worker together at a step's end so far (GiB)."""
+        if getattr(self, "perf", None) is None:
+            return
+        if graph is not None:
+            self.perf.step(self.state.step, graph, out, m, env_steps=env_steps, attempt=attempt)
+        self.peak_rss = max(self.peak_rss, self.perf.sample_memory())
+        m["system/rss_total_gb"] = self.peak_rss / 2**30
 
     def sft_step(self) -> dict:
         """One behaviour-cloning step's graph (no env steps); lost workers are handled as for training steps."""
         st = self.state
         t0 = time.perf_counter()
 
+        built = {}
+
         def build(attempt: int):
             graph, upd, met = graphs.build_sft_step(self.cfg, run_id=st.run_id, step=st.step, weights=self.weights,
-                                                    placement=self.placement, attempt=attempt)
+                                                    placement=self.placement, attempt=attempt,
+                                                    profile_trace=self._update_trace(st.step + 1))
+            built.update(graph=graph, attempt=attempt)
             return graph, [upd, met]
 
         (upd_f,), (m,) = self._compute(build, "SFT step", keep=1)
         self.weights = upd_f
         st.step += 1
         m["time/step"] = time.perf_counter() - t0
-        self.peak_rss = max(self.peak_rss, cluster_rss_bytes())
-        m["system/rss_total_gb"] = self.peak_rss / 2**30
+        self._account_perf(built["graph"], {}, m, 0, built["attempt"])
         return m

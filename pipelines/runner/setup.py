@@ -264,8 +264,8 @@ class Setup:
         spent, the actor group generation), marks the store's steps >= the restored step incomplete
         (`TrajectoryStore.invalidate_from`) and continues MLflow in a new run holding the points with step <= the
         restored step (`Tracker.fork`; the old run is soft-deleted), and drops the eval records after it and a best
-        pointer beyond it (`_one_timeline_on_disk`), so every reader sees one timeline. The actor
-        itself is not touched: the caller re-runs the init graph from the same checkpoint (`_init_actor`).
+        pointer beyond it (`_one_timeline_on_disk`), so every reader sees one timeline; the progress bar is set back
+        to the restored step and the perf events record the rollback. The actor itself is not touched: the caller re-runs the init graph from the same checkpoint (`_init_actor`).
         """
         st = self.state
         if ckpt is not None:
@@ -279,5 +279,12 @@ class Setup:
             self.store.invalidate_from(st.step)
         self._one_timeline_on_disk()
         st.mlflow_run_id = self.tracker.fork(st.step, reason=f"rollback to {'step %d' % st.step if ckpt else 'start'}")
+        bar = getattr(self, "_bar", None)
+        if bar is not None:  # the progress bar follows the run back
+            bar.n = st.step
+            bar.refresh()
+        perf = getattr(self, "perf", None)
+        if perf is not None:
+            perf.rollback(st.step)
         self.echo(f"dagrl: rolled back to {ckpt or 'a fresh actor (no checkpoint yet)'} (step {st.step}); MLflow "
                   f"continues in run {st.mlflow_run_id}")
