@@ -39,15 +39,30 @@ def run_dir_of(run: str, run_root: str) -> Path:
     return find_run_dir(Path(run_root), run)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipelines.perf", description=__doc__.split("\n\n")[0],
-                                 epilog=__doc__[__doc__.index("Examples:"):],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser():
+    """The command's argparse parser (errors are one line: pipelines.cli.ArgumentParser)."""
+    from pipelines.cli import ArgumentParser
+    ap = ArgumentParser(prog="python -m pipelines.perf", description=__doc__.split("\n\n")[0],
+                        epilog=__doc__[__doc__.index("Examples:"):], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", metavar="RUN", help="a dagrl run id or a run directory")
     ap.add_argument("--run-root", default="runs", help="where run ids are looked up (default: runs)")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")
     ap.add_argument("--write", action="store_true", help="also write <run dir>/perf_summary.json")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m pipelines.perf RUN [--run-root DIR] [--json] [--write]`; returns the exit code (2: bad input,
+    one `error:` line)."""
+    from pipelines.cli import UsageError
+    ap = parser()
+    try:
+        args = ap.parse_args(argv)
+    except UsageError as exc:  # one line, exit 2, as every dagrl command
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # --help printed
+        return int(exc.code or 0)
     try:
         run_dir = run_dir_of(args.run, args.run_root)
     except (FileNotFoundError, ValueError) as exc:

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines import cli, compare, record, replay, run, validate
+from pipelines import cli, compare, perf, record, replay, run, validate
 
 REPO = Path(__file__).resolve().parents[2]
 MAINS = {"run": run.main, "validate": validate.main, "record": record.main, "replay": replay.main,
-         "compare": compare.main}
+         "compare": compare.main, "perf": perf.main}
 
 
 def _call(capsys, main, *argv) -> tuple[int, str, list[str]]:
@@ -55,6 +55,8 @@ def test_help_shows_examples_that_the_command_accepts(name, capsys):
             replay._parser().parse_args(words)
         elif name == "compare":
             compare.parse_args(words)
+        elif name == "perf":
+            perf.parser().parse_args(words)
         else:
             flags, overrides = cli.split_flags(words, {"--show": "", "--connect": ""} if name == "validate"
                                                else {"--show": ""} if name == "run" else {}, name)
@@ -75,6 +77,8 @@ BAD_WORDS = [
     ("replay", [], "required: RUN_OR_STORE"),
     ("compare", ["RUN", "--bogus"], "unrecognized arguments: --bogus"),
     ("compare", ["RUN", "--metric"], "expected one argument"),
+    ("perf", [], "required: RUN"),
+    ("perf", ["RUN", "--bogus"], "unrecognized arguments: --bogus"),
 ]
 
 
