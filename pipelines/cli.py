@@ -136,31 +136,40 @@ def preflight(cfg, *, tracking: bool = True, writes=None) -> bool:
     return True
 
 
-class held_signals:
-    """While active (a context manager, main thread only): SIGINT and SIGTERM do not interrupt; `name` is the first
-    one that came (None if none). The previous handlers are restored on exit. For what must not be cut in the
-    middle, the cluster's close (a KeyboardInterrupt there printed a traceback and left workers behind)."""
+class signal_handlers:
+    """A context manager (main thread only) that routes SIGINT and SIGTERM to `self.handler(signum, frame)` while
+    active and restores the previous handlers on exit; subclasses define `handler`."""
 
     SIGNALS = ("SIGINT", "SIGTERM")
 
-    def __init__(self):
-        self.name, self._old = None, {}
-
-    def _hold(self, signum, frame) -> None:
-        import signal
-        self.name = self.name or signal.Signals(signum).name
+    def handler(self, signum, frame) -> None:
+        raise NotImplementedError
 
     def __enter__(self):
         import signal
+        self._old = {}
         for name in self.SIGNALS:
             sig = getattr(signal, name)
-            self._old[sig] = signal.signal(sig, self._hold)
+            self._old[sig] = signal.signal(sig, self.handler)
         return self
 
     def __exit__(self, *exc) -> None:
         import signal
         for sig, old in self._old.items():
             signal.signal(sig, old)
+
+
+class held_signals(signal_handlers):
+    """While active: SIGINT and SIGTERM do not interrupt; `name` is the first one that came (None if none). For
+    what must not be cut in the middle, the cluster's close (a KeyboardInterrupt there printed a traceback and left
+    workers behind)."""
+
+    def __init__(self):
+        self.name = None
+
+    def handler(self, signum, frame) -> None:
+        import signal
+        self.name = self.name or signal.Signals(signum).name
 
 
 def with_cluster(cfg, body) -> int:

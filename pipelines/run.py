@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import sys
 
-from pipelines.cli import load, overrides_and_flags, preflight, with_cluster  # the entry points' shared plumbing
+from pipelines.cli import (load, overrides_and_flags, preflight, signal_handlers,  # the entry points' shared plumbing
+                           with_cluster)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,15 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     return with_cluster(cfg, lambda handle: _train(cfg, handle))
 
 
-class graceful_stop:
+class graceful_stop(signal_handlers):
     """While active (a context manager, main thread only): the first SIGINT/SIGTERM asks `runner` to stop after
     the step in flight and write a checkpoint (`Runner.request_stop`); a second one raises KeyboardInterrupt at
     once (no checkpoint). The previous handlers are restored on exit."""
 
-    SIGNALS = ("SIGINT", "SIGTERM")
-
     def __init__(self, runner, *, out=sys.stderr):
-        self.runner, self.out, self._old = runner, out, {}
+        self.runner, self.out = runner, out
 
     def handler(self, signum, frame) -> None:
         import signal
@@ -72,18 +71,6 @@ class graceful_stop:
         self.runner.request_stop(name)
         print(f"dagrl: {name}: stopping after the step in flight and writing a checkpoint (again to exit at once, "
               f"without one)", file=self.out, flush=True)
-
-    def __enter__(self):
-        import signal
-        for name in self.SIGNALS:
-            sig = getattr(signal, name)
-            self._old[sig] = signal.signal(sig, self.handler)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        import signal
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
 
 
 def _train(cfg, handle) -> int:
