@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from storage.checkpoints import best_checkpoint, latest_checkpoint  # noqa: E402
 from storage.tracking import default_tracking_uri  # noqa: E402
-from tasks.evalstats import compare_evals, fmt_gain, fmt_rate, read_evals, wilson_interval  # noqa: E402
+from tasks.evalstats import compare_evals, fmt_gain, fmt_rate, pick_baseline, read_evals, wilson_interval  # noqa: E402
 
 FAMILIES = {"flow": ("pushcube_flow_sft", "pushcube_flow_grpo"), "token": ("pushcube_token_sft", "pushcube_token_grpo")}
 RECORD_CONF = "pushcube_record"
@@ -82,19 +82,14 @@ def _rate(rec: dict, key: str = "success_once") -> tuple[float, float, float, in
 
 
 def _baseline(sft_evals: dict[int, dict], rl_evals: dict[int, dict], sft_step: int | None) -> tuple[str, int] | None:
-    """The eval the RL gains pair against: the RL run's step-0 eval (runner.val_at_start), else the SFT run's eval
-    of the checkpoint RL started from (`sft_step`) when it was run on the same fixed episodes (same eval seed, same
-    episode seeds; the ODE eval of the same weights on the same episodes is the same eval: measured, 200 of 200
-    episodes identical), else the RL run's first eval. None when there is nothing to pair against."""
-    if 0 in rl_evals:
-        return "rl", 0
-    if sft_step is not None and sft_step in sft_evals and rl_evals:
-        s, r = sft_evals[sft_step], rl_evals[min(rl_evals)]
-        if s.get("eval_seed") == r.get("eval_seed") and set(map(str, s["episodes"])) == set(map(str, r["episodes"])):
-            return "sft", sft_step
-    if len(rl_evals) > 1:
-        return "rl", min(rl_evals)
-    return None
+    """The eval the RL gains pair against, by the runner's rule (tasks.evalstats.pick_baseline, the same as the
+    RL run's own `eval/gain_*`): the RL run's step-0 eval (runner.val_at_start), else the SFT run's eval of the
+    checkpoint RL started from (`sft_step`) when it was run on the same fixed episodes, else the RL run's first
+    eval. ("rl" | "sft", step), or None when there is nothing to pair against."""
+    base = pick_baseline(rl_evals, sft_evals.get(sft_step) if sft_step is not None else None)
+    if base is None:
+        return None
+    return ("sft", sft_step) if base[0] == "start" else ("rl", base[1])
 
 
 def summarize(teacher: str, seed, sft_evals: dict[int, dict], rl_evals: dict[int, dict],

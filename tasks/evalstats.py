@@ -274,6 +274,53 @@ def discard_evals_after(run_dir, step: int) -> list[int]:
     return gone
 
 
+def start_checkpoint_eval(model_path) -> tuple[str, dict] | None:
+    """The eval record of the checkpoint a run starts from, when its run evaluated it: for `policy.model_path` =
+    `<run_dir>/checkpoints/global_step_<N>/hf` (or `<run_dir>/checkpoints/best/hf`, the link resolved to its
+    global_step_<N>), the record `<run_dir>/evals/step_<N>.json` (`write_eval`).
+
+    Returns (label, record) with label `run <run dir name> step <N>`, or None: no model_path, not a run's
+    checkpoint (e.g. an exported hf dir elsewhere), or that step has no readable eval record."""
+    if not model_path:
+        return None
+    try:
+        hf = Path(model_path).resolve()
+    except OSError:
+        return None
+    ckpt = hf.parent if hf.name == "hf" else hf
+    m = re.match(r"^global_step_(\d+)$", ckpt.name)
+    if m is None or ckpt.parent.name != "checkpoints":
+        return None
+    run_dir, step = ckpt.parent.parent, int(m.group(1))
+    rec = read_evals(run_dir).get(step)
+    return None if rec is None else (f"run {run_dir.name} step {step}", rec)
+
+
+def pick_baseline(run_evals: Mapping[int, Mapping], start: Mapping | None) -> tuple[str, int | None] | None:
+    """Which eval a run's eval gains pair against (the same rule for the runner's `eval/gain_*` and
+    benchmarks/recipe.py's table).
+
+    Args:
+        run_evals: the run's eval records so far, {step: record} (`read_evals`, the current eval included).
+        start: the eval record of the checkpoint the run started from (`start_checkpoint_eval`), or None.
+
+    Returns:
+        ("run", 0) when the run evaluated its start (step 0: runner.val_at_start); else ("start", None) when
+        `start` played exactly the run's episodes with the same `eval_seed` (the deterministic eval of the same
+        weights on the same episodes is the same eval: measured, 200 of 200 episodes identical, issue 11); else
+        ("run", first step) once the run has two evals; else None (nothing to pair with yet)."""
+    if 0 in run_evals:
+        return "run", 0
+    if start is not None and run_evals:
+        first = run_evals[min(run_evals)]
+        if (start.get("eval_seed") == first.get("eval_seed")
+                and set(map(str, start.get("episodes", {}))) == set(map(str, first.get("episodes", {})))):
+            return "start", None
+    if len(run_evals) > 1:
+        return "run", min(run_evals)
+    return None
+
+
 def regression(now: Mapping[str, Mapping], first: Mapping[str, Mapping], key: str = "success_once",
                z: float = Z95) -> Comparison | None:
     """The paired comparison of eval `now` against the run's first eval when it is a significant drop (the whole
@@ -282,10 +329,16 @@ def regression(now: Mapping[str, Mapping], first: Mapping[str, Mapping], key: st
     return c if c.significant_drop else None
 
 
-def regression_line(step_now: int, step_first: int, c: Comparison) -> str:
-    """One warning line naming both evals with their Wilson intervals and the paired interval of the change."""
+def regression_line(step_now: int, step_first: int | str, c: Comparison) -> str:
+    """One warning line naming both evals with their Wilson intervals and the paired interval of the change.
+    `step_first`: the baseline's step in this run, or a label (`start_checkpoint_eval`'s, e.g. "run X step 30")."""
     lo_n, hi_n = wilson_interval(round(c.now * c.n), c.n)
     lo_f, hi_f = wilson_interval(round(c.before * c.n), c.n)
     return (f"dagrl: warning: eval regressed significantly: {c.key} at step {step_now} "
-            f"{fmt_rate(c.now, lo_n, hi_n)} vs step {step_first} {fmt_rate(c.before, lo_f, hi_f)} over {c.n} "
+            f"{fmt_rate(c.now, lo_n, hi_n)} vs {eval_label(step_first)} {fmt_rate(c.before, lo_f, hi_f)} over {c.n} "
             f"paired episodes: change {fmt_gain(c.diff, c.low, c.high)} (Newcombe 95 % interval entirely below 0)")
+
+
+def eval_label(step_or_label: int | str) -> str:
+    """`step N` for a step of this run, else `the start checkpoint's eval (<label>)`."""
+    return f"step {step_or_label}" if isinstance(step_or_label, int) else f"the start checkpoint's eval ({step_or_label})"

@@ -263,11 +263,14 @@ class Runner(Scheduler, Setup, Recovery):
 
         Every eval plays the same fixed episodes (episode i: reset seed `env.eval.seed + i`); the metrics hold the
         means, the Wilson 95 % interval of each success rate (`eval/success_once_ci_low` / `_ci_high`, the same for
-        success_at_end; tasks.evalstats) and, from the run's second eval on, the paired gain over the run's first
-        eval with Newcombe's interval (`eval/gain_success_once`, `_ci_low`, `_ci_high`). The per-episode outcomes
-        go to `<run_dir>/evals/step_<N>.json` (seed -> success_once, success_at_end, return, episode_len). An eval
-        significantly below the first one (the paired interval entirely below 0) prints one warning line and sets
-        the MLflow tag `dagrl.regression=step N`. `echo`: print the eval's one line.
+        success_at_end; tasks.evalstats) and the paired gain with Newcombe's interval (`eval/gain_success_once`,
+        `_ci_low`, `_ci_high`) over the run's baseline eval (tasks.evalstats.pick_baseline): its step-0 eval; else,
+        when `policy.model_path` is a checkpoint whose run evaluated it on the same episodes (an SFT run's
+        `checkpoints/global_step_N/hf`), that eval - so a run with `runner.val_at_start=false` has a gain from its
+        first eval on; else its first eval. The per-episode outcomes go to `<run_dir>/evals/step_<N>.json` (seed ->
+        success_once, success_at_end, return, episode_len). An eval significantly below the baseline (the paired
+        interval entirely below 0) prints one warning line and sets the MLflow tag `dagrl.regression=step N`.
+        `echo`: print the eval's one line (with the gain and what it is against).
 
         Raises:
             RuntimeError: the eval's episodes are not exactly the fixed ones (a bug: evals would not be paired).
@@ -299,14 +302,31 @@ class Runner(Scheduler, Setup, Recovery):
         if m["eval/success_once"] > st.best_eval_success_once:
             st.best_eval_success_once, st.best_eval_step = m["eval/success_once"], st.step
         m["eval/best_success_once"] = st.best_eval_success_once
-        earlier = [s for s in evalstats.read_evals(self.run_dir) if s < st.step]  # this timeline's (rollback)
-        evalstats.write_eval(self.run_dir, st.step, outcomes, {"run_id": st.run_id, "eval_seed": ev.seed})
+        earlier = {s: r for s, r in evalstats.read_evals(self.run_dir).items() if s < st.step}  # this timeline's
+        extra = {"run_id": st.run_id, "eval_seed": ev.seed}
+        evalstats.write_eval(self.run_dir, st.step, outcomes, extra)
         self.last_eval = m
+        base = self._baseline({**earlier, st.step: {**extra, "episodes": outcomes}})
+        c = None if base is None else self._gain(m, outcomes, *base)
         if echo:
             self.echo(f"dagrl: eval at step {st.step}: {self._eval_text()}")
-        if earlier:
-            self._compare_with_first(m, outcomes, earlier[0])
+        if c is not None and c.significant_drop:
+            self._warn_regression(c, base[1])
         return m
+
+    def _baseline(self, run_evals: dict[int, dict]) -> tuple[dict, int | str] | None:
+        """(outcomes, label) of the eval this run's eval gains pair with (tasks.evalstats.pick_baseline: the run's
+        step-0 eval, else the SFT/start checkpoint's eval from its own run when it played the same episodes,
+        else the run's first eval), or None (nothing to pair with; the current eval is the baseline itself)."""
+        if not hasattr(self, "_start_eval"):
+            self._start_eval = evalstats.start_checkpoint_eval(self.cfg.policy.model_path)
+        start = self._start_eval
+        base = evalstats.pick_baseline(run_evals, None if start is None else start[1])
+        if base is None or base == ("run", self.state.step):
+            return None
+        if base[0] == "start":
+            return start[1]["episodes"], start[0]
+        return run_evals[base[1]]["episodes"], base[1]
 
     def _log_videos(self, videos: dict, video_dir: Path, m: dict) -> None:
         """The eval videos (tasks.video.eval_videos' result, also written as `videos.json` beside them) to MLflow
@@ -338,21 +358,29 @@ class Runner(Scheduler, Setup, Recovery):
                                   m["eval/success_once_ci_high"], int(m["eval/num_episodes"]))
         end = evalstats.fmt_rate(m["eval/success_at_end"], m["eval/success_at_end_ci_low"],
                                  m["eval/success_at_end_ci_high"])
-        return f"success_once {once} (success_at_end {end})"
+        text = f"success_once {once} (success_at_end {end})"
+        if "eval/gain_success_once" in m:
+            gain = evalstats.fmt_gain(m["eval/gain_success_once"], m["eval/gain_success_once_ci_low"],
+                                      m["eval/gain_success_once_ci_high"])
+            text += f", gain {gain} vs {evalstats.eval_label(self._gain_label)}"
+        return text
 
-    def _compare_with_first(self, m: dict, outcomes: dict, first_step: int) -> None:
-        """The paired gain of this eval over the run's first one (`m` gets `eval/gain_*`); a significant drop: one
-        warning line and the MLflow tag `dagrl.regression`."""
-        first = evalstats.read_evals(self.run_dir)[first_step]["episodes"]
-        c = evalstats.compare_evals(outcomes, first, "success_once")
+    def _gain(self, m: dict, outcomes: dict, before: dict, label: int | str) -> evalstats.Comparison:
+        """The paired gain of this eval (`outcomes`) over the baseline eval `before` (`label`: its step in this
+        run, or the start checkpoint's label); `m` gets `eval/gain_success_once` and its interval."""
+        c = evalstats.compare_evals(outcomes, before, "success_once")
         m["eval/gain_success_once"], m["eval/gain_success_once_ci_low"], m["eval/gain_success_once_ci_high"] = \
             c.diff, c.low, c.high
-        if c.significant_drop:
-            self.echo(evalstats.regression_line(self.state.step, first_step, c))
-            try:
-                self.tracker.client.set_tag(self.tracker.run_id, "dagrl.regression", f"step {self.state.step}")
-            except Exception as exc:  # noqa: BLE001 - the warning line is printed; never fail a run for the tag
-                self.echo(f"dagrl: could not set the MLflow tag dagrl.regression: {exc}")
+        self._gain_label = label
+        return c
+
+    def _warn_regression(self, c: evalstats.Comparison, label: int | str) -> None:
+        """A significant drop below the baseline eval: one warning line and the MLflow tag `dagrl.regression`."""
+        self.echo(evalstats.regression_line(self.state.step, label, c))
+        try:
+            self.tracker.client.set_tag(self.tracker.run_id, "dagrl.regression", f"step {self.state.step}")
+        except Exception as exc:  # noqa: BLE001 - the warning line is printed; never fail a run for the tag
+            self.echo(f"dagrl: could not set the MLflow tag dagrl.regression: {exc}")
 
     def _best_unmarked(self) -> bool:
         """The best eval is at the current step and no checkpoint of this step is marked best yet."""

@@ -137,19 +137,66 @@ def _outcomes(successes, base=1_000_000):
 
 def test_runner_regression_warning_and_tag(tmp_path):
     from pipelines.runner import Runner
-    from tasks.evalstats import write_eval
-    write_eval(tmp_path, 0, _outcomes([1] * 30 + [0] * 18))
+    first = _outcomes([1] * 30 + [0] * 18)
     fake, said = _stand_in(tmp_path, 8)
     m = {}
-    Runner._compare_with_first(fake, m, _outcomes([1] * 27 + [0] * 21), 0)  # -3 of 48: noise
-    assert said == [] and fake.tracker.client.tags == {}
+    c = Runner._gain(fake, m, _outcomes([1] * 27 + [0] * 21), first, 0)  # -3 of 48: noise
+    assert not c.significant_drop and fake.tracker.client.tags == {}
     assert m["eval/gain_success_once"] == pytest.approx(-3 / 48)
     assert m["eval/gain_success_once_ci_low"] < m["eval/gain_success_once"] < 0 < m["eval/gain_success_once_ci_high"]
     fake.state.step = 12
-    Runner._compare_with_first(fake, m, _outcomes([1] * 12 + [0] * 36), 0)
-    assert len(said) == 1 and "step 12" in said[0] and "step 0" in said[0]
+    c = Runner._gain(fake, m, _outcomes([1] * 12 + [0] * 36), first, 0)
+    assert c.significant_drop and m["eval/gain_success_once_ci_high"] < 0
+    Runner._warn_regression(fake, c, 0)
+    assert len(said) == 1 and "step 12" in said[0] and "vs step 0" in said[0]
     assert fake.tracker.client.tags == {("mlf1", "dagrl.regression"): "step 12"}
-    assert m["eval/gain_success_once_ci_high"] < 0
+    Runner._warn_regression(fake, c, "run 20261201-1 step 30")  # against the start checkpoint's eval
+    assert "vs the start checkpoint's eval (run 20261201-1 step 30)" in said[1]
+
+
+def _sft_run(root, step, outcomes, eval_seed=1_000_000):
+    """A finished SFT run dir with an hf export at `step` and its eval record; returns the hf path."""
+    from tasks.evalstats import write_eval
+    run = root / "sft" / "20261201-0000-sft1"
+    hf = run / "checkpoints" / f"global_step_{step}" / "hf"
+    hf.mkdir(parents=True)
+    write_eval(run, step, outcomes, {"run_id": run.name, "eval_seed": eval_seed})
+    return hf
+
+
+def test_runner_baseline_is_step0_else_the_start_checkpoints_eval_else_the_first(tmp_path):
+    """pick_baseline via Runner._baseline: the rule of the eval gains (and of benchmarks/recipe.py's table)."""
+    from types import SimpleNamespace
+
+    from pipelines.runner import Runner
+    sft = _outcomes([1] * 20 + [0] * 28)
+    hf = _sft_run(tmp_path, 30, sft)
+    now = _outcomes([1] * 30 + [0] * 18)
+
+    def fake(model_path, step):
+        f, _ = _stand_in(tmp_path / "rl", step)
+        f.cfg = SimpleNamespace(policy=SimpleNamespace(model_path=str(model_path)))
+        return f
+
+    rec = lambda o, seed=1_000_000: {"eval_seed": seed, "episodes": o}  # noqa: E731
+    # val_at_start=false: the first eval (step 6) pairs with the SFT run's eval of the checkpoint it started from
+    before, label = Runner._baseline(fake(hf, 6), {6: rec(now)})
+    assert before == sft and label == "run 20261201-0000-sft1 step 30"
+    # the best link resolves to the same checkpoint
+    (hf.parent.parent / "best").symlink_to("global_step_30")
+    assert Runner._baseline(fake(hf.parent.parent / "best" / "hf", 6), {6: rec(now)})[1] == label
+    # a step-0 eval of the run itself comes first; the step-0 eval is nobody's gain
+    zero = _outcomes([1] * 25 + [0] * 23)
+    assert Runner._baseline(fake(hf, 6), {0: rec(zero), 6: rec(now)}) == (zero, 0)
+    assert Runner._baseline(fake(hf, 0), {0: rec(zero)}) is None
+    # other episodes (or another eval seed) than the SFT eval's: not paired; the run's first eval from its second on
+    other = _outcomes([1] * 30 + [0] * 18, base=2_000_000)
+    assert Runner._baseline(fake(hf, 6), {6: rec(other, 2_000_000)}) is None
+    assert Runner._baseline(fake(hf, 12), {6: rec(other, 2_000_000), 12: rec(other, 2_000_000)}) == (other, 6)
+    assert Runner._baseline(fake(hf, 6), {6: rec(now, 7)}) is None  # same seeds, another eval_seed: refused
+    # no model_path, or one that is not a run's checkpoint
+    assert Runner._baseline(fake(None, 6), {6: rec(now)}) is None
+    assert Runner._baseline(fake(tmp_path / "exported_hf", 6), {6: rec(now)}) is None
 
 
 def test_runner_best_unmarked_and_one_timeline(tmp_path):
