@@ -21,7 +21,8 @@ What is mapped, and nothing else (`Compose.localize`):
 The server's `--allowed-hosts` is checked as the driver's container would meet it: a request with the Host header
 `mlflow:5000` is answered, one with another host is refused (403).
 
-Measured (2026-12-01, the loaded 2-core machine): see README "Tests" / the test's own timing print.
+Marked slow: 217 s on the loaded 2-core machine (2026-12-01; README "Running on an existing cluster"). The offline
+checks (test_compose_file_is_consistent, test_what_the_test_cannot_map_fails_it) are in the default suite.
 """
 from __future__ import annotations
 
@@ -110,8 +111,8 @@ class Compose:
         if pg is None or host != SUBSTITUTED:
             pytest.fail(f"the backend store's host {host!r} is not the {SUBSTITUTED!r} service")
         env = pg.get("environment", {})
-        assert (env.get("POSTGRES_USER"), env.get("POSTGRES_PASSWORD"), env.get("POSTGRES_DB")) == (user, password, db), \
-            f"the backend store {uri} does not match the postgres service's environment {env}"
+        have = (env.get("POSTGRES_USER"), env.get("POSTGRES_PASSWORD"), env.get("POSTGRES_DB"))
+        assert have == (user, password, db), f"the backend store {uri} does not match the postgres service: {env}"
         return f"sqlite:///{self.sqlite}"
 
     def localize(self, name: str, words: list[str]) -> list[str]:
@@ -147,10 +148,13 @@ class Compose:
         w = re.sub(r"\b(?:127\.0\.0\.1|localhost):(\d+)", lambda m: f"127.0.0.1:{self.port(name, int(m.group(1)))}", w)
         # another service by its compose name
         names = "|".join(re.escape(s) for s in sorted(self.services, key=len, reverse=True))
-        w = re.sub(rf"(?<=//)({names}):(\d+)", lambda m: f"127.0.0.1:{self.port(m.group(1), int(m.group(2)))}", w)
+        def service(m):  # scheme://HOST:PORT: HOST must be a service (or the container itself, mapped above)
+            host, port = m.group(1), int(m.group(2))
+            return m.group(0) if host == "127.0.0.1" else f"127.0.0.1:{self.port(host, port)}"
+        w = re.sub(r"(?<=//)([\w.-]+):(\d+)", service, w)
         for _, dst in self.mounts(name):  # a path on a mount (bare, or the value of key=PATH / --opt=PATH)
             w = re.sub(rf"(^|=){re.escape(dst)}(?=/|$)", lambda m: m.group(1) + self.container_path(dst), w)
-        left = re.search(rf"(?:^|//|@)({names}):\d", w)
+        left = re.search(rf"(?:^|[/@=,\s])({names}):\d", w)  # a service host left over
         if left:
             pytest.fail(f"service {name}: cannot map {left.group(0)!r} in {w!r} to a local process")
         return w
@@ -274,6 +278,30 @@ def test_compose_file_is_consistent():
                        for n, s in c.services.items() if roles[n] == "worker")
     assert "CPU=1" in resources and "GPU=1" in resources, resources  # pipelines.cluster.RESOURCES
     assert "mlflow" in c.services and "tracking.uri=http://mlflow:5000" in _argv(c.services[driver]["command"])
+
+
+def test_what_the_test_cannot_map_fails_it(tmp_path):
+    """The mapping refuses instead of skipping: an unknown kind of service, a service without a command (other
+    than the substituted database), an address naming no service, a backend store that does not match the
+    postgres service."""
+    c = Compose(tmp_path)
+    failed = pytest.fail.Exception
+    with pytest.raises(failed, match="none the test knows"):
+        _role("cache", {"image": "redis:7", "command": "redis-server"})
+    with pytest.raises(failed, match="no command"):
+        _role("cache", {"image": "redis:7"})
+    with pytest.raises(failed, match="no service 'sched'"):
+        c.localize("env-worker", ["dask", "worker", "tcp://sched:8786"])
+    assert c.localize("env-worker", ["dask", "worker", "tcp://scheduler:8786"])[2] == \
+        f"tcp://127.0.0.1:{c.port('scheduler', 8786)}"
+    pg = c.services[SUBSTITUTED]["environment"]
+    with pytest.raises(AssertionError, match="does not match"):
+        c.localize("mlflow", ["--backend-store-uri",
+                              f"postgresql://{pg['POSTGRES_USER']}:wrong@postgres:5432/{pg['POSTGRES_DB']}"])
+    ok = f"postgresql://{pg['POSTGRES_USER']}:{pg['POSTGRES_PASSWORD']}@postgres:5432/{pg['POSTGRES_DB']}"
+    assert c.localize("mlflow", ["--backend-store-uri", ok]) == ["--backend-store-uri", f"sqlite:///{c.sqlite}"]
+    with pytest.raises(failed, match="cannot map"):
+        c._map_word("driver", "tracking.uri=mlflow:5000")  # no scheme: not an address the test can rewrite
 
 
 @pytest.mark.slow
