@@ -21,7 +21,7 @@ What is mapped, and nothing else (`Compose.localize`):
 The server's `--allowed-hosts` is checked as the driver's container would meet it: a request with the Host header
 `mlflow:5000` is answered, one with another host is refused (403).
 
-Marked slow: 217 s on the loaded 2-core machine (2026-12-01; README "Running on an existing cluster"). The offline
+Marked slow: 217 s and 199 s on the loaded 2-core machine (2026-12-01; README "Running on an existing cluster"). The offline
 checks (test_compose_file_is_consistent, test_what_the_test_cannot_map_fails_it) are in the default suite.
 """
 from __future__ import annotations
