@@ -101,12 +101,15 @@ def test_bad_security_file_is_one_line_exit_2(pem, capsys):
     assert main(["conf=smoke", "cluster.address=tls://127.0.0.1:8786", f"cluster.security.tls_ca_file={pem['cert']}",
                  f"cluster.security.tls_worker_cert={pem['cert']}"]) == 2
     assert "cluster.security.tls_worker_cert" in capsys.readouterr().err
+    assert main(["conf=smoke", "cluster.address=tcp://127.0.0.1:8786", "cluster.host=0.0.0.0"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the notes on smoke's own local-cluster keys
+    assert last.startswith("error: cluster.host='0.0.0.0': configures the embedded local cluster"), last
 
 
-def test_tls_embedded_cluster_and_a_tls_client(pem):
+def test_tls_embedded_cluster_and_a_tls_client(pem, capsys):
     """The embedded cluster on TLS from files (on 127.0.0.1, dashboard too), a task through it; a second client
     through `connect` with the CA and client cert (what `cluster.address=tls://...` does) runs one too; a client
-    without security cannot connect."""
+    without security cannot connect; `pipelines.validate --connect` with the client's files lists the workers."""
     from pipelines.cluster import ClusterHandle, connect, security, start_cluster
     from pipelines.config import load_config
     cfg, _ = load_config(["conf=smoke", "cluster.num_env_workers=1",
@@ -127,5 +130,12 @@ def test_tls_embedded_cluster_and_a_tls_client(pem):
             assert c2.submit(pow, 2, 5).result(timeout=60) == 32
         with pytest.raises(ConnectionError):
             connect(addr, 5)  # no certificate: refused
+        # pipelines.validate --connect goes through the same security
+        from pipelines.validate import main
+        client_tls = [f"cluster.security.tls_ca_file={pem['cert']}", f"cluster.security.tls_client_cert={pem['cert']}",
+                      f"cluster.security.tls_client_key={pem['key']}"]
+        assert main(["conf=smoke", f"cluster.address={addr}", *client_tls, "--connect"]) == 0
+        out = capsys.readouterr().out
+        assert "env-0" in out and "gpu-0" in out, out
     finally:
         handle.close()
