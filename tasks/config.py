@@ -461,9 +461,9 @@ class SecurityConfig:
     (`cluster.address=tls://HOST:PORT`) and for the embedded cluster. Files are PEM paths; a key may sit in its
     cert's file (then give the cert only). Empty (the default): no TLS, as distributed's own default.
 
-    * an existing cluster: `tls_ca_file` (the CA that signed the scheduler's certificate), and the client's own
-      `tls_client_cert` (+ `tls_client_key`) when the scheduler asks for one; the scheduler's and workers' keys are
-      the existing processes' own business;
+    * an existing cluster: `tls_ca_file` (the CA that signed the scheduler's certificate) and the client's own
+      `tls_client_cert` (+ `tls_client_key`): Dask's TLS is mutual, distributed builds no TLS context without a
+      client certificate; the scheduler's and workers' keys are the existing processes' own business;
     * the embedded cluster: `temporary: true` (a self-signed certificate made in memory for this run,
       `distributed.Security.temporary()`, for every role), or the CA plus certificates for client, scheduler and
       workers (`tls_scheduler_cert`, `tls_worker_cert`, their keys).
@@ -512,10 +512,13 @@ class SecurityConfig:
             if self.temporary:
                 raise ConfigError(f"{k}.temporary", True, "a per-run certificate is for the embedded cluster only "
                                                           "(an existing scheduler cannot know it); give "
-                                                          f"{k}.tls_ca_file (and tls_client_cert) instead")
+                                                          f"{k}.tls_ca_file and tls_client_cert instead")
             if not self.tls_ca_file:
                 raise ConfigError(f"{k}.tls_ca_file", None, "TLS to an existing scheduler needs the CA that signed "
                                                             "its certificate: give the CA's PEM file")
+            if not self.tls_client_cert:
+                raise ConfigError(f"{k}.tls_client_cert", None, "Dask's TLS is mutual: the client needs its own "
+                                                                "certificate (signed by a CA the scheduler trusts)")
             return
         if self.temporary:
             return
