@@ -77,7 +77,8 @@ def test_security_maps_onto_distributed_security(pem):
     ("tls://h:8786", {"temporary": True}, "cluster.security.temporary"),  # per-run certs: embedded only
     ("tls://h:8786", {"tls_client_cert": "CERT"}, "cluster.security.tls_ca_file"),  # TLS to a scheduler: its CA
     ("tls://h:8786", {"tls_ca_file": "CERT"}, "cluster.security.tls_client_cert"),  # mutual TLS: a client cert
-    ("tcp://h:8786", {"tls_ca_file": "CERT", "tls_client_cert": "CERT"}, "cluster.address"),  # TLS set up, the address is not tls://
+    # TLS set up, the address is not tls://
+    ("tcp://h:8786", {"tls_ca_file": "CERT", "tls_client_cert": "CERT"}, "cluster.address"),
     ("tls://h:8786", {}, "cluster.address"),  # tls:// without any security
     (None, {"tls_ca_file": "CERT", "tls_client_cert": "CERT"}, "cluster.security.tls_scheduler_cert"),
     (None, {"require_encryption": True}, "cluster.security.tls_ca_file"),
@@ -100,7 +101,8 @@ def test_bad_security_file_is_one_line_exit_2(pem, capsys):
                    f"(README \"Running on an existing cluster\", cluster.security)"]
     # the embedded cluster's keys are inert with cluster.address: refused like the other local-cluster keys
     assert main(["conf=smoke", "cluster.address=tls://127.0.0.1:8786", f"cluster.security.tls_ca_file={pem['cert']}",
-                 f"cluster.security.tls_client_cert={pem['cert']}", f"cluster.security.tls_worker_cert={pem['cert']}"]) == 2
+                 f"cluster.security.tls_client_cert={pem['cert']}",
+                 f"cluster.security.tls_worker_cert={pem['cert']}"]) == 2
     assert "cluster.security.tls_worker_cert" in capsys.readouterr().err
     assert main(["conf=smoke", "cluster.address=tcp://127.0.0.1:8786", "cluster.host=0.0.0.0"]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after the notes on smoke's own local-cluster keys
