@@ -1,11 +1,13 @@
 """The Dask cluster: an embedded local cluster of worker processes, or an existing scheduler; and placement.
 
-Local cluster (default): a scheduler and dashboard bound to 127.0.0.1, `num_env_workers` processes named `env-i`
+Local cluster (default): a scheduler and workers bound to `cluster.host` and a dashboard on
+`cluster.dashboard_address` (both 127.0.0.1 unless configured), `num_env_workers` processes named `env-i`
 with resource `CPU=1` that host env shards, and one process `gpu-i` with resource `GPU=1` per device for the actor
 and inference: on a machine with N CUDA devices one per device (`cluster.num_gpus` of them, all N when null) with
 `CUDA_VISIBLE_DEVICES=i`; on CPU-only machines `cluster.num_gpus` (when set) or `num_gpu_workers` logical ones.
 Remote (`cluster.address=tcp://host:8786`): workers must have been started with `--resources CPU=1` or
 `--resources GPU=1` (docker-compose.yml shows how); resources are checked before anything is submitted.
+TLS: `cluster.security` -> `distributed.Security` for the client and the embedded cluster (`security`).
 
 Placement (RLinf's `cluster.component_placement`): the components `actor`, `env`, `rollout` map to device indices,
 device i being the i-th GPU worker (natural order of worker names: gpu-2 before gpu-10). Each env worker serves
@@ -392,6 +394,64 @@ def gpu_worker_specs(cfg: Config, cuda_count: int) -> list[tuple[str, int | None
     return [(f"gpu-{i}", i if cuda_count else None) for i in range(n)]
 
 
+def security(cfg: Config):
+    """`cluster.security` -> a `distributed.Security`, or None when it sets nothing up (plain tcp://).
+
+    An existing cluster (`cluster.address`): the CA and the client's cert/key. The embedded cluster:
+    `Security.temporary()` (one in-memory self-signed certificate for every role; needs `cryptography`) or the
+    CA with the client's, scheduler's and workers' certs/keys. `require_encryption` is true whenever TLS is set up
+    (distributed then refuses plain connections). The values were checked by `SecurityConfig.check`.
+
+    Raises:
+        ConfigError: `cluster.security.temporary` without the `cryptography` package.
+    """
+    sec = cfg.cluster.security
+    if not sec.enabled():
+        return None
+    from distributed import Security
+    if sec.temporary:
+        try:
+            return Security.temporary()
+        except ImportError:
+            raise ConfigError("cluster.security.temporary", True, "needs the `cryptography` package (pip install "
+                                                                  "cryptography), or give certificate files") from None
+    roles = ("tls_ca_file", "tls_client_cert", "tls_client_key")
+    if not cfg.cluster.address:
+        roles += ("tls_scheduler_cert", "tls_scheduler_key", "tls_worker_cert", "tls_worker_key")
+    files = {f: os.path.expanduser(getattr(sec, f)) for f in roles if getattr(sec, f)}
+    return Security(require_encryption=True, **files)
+
+
+def cluster_specs(cfg: Config, gpus: list[tuple[str, int | None]], sec=None) -> tuple[dict, dict]:
+    """(scheduler spec, worker specs by name) of the embedded cluster for `SpecCluster`: the scheduler on
+    `cluster.host` (127.0.0.1 unless configured) with its dashboard on `cluster.dashboard_address`
+    (127.0.0.1:8787 unless configured), `num_env_workers` Nannies `env-i` (resource CPU=1) and one per `gpus`
+    entry (name, CUDA device or None; resource GPU=1), all on `cluster.host`; with `sec` (a distributed.Security)
+    every one speaks tls://."""
+    from distributed import Nanny, Scheduler
+    c = cfg.cluster
+    proto = {"protocol": "tls", "security": sec} if sec is not None else {}
+    common = {"nthreads": c.threads_per_worker, "host": c.host, "memory_limit": c.memory_limit,
+              "silence_logs": logging.ERROR, "dashboard": False,
+              "preload": ["pipelines.worker_preload"],  # the workers ignore a terminal's Ctrl-C (the driver decides)
+              "death_timeout": c.start_timeout_s, **proto}
+    # death_timeout bounds each Nanny's wait for its worker process (None: a worker hanging at start-up, e.g. in a
+    # driver's initialisation, would block SpecCluster forever; also bounds a restart during recovery)
+    # torch threads of the actor: the cores the env workers leave (1 on a 2-core machine, where 2 threads were
+    # measured no faster idle and up to 18x slower under load)
+    actor_threads = max(1, (os.cpu_count() or 1) - c.num_env_workers)
+    workers = {}
+    for i in range(c.num_env_workers):
+        workers[f"env-{i}"] = {"cls": Nanny, "options": {**common, "name": f"env-{i}", "resources": {"CPU": 1},
+                                                         "env": _worker_env(None, cfg.env.simulator)}}
+    for name, device in gpus:
+        workers[name] = {"cls": Nanny, "options": {
+            **common, "name": name, "resources": {"GPU": 1},
+            "env": {**_worker_env(device, "none"), "OMP_NUM_THREADS": str(actor_threads)}}}
+    scheduler = {"cls": Scheduler, "options": {"host": c.host, "dashboard_address": c.dashboard_address, **proto}}
+    return scheduler, workers
+
+
 def start_cluster(cfg: Config) -> ClusterHandle:
     """Start the embedded local cluster or connect to `cluster.address`.
 
@@ -405,35 +465,18 @@ def start_cluster(cfg: Config) -> ClusterHandle:
     for name in ("distributed", "distributed.nanny", "distributed.scheduler", "distributed.worker",
                  "distributed.core", "distributed.http.proxy"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    sec = security(cfg)
     if c.address:
-        client = connect(c.address, c.connect_timeout_s)
+        client = connect(c.address, c.connect_timeout_s, sec)
         resident.install(client)  # worker-resident objects live in a worker plugin (tasks.resident)
         return ClusterHandle(client, None, client.dashboard_link)
     gpus = gpu_worker_specs(cfg, _cuda_device_count())
-    from distributed import Nanny, Scheduler, SpecCluster
-    common = {"nthreads": c.threads_per_worker, "host": "127.0.0.1", "memory_limit": c.memory_limit,
-              "silence_logs": logging.ERROR, "dashboard": False,
-              "preload": ["pipelines.worker_preload"]}  # the workers ignore a terminal's Ctrl-C (the driver decides)
-    # torch threads of the actor: the cores the env workers leave (1 on a 2-core machine, where 2 threads were
-    # measured no faster idle and up to 18x slower under load)
-    actor_threads = max(1, (os.cpu_count() or 1) - c.num_env_workers)
-    workers = {}
-    for i in range(c.num_env_workers):
-        workers[f"env-{i}"] = {"cls": Nanny, "options": {**common, "name": f"env-{i}", "resources": {"CPU": 1},
-                                                         "env": _worker_env(None, cfg.env.simulator)}}
-    for name, device in gpus:
-        workers[name] = {"cls": Nanny, "options": {
-            **common, "name": name, "resources": {"GPU": 1},
-            "env": {**_worker_env(device, "none"), "OMP_NUM_THREADS": str(actor_threads)}}}
-    scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": c.dashboard_address}}
+    from distributed import SpecCluster
+    scheduler, workers = cluster_specs(cfg, gpus, sec)
     fix = (f"raise cluster.start_timeout_s (now {c.start_timeout_s:g}) on a loaded machine, or start fewer workers "
            f"(cluster.num_env_workers)")
-    # death_timeout bounds each Nanny's wait for its worker process (None: a worker hanging at start-up, e.g. in a
-    # driver's initialisation, would block SpecCluster forever; also bounds a restart during recovery)
-    for spec in workers.values():
-        spec["options"]["death_timeout"] = c.start_timeout_s
     try:
-        cluster = SpecCluster(scheduler=scheduler, workers=workers, silence_logs=logging.ERROR)
+        cluster = SpecCluster(scheduler=scheduler, workers=workers, silence_logs=logging.ERROR, security=sec)
     except (TimeoutError, OSError) as exc:
         raise ConnectionError(f"cluster.start_timeout_s={c.start_timeout_s:g}: a worker of the embedded cluster did "
                               f"not start ({type(exc).__name__}: {exc}); {fix}") from None
@@ -460,8 +503,9 @@ def wait_for_workers(client, n: int, timeout: float) -> int:
         time.sleep(0.5)
 
 
-def connect(address: str, timeout_s: float):
+def connect(address: str, timeout_s: float, sec=None):
     """A Client for an existing scheduler, or ConnectionError (one line, with the fix) within `timeout_s`.
+    `sec`: a distributed.Security for a tls:// scheduler (`security(cfg)`), else None.
 
     The deadline is enforced here: distributed's own `timeout` does not cover a peer that accepts the TCP
     connection but never answers the handshake (a wrong port), where `Client()` would wait forever.
@@ -474,7 +518,7 @@ def connect(address: str, timeout_s: float):
 
     def attempt():  # in a daemon thread, so a hung handshake cannot keep the process alive
         try:
-            box["client"] = Client(address, timeout=timeout_s)
+            box["client"] = Client(address, timeout=timeout_s, security=sec)
         except Exception as exc:  # noqa: BLE001 - reported below
             box["error"] = exc
 

@@ -456,13 +456,92 @@ class RunnerConfig:
 
 
 @dataclass
+class SecurityConfig:
+    """`cluster.security`: Dask's TLS settings (`distributed.Security`), for the client of an existing scheduler
+    (`cluster.address=tls://HOST:PORT`) and for the embedded cluster. Files are PEM paths; a key may sit in its
+    cert's file (then give the cert only). Empty (the default): no TLS, as distributed's own default.
+
+    * an existing cluster: `tls_ca_file` (the CA that signed the scheduler's certificate) and the client's own
+      `tls_client_cert` (+ `tls_client_key`): Dask's TLS is mutual, distributed builds no TLS context without a
+      client certificate; the scheduler's and workers' keys are the existing processes' own business;
+    * the embedded cluster: `temporary: true` (a self-signed certificate made in memory for this run,
+      `distributed.Security.temporary()`, for every role), or the CA plus certificates for client, scheduler and
+      workers (`tls_scheduler_cert`, `tls_worker_cert`, their keys).
+    `require_encryption`: refuse unencrypted connections (distributed's meaning); true whenever TLS is set up here.
+    Checked by `check` (files exist, cert/key pairs, what each cluster needs); `pipelines.cluster.security`
+    builds the `distributed.Security`.
+    """
+
+    tls_ca_file: Optional[str] = None
+    tls_client_cert: Optional[str] = None
+    tls_client_key: Optional[str] = None
+    tls_scheduler_cert: Optional[str] = None
+    tls_scheduler_key: Optional[str] = None
+    tls_worker_cert: Optional[str] = None
+    tls_worker_key: Optional[str] = None
+    require_encryption: bool = False
+    temporary: bool = False  # the embedded cluster only: a per-run self-signed certificate (needs `cryptography`)
+    FILES: ClassVar[tuple[str, ...]] = ("tls_ca_file", "tls_client_cert", "tls_client_key", "tls_scheduler_cert",
+                                        "tls_scheduler_key", "tls_worker_cert", "tls_worker_key")
+
+    def enabled(self) -> bool:
+        """TLS is set up: any file given, or `temporary`, or `require_encryption`."""
+        return self.temporary or self.require_encryption or any(getattr(self, f) for f in self.FILES)
+
+    def check(self, remote: bool) -> None:
+        """The files exist; a key has its cert; what the cluster needs is there. `remote`: `cluster.address` is
+        set (else the embedded cluster). Raises ConfigError naming `cluster.security.<key>`."""
+        import os
+        k = "cluster.security"
+        for f in self.FILES:
+            path = getattr(self, f)
+            if path and not os.path.isfile(os.path.expanduser(path)):
+                raise ConfigError(f"{k}.{f}", path, "no such file; give the path of a PEM file (README \"Running on "
+                                                    "an existing cluster\", cluster.security)")
+        for role in ("client", "scheduler", "worker"):
+            if getattr(self, f"tls_{role}_key") and not getattr(self, f"tls_{role}_cert"):
+                raise ConfigError(f"{k}.tls_{role}_key", getattr(self, f"tls_{role}_key"),
+                                  f"a key without its certificate: give {k}.tls_{role}_cert too")
+        if self.temporary and any(getattr(self, f) for f in self.FILES):
+            first = next(f for f in self.FILES if getattr(self, f))
+            raise ConfigError(f"{k}.temporary", True, f"makes its own certificate; {k}.{first} would be ignored: "
+                                                      f"drop one of them")
+        if not self.enabled():
+            return
+        if remote:
+            if self.temporary:
+                raise ConfigError(f"{k}.temporary", True, "a per-run certificate is for the embedded cluster only "
+                                                          "(an existing scheduler cannot know it); give "
+                                                          f"{k}.tls_ca_file and tls_client_cert instead")
+            if not self.tls_ca_file:
+                raise ConfigError(f"{k}.tls_ca_file", None, "TLS to an existing scheduler needs the CA that signed "
+                                                            "its certificate: give the CA's PEM file")
+            if not self.tls_client_cert:
+                raise ConfigError(f"{k}.tls_client_cert", None, "Dask's TLS is mutual: the client needs its own "
+                                                                "certificate (signed by a CA the scheduler trusts)")
+            return
+        if self.temporary:
+            return
+        missing = [f for f in ("tls_ca_file", "tls_client_cert", "tls_scheduler_cert", "tls_worker_cert")
+                   if not getattr(self, f)]
+        if missing:
+            raise ConfigError(f"{k}.{missing[0]}", None, "TLS on the embedded cluster needs the CA and certificates "
+                                                         "for client, scheduler and workers (tls_ca_file, "
+                                                         "tls_client_cert, tls_scheduler_cert, tls_worker_cert); "
+                                                         f"or set {k}.temporary=true for a per-run self-signed one")
+
+
+@dataclass
 class ClusterConfig:
-    address: Optional[str] = None  # tcp://host:8786 of an existing scheduler; None starts a local cluster
+    address: Optional[str] = None  # tcp://host:8786 (tls://host:8786 with cluster.security) of an existing
+    # scheduler; None starts the embedded local cluster
+    host: str = "127.0.0.1"  # the interface the embedded cluster's scheduler and workers bind to (0.0.0.0: all)
     num_env_workers: int = 2
     num_gpu_workers: int = 1
     threads_per_worker: int = 1
     memory_limit: str = "3GiB"
-    dashboard_address: str = "127.0.0.1:8787"
+    dashboard_address: str = "127.0.0.1:8787"  # the embedded scheduler's dashboard (":8787": every interface)
+    security: SecurityConfig = field(default_factory=SecurityConfig)  # Dask TLS (SecurityConfig)
     connect_timeout_s: float = 30.0
     start_timeout_s: float = 120.0  # the embedded cluster: every worker up within this, else one-line error
     # RLinf-style placement of components on devices (GPU i = GPU worker i): keys are a component or a
@@ -486,7 +565,18 @@ class ClusterConfig:
             raise ConfigError("cluster.start_timeout_s", c.start_timeout_s,
                               "must be > 0 (seconds for the embedded cluster's workers to start)")
         if c.address is not None and not c.address.rsplit(":", 1)[-1].isdigit():
-            raise ConfigError("cluster.address", c.address, "use tcp://HOST:PORT (e.g. tcp://host:8786)")
+            raise ConfigError("cluster.address", c.address, "use tcp://HOST:PORT (e.g. tcp://host:8786; "
+                                                            "tls://HOST:PORT with cluster.security)")
+        if c.address is None and not c.host.strip():
+            raise ConfigError("cluster.host", c.host, "give the interface to bind to: 127.0.0.1 (this machine "
+                                                      "only) or 0.0.0.0 (every interface)")
+        c.security.check(remote=c.address is not None)
+        if c.address is not None and c.security.enabled() and not c.address.startswith("tls://"):
+            raise ConfigError("cluster.address", c.address, "cluster.security sets up TLS: the scheduler's address "
+                                                            "is tls://HOST:PORT")
+        if c.address is not None and c.address.startswith("tls://") and not c.security.enabled():
+            raise ConfigError("cluster.address", c.address, "a tls:// scheduler needs cluster.security (at least "
+                                                            "cluster.security.tls_ca_file)")
         if c.address is None and c.num_env_workers < 1:
             raise ConfigError("cluster.num_env_workers", c.num_env_workers, "need at least 1")
         if c.address is None and c.num_gpu_workers < 1:
@@ -832,7 +922,9 @@ def inert_keys(cfg: Config, command: str = "run", cuda_count: int = 0) -> list[t
     # ----- cluster -----
     if c.address:
         off(["cluster.num_env_workers", "cluster.num_gpu_workers", "cluster.threads_per_worker",
-             "cluster.memory_limit", "cluster.dashboard_address", "cluster.start_timeout_s"],
+             "cluster.memory_limit", "cluster.dashboard_address", "cluster.start_timeout_s", "cluster.host",
+             "cluster.security.tls_scheduler_cert", "cluster.security.tls_scheduler_key",
+             "cluster.security.tls_worker_cert", "cluster.security.tls_worker_key"],
             f"configures the embedded local cluster; with cluster.address={c.address} the existing cluster's workers "
             f"are used as they were started: drop it (or drop cluster.address)")
     else:
