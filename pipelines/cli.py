@@ -1,5 +1,5 @@
 """What the command-line entry points share (`pipelines.run`, `pipelines.record`, `pipelines.validate`,
-`pipelines.replay`, `pipelines.compare`).
+`pipelines.replay`, `pipelines.compare`, `pipelines.perf`, `pipelines.eval`).
 
 - `start(argv, doc)`: the command line's words, `doc` printed for `-h`/`--help`, the loggers quietened;
   `overrides_and_flags` also splits them into a few known `--flags` and Hydra overrides (an unknown flag: one line,
@@ -29,7 +29,8 @@ class UsageError(ValueError):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse for the commands that take flags (`pipelines.replay`, `pipelines.compare`): an error is one
+    """argparse for the commands that take flags (`pipelines.replay`, `pipelines.compare`, `pipelines.perf`,
+    `pipelines.eval`): an error is one
     `UsageError` line naming the problem and `--help` (argparse itself prints the usage too, and exits)."""
 
     def error(self, message):

@@ -341,4 +341,6 @@ def regression_line(step_now: int, step_first: int | str, c: Comparison) -> str:
 
 def eval_label(step_or_label: int | str) -> str:
     """`step N` for a step of this run, else `the start checkpoint's eval (<label>)`."""
-    return f"step {step_or_label}" if isinstance(step_or_label, int) else f"the start checkpoint's eval ({step_or_label})"
+    if isinstance(step_or_label, int):
+        return f"step {step_or_label}"
+    return f"the start checkpoint's eval ({step_or_label})"

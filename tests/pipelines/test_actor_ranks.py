@@ -33,6 +33,8 @@ def _history(runner: Runner, key: str) -> list[tuple[int, float]]:
     return [(s, v) for s, v in runner.tracker.get_metric_history(key)]
 
 
+@pytest.mark.slow  # ~65 s: out of the default suite's 20 min to make room for the compose test (2-rank training end
+# to end stays in the default suite: test_resume.py::test_two_rank_actor_resume_is_exact)
 def test_killed_rank_worker_is_recovered_from_the_checkpoint(tmp_path):
     """3 steps on 2 ranks, a checkpoint at step 2; rank 1's worker dies as step 3's update starts on it (FaultAt:
     deterministic). Rank 0 is left in (or about to enter) a collective with a dead peer; the runner restarts or

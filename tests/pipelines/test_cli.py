@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 
 from pipelines import cli, compare, perf, record, replay, run, validate
+from pipelines import eval as eval_cli
 
 REPO = Path(__file__).resolve().parents[2]
 MAINS = {"run": run.main, "validate": validate.main, "record": record.main, "replay": replay.main,
-         "compare": compare.main, "perf": perf.main}
+         "compare": compare.main, "perf": perf.main, "eval": eval_cli.main}
 
 
 def _call(capsys, main, *argv) -> tuple[int, str, list[str]]:
@@ -57,6 +58,8 @@ def test_help_shows_examples_that_the_command_accepts(name, capsys):
             compare.parse_args(words)
         elif name == "perf":
             perf.parser().parse_args(words)
+        elif name == "eval":
+            eval_cli.parse_args(words)
         else:
             flags, overrides = cli.split_flags(words, {"--show": "", "--connect": ""} if name == "validate"
                                                else {"--show": ""} if name == "run" else {}, name)
@@ -79,6 +82,9 @@ BAD_WORDS = [
     ("compare", ["RUN", "--metric"], "expected one argument"),
     ("perf", [], "required: RUN"),
     ("perf", ["RUN", "--bogus"], "unrecognized arguments: --bogus"),
+    ("eval", [], "required: source"),
+    ("eval", ["RUN", "--bogus"], "unrecognized arguments: --bogus"),
+    ("eval", ["RUN", "max_steps"], "'max_steps' is not key=value"),
 ]
 
 

@@ -21,8 +21,14 @@ What is mapped, and nothing else (`Compose.localize`):
 The server's `--allowed-hosts` is checked as the driver's container would meet it: a request with the Host header
 `mlflow:5000` is answered, one with another host is refused (403).
 
-Marked slow: 217 s and 199 s on the loaded 2-core machine (2026-12-01; README "Running on an existing cluster"). The offline
-checks (test_compose_file_is_consistent, test_what_the_test_cannot_map_fails_it) are in the default suite.
+It is also THE local tracking-server test (issue 14, item 4): the `mlflow` service is a local `mlflow server` bound
+to 127.0.0.1 on an ephemeral port with a database backend (sqlite here) and a served artifact store, and the smoke
+run against it logs what the embedded sqlite default logs (the flattened resolved config as params, every step's
+and eval's metrics, config.yaml as an artifact in the server's store, nothing in run_root/mlflow.db), and a resume
+(`runner.resume=latest`, one more step) continues the timeline there as in sqlite (storage.tracking).
+
+In the default suite. Measured on the loaded 2-core machine (2026-12-01) before the resume was added: 217 s and 199 s
+(~70 s of it the MLflow server's start-up); the time with the resume is in the README ("Tests").
 """
 from __future__ import annotations
 
@@ -304,13 +310,13 @@ def test_what_the_test_cannot_map_fails_it(tmp_path):
         c._map_word("driver", "tracking.uri=mlflow:5000")  # no scheme: not an address the test can rewrite
 
 
-@pytest.mark.slow
+@pytest.mark.timeout(1500)  # ~3.5 min on the 2-core machine; a loaded one (load 12) needed over 10
 def test_compose_commands_run_the_smoke_experiment(tmp_path):
     from distributed import Client
     from mlflow.tracking import MlflowClient
 
     from pipelines.config import load_config, to_dict
-    from storage.tracking import RUN_ID_TAG, flatten_config
+    from storage.tracking import PREVIOUS_TAG, RUN_ID_TAG, SUPERSEDED_TAG, flatten_config
 
     t0 = time.monotonic()
     root = tmp_path / "root"
@@ -394,6 +400,26 @@ def test_compose_commands_run_the_smoke_experiment(tmp_path):
         assert _get(api, host="mlflow:5000") == 200
         assert _get(api, host="attacker.example:5000") == 403
         times["checked"] = time.monotonic() - t0
+
+        # a resume with one more step continues the same timeline on the server, as it does in sqlite: a new MLflow
+        # run of the same dagrl run id with every step once, linked to the superseded run (soft-deleted), the
+        # changed keys as the artifact resumes/step_N.yaml
+        first, k = run.info.run_id, cfg.runner.max_steps
+        driver = next(n for n, r in roles.items() if r == "driver")
+        res = subprocess.run([*driver_argv, "runner.resume=latest", f"runner.max_steps={k + 1}"], env=c.env(driver),
+                             cwd=cwd, capture_output=True, text=True, timeout=DRIVER_TIMEOUT_S)
+        assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+        (run2,) = client.search_runs([exp.experiment_id])  # active runs: the superseded one is soft-deleted
+        assert run2.info.run_id != first and run2.data.tags[RUN_ID_TAG] == run_dir.name
+        assert run2.data.tags[PREVIOUS_TAG] == first
+        assert client.get_run(first).data.tags[SUPERSEDED_TAG] == run2.info.run_id
+        assert client.get_run(first).info.lifecycle_stage == "deleted"
+        assert sorted(m.step for m in client.get_metric_history(run2.info.run_id, "time/step")) == list(range(1, k + 2))
+        changed = [f.path for f in client.list_artifacts(run2.info.run_id, "resumes")]
+        assert changed == [f"resumes/step_{k}.yaml"]
+        text = Path(client.download_artifacts(run2.info.run_id, changed[0], str(tmp_path / "dl2"))).read_text()
+        assert f"runner.max_steps: {k + 1}" in text
+        times["resumed"] = time.monotonic() - t0
         print(f"compose test times (s from start): {times}", file=sys.stderr)
     finally:
         for p in reversed(list(procs.values())):
