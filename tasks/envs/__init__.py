@@ -14,6 +14,7 @@ from tasks.envs.shard import ChunkResult, EnvShard, SingleEnv
 _SIMULATORS: dict[str, tuple[str, str]] = {
     # name -> (module, class); modules are imported lazily so heavy simulators stay optional
     "maniskill": ("tasks.envs.maniskill", "ManiSkillEnv"),
+    "libero": ("tasks.envs.libero", "LiberoEnv"),
 }
 # name -> class of one instance holding a whole shard, for the module's BATCHED_BACKENDS (GPU simulation)
 _BATCHED: dict[str, str] = {"maniskill": "ManiSkillBatchedEnv"}
