@@ -215,3 +215,57 @@ def test_success_and_reward_are_libero_check_success(env):
         if succ:
             break
     assert flags[-1], flags  # LIBERO's goal holds once the bowl rests on the plate
+
+
+# ----- the MuJoCo pin (README "LIBERO"): the settle of the bowl-on-ramekin task and a LIBERO-Object frame -----
+
+# libero_spatial task 5 stores its bowl 0.15 m above the ramekin; on MuJoCo 3.2.3 and 3.3.2 (the pin window's ends
+# that build with robosuite 1.4 here) it lands on the ramekin and rests tilted by 15.95 deg at z = 0.9344 m from every
+# one of the 50 init states (identical on both versions; benchmarks/libero_env.py --settle). A MuJoCo whose contacts
+# settle it elsewhere changes that task's success rate (the 3.4+ reports).
+BOWL_TILT_DEG, BOWL_Z = 15.95, 0.9344
+
+
+def _bowl_settle(env, trial):
+    env.reset_to(5, trial)
+    for _ in range(30):  # 40 no-op steps in all (2 s): at rest
+        env.step(L.NOOP_ACTION.astype(np.float32))
+    sim = env.env.env.sim
+    jid = sim.model.joint_name2id("akita_black_bowl_1_joint0")
+    adr, dof = sim.model.jnt_qposadr[jid], sim.model.jnt_dofadr[jid]
+    w, x, y, z = sim.data.qpos[adr + 3:adr + 7] / np.linalg.norm(sim.data.qpos[adr + 3:adr + 7])
+    tilt = np.degrees(np.arccos(np.clip(1 - 2 * (x * x + y * y), -1, 1)))
+    return tilt, sim.data.qpos[adr + 2], np.linalg.norm(sim.data.qvel[dof:dof + 3])
+
+
+def _check_settle(env, trials):
+    for k in trials:
+        tilt, z, speed = _bowl_settle(env, k)
+        assert abs(tilt - BOWL_TILT_DEG) < 0.5 and abs(z - BOWL_Z) < 2e-3 and speed < 1e-2, (k, tilt, z, speed)
+
+
+def test_bowl_on_ramekin_init_states_settle_as_on_the_pinned_mujoco(env):
+    _check_settle(env, (0, 24, 49))
+
+
+@pytest.mark.slow
+def test_bowl_on_ramekin_all_50_init_states_settle_as_on_the_pinned_mujoco(env):
+    _check_settle(env, range(50))
+
+
+def test_libero_object_golden_frame():
+    """libero_object task 0, init state 0, agentview 64 px after the settle steps against the frame of MuJoCo 3.3.2
+    (tests/tasks/envs/libero_object_golden.png; 3.2.3 renders it pixel-identical, 3.3.3 darker: mean 105.3 against
+    139.9, mean |difference| 34.6 levels)."""
+    from pathlib import Path
+    from PIL import Image
+    golden = np.asarray(Image.open(Path(__file__).with_name("libero_object_golden.png"))).astype(np.int16)
+    cfg = EnvConfig(simulator="libero", env_id="libero_object", obs_mode="rgb", image_size=64,
+                    control_mode="OSC_POSE", reward_mode="sparse", sim_backend="cpu", task_ids=[0])
+    e = L.LiberoEnv(cfg)
+    try:
+        e.reset_to(0, 0)
+        img = e.render_rgb().astype(np.int16)
+    finally:
+        e.close()
+    assert abs(img.mean() - golden.mean()) < 3 and np.abs(img - golden).mean() < 4, (img.mean(), golden.mean())
