@@ -54,6 +54,12 @@ def check_gripper_convention(key: str, value, recorded: str | None, cfg: EnvConf
                                       f"convert the gripper action (negate it) or use a {cfg.simulator} one")
 
 
+def store_attrs(cfg: EnvConfig) -> dict:
+    """Adapter-specific trajectory store attributes (LIBERO: the seed -> init state mapping keys; else none)."""
+    fn = getattr(_module(cfg.simulator), "store_attrs", None)
+    return fn(cfg) if fn else {}
+
+
 def instruction(cfg: EnvConfig) -> str:
     """The natural-language instruction of cfg's env task (the VLA prompt of its runs), by its adapter."""
     return _module(cfg.simulator).instruction(cfg)
@@ -95,4 +101,4 @@ def make_shard(cfg: EnvConfig, *, shard: int, num_shards: int, num_envs: int, au
 
 
 __all__ = ["ChunkResult", "EnvShard", "SingleEnv", "check_env_config", "check_gripper_convention", "gripper_convention",
-           "instruction", "make_shard", "make_single_env"]
+           "instruction", "store_attrs", "make_shard", "make_single_env"]

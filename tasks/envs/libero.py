@@ -265,6 +265,32 @@ def check_memory(*, shard_size: int, eval_shard_size: int, num_shards: int, num_
                           f"(env.num_envs, env.eval.num_envs, more cluster.num_env_workers)")
 
 
+STORE_KEYS = ("task_ids", "num_trials", "num_steps_wait", "trial_split", "eval_trials")
+
+
+def store_attrs(cfg: EnvConfig) -> dict:
+    """What a trajectory store records (attr `libero`) to map its episodes' seeds to the same init states again:
+    the env keys of the mapping, the eval seed base and the image size."""
+    out = {k: getattr(cfg, k) for k in STORE_KEYS}
+    out["task_ids"] = list(out["task_ids"])
+    return {"libero": {**out, "eval_seed": cfg.eval.seed, "image_size": cfg.image_size}}
+
+
+def config_from_store(attrs: dict, base: EnvConfig) -> EnvConfig:
+    """`base` (an EnvConfig rebuilt from a store's common attrs) with the store's `libero` mapping keys and its
+    `base_seed` as env.seed."""
+    import dataclasses
+    lib = attrs.get("libero") or {}
+    kw = {k: lib[k] for k in STORE_KEYS if k in lib}
+    if "image_size" in lib:
+        kw["image_size"] = lib["image_size"]
+    if "eval_seed" in lib:
+        kw["eval"] = dataclasses.replace(base.eval, seed=lib["eval_seed"])
+    if "base_seed" in attrs:  # env.seed: train seeds count from it
+        kw["seed"] = int(attrs["base_seed"])
+    return dataclasses.replace(base, sim_backend="cpu", **kw)
+
+
 def instruction(cfg: EnvConfig) -> str:
     """The language instruction of the run's task (the first selected task of the suite)."""
     return suite(cfg.env_id).get_task(task_ids(cfg)[0]).language

@@ -269,3 +269,25 @@ def test_libero_object_golden_frame():
     finally:
         e.close()
     assert abs(img.mean() - golden.mean()) < 3 and np.abs(img - golden).mean() < 4, (img.mean(), golden.mean())
+
+
+def test_a_store_records_the_mapping_and_replay_rebuilds_it():
+    from tasks.config import EvalConfig
+    from tasks.replay import env_config_from_store
+    cfg = EnvConfig(simulator="libero", env_id="libero_goal", obs_mode="rgb", image_size=48, control_mode="OSC_POSE",
+                    reward_mode="sparse", sim_backend="cpu", task_ids=[3], num_trials=7, num_steps_wait=4,
+                    trial_split="disjoint", eval_trials=5, eval=EvalConfig(seed=5000), seed=11)
+    attrs = {"simulator": "libero", "env_id": "libero_goal", "obs_mode": "rgb", "control_mode": "OSC_POSE",
+             "reward_mode": "sparse", "max_episode_steps": None, "base_seed": 11, **L.store_attrs(cfg)}
+    back = env_config_from_store(attrs, {})
+    for k in (*L.STORE_KEYS, "image_size", "env_id", "sim_backend", "seed"):
+        assert getattr(back, k) == getattr(cfg, k), k
+    assert back.eval.seed == 5000
+    counts = (50,) * 10
+    for seed in [11, 12, 40, 5000, 5003, 5010]:
+        a = L.reset_state_for_seed(seed, tasks=[3], counts=counts, base_seed=cfg.seed, eval_seed=cfg.eval.seed,
+                                   split=cfg.trial_split, eval_trials=cfg.eval_trials, num_trials=cfg.num_trials)
+        b = L.reset_state_for_seed(seed, tasks=back.task_ids, counts=counts, base_seed=back.seed,
+                                   eval_seed=back.eval.seed, split=back.trial_split, eval_trials=back.eval_trials,
+                                   num_trials=back.num_trials)
+        assert a == b
