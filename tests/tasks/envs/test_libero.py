@@ -291,3 +291,26 @@ def test_a_store_records_the_mapping_and_replay_rebuilds_it():
                                    eval_seed=back.eval.seed, split=back.trial_split, eval_trials=back.eval_trials,
                                    num_trials=back.num_trials)
         assert a == b
+
+
+def test_a_policy_of_the_other_gripper_convention_is_refused_offline(tmp_path):
+    import json
+    from pipelines.config import load_config
+    for recorded, refused in [({"simulator": "maniskill", "env_id": "PushCube-v1",
+                                "gripper_convention": "open_positive"}, True),
+                              (None, True),  # written before conventions were recorded: ManiSkill's
+                              ({"simulator": "libero", "env_id": "libero_spatial",
+                                "gripper_convention": "close_positive"}, False)]:
+        d = tmp_path / str(len(list(tmp_path.iterdir())))
+        d.mkdir()
+        meta = {"family": "flow_vla", "image_size": 32, "policy": {"num_action_chunks": 5}}
+        if recorded:
+            meta["env"] = recorded
+        (d / "config.json").write_text(json.dumps(meta))
+        over = ["conf=libero_smoke", f"policy.model_path={d}"]
+        if refused:
+            with pytest.raises(ConfigError, match="gripper convention 'open_positive'.*close_positive") as e:
+                load_config(over)
+            assert e.value.key == "policy.model_path"
+        else:
+            load_config(over)
