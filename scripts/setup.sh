@@ -38,9 +38,12 @@ if [ -z "${DAGRL_SKIP_LIBERO:-}" ]; then
   # same values); done here without its prompt
   rs=$(.venv/bin/python -c "import importlib.util as u; print(u.find_spec('robosuite').submodule_search_locations[0])")
   [ -f "$rs/macros_private.py" ] || cp "$rs/macros.py" "$rs/macros_private.py"
-  if ! ldconfig -p | grep -q "libEGL.so.1 "; then
-    echo "[setup] no libEGL: installing Mesa's EGL (libegl1 libegl-mesa0 libgl1) with apt-get"
-    apt-get -qq update && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libegl1 libegl-mesa0 libgl1 >/dev/null
+  # EGL with Mesa's software rasteriser (llvmpipe): the EGL loader, Mesa's EGL vendor library and its DRI driver
+  if ! { ldconfig -p | grep -q "libEGL.so.1 " && ldconfig -p | grep -q "libEGL_mesa.so.0 " \
+         && ls /usr/lib/*/dri/swrast_dri.so >/dev/null 2>&1; }; then
+    echo "[setup] no Mesa EGL: installing libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri with apt-get"
+    apt-get -qq update && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libegl1 libegl-mesa0 libgl1 \
+      libgl1-mesa-dri >/dev/null
   fi
   if ! ls .venv/lib/python3*/site-packages/robosuite/utils/__pycache__/*.nbi >/dev/null 2>&1; then
     echo "[setup] warming numba (one LIBERO env step)"
