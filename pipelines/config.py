@@ -285,6 +285,23 @@ def check_components(cfg: Config) -> None:
     if cfg.env.simulator == "maniskill":
         from tasks.envs.vulkan import vulkan_env
         vulkan_env()
+    if cfg.env.simulator == "libero":
+        check_libero_run(cfg)
+
+
+def check_libero_run(cfg: Config) -> None:
+    """LIBERO checks that need the whole config: one task per run, and the env workers' memory (tasks.envs.libero).
+    Raises ConfigError."""
+    from dask.utils import parse_bytes
+    from tasks.envs import libero
+    from tasks.rollout import group_size
+    e, c = cfg.env, cfg.cluster
+    libero.check_run(e.num_envs, group_size(cfg), len(libero.task_ids(e)), e.eval.num_envs)
+    limit = c.memory_limit
+    limit_bytes = None if limit in (None, 0, "0", "auto") else parse_bytes(limit) if isinstance(limit, str) else int(limit)
+    libero.check_memory(shard_size=e.shard_size, eval_shard_size=e.eval.num_envs // e.num_shards,
+                        num_shards=e.num_shards, num_env_workers=c.num_env_workers, memory_limit_bytes=limit_bytes,
+                        memory_limit=str(limit))
 
 
 def check_model_path(cfg: Config) -> None:
@@ -303,13 +320,17 @@ def check_model_path(cfg: Config) -> None:
     if saved_c != p.num_action_chunks:
         raise ConfigError(key, p.model_path, f"was saved with policy.num_action_chunks={saved_c}, this config has "
                                              f"{p.num_action_chunks}")
+    from tasks.envs import check_gripper_convention
+    check_gripper_convention(key, p.model_path, (meta.get("env") or {}).get("gripper_convention"), cfg.env)
 
 
 def check_sft_store(cfg: Config) -> None:
     """sft.store against the config: chunk length, images, and at least one selectable chunk step."""
     from storage.trajectories import TrajectoryStore
     from tasks.demos import sft_index
+    from tasks.envs import check_gripper_convention
     st = TrajectoryStore.open(cfg.sft.store)
+    check_gripper_convention("sft.store", cfg.sft.store, st.attrs.get("gripper_convention"), cfg.env)
     C = cfg.policy.num_action_chunks
     act = st.fields.get("actions")
     if act is None or act.shape[0] != C:

@@ -386,12 +386,20 @@ def build_checkpoint(*, run_id: str, step: int, run_dir: str, meta: dict, placem
                              weights, dims)
         key = g.add(f"checkpoint-{tag}", _save_checkpoint_ranks, run_dir, step, meta, *states, deps=tuple(states),
                     worker=placement.actor_worker)
-    key = g.add(f"export_pretrained-{tag}", _export, run_id, key, deps=(key,), worker=placement.actor_worker)
+    key = g.add(f"export_pretrained-{tag}", _export, run_id, key, export_env_meta(cfg), deps=(key,),
+                worker=placement.actor_worker)
     return g.graph(), key
 
 
-def _export(run_id: str, checkpoint_path: str) -> str:
-    update.actor_export(run_id, checkpoint_path)
+def export_env_meta(cfg: Config) -> dict:
+    """What an hf/ export records of the env it was trained on (config.json `env`): simulator, env_id and the
+    gripper convention (pipelines.config.check_model_path refuses a mismatch)."""
+    from tasks.envs import gripper_convention
+    return {"simulator": cfg.env.simulator, "env_id": cfg.env.env_id, "gripper_convention": gripper_convention(cfg.env)}
+
+
+def _export(run_id: str, checkpoint_path: str, env_meta: dict | None = None) -> str:
+    update.actor_export(run_id, checkpoint_path, env_meta)
     return checkpoint_path
 
 

@@ -35,6 +35,7 @@ def record(cfg, handle, *, echo=print) -> dict:
     from pipelines.runner.recovery import Watcher
     from storage.trajectories import TrajectoryStore
     from tasks import demos, trajectory
+    from tasks.envs import gripper_convention, store_attrs
     from tasks.rollout import env_dims
     from tasks.seeding import RECORD_SEED_RULE
 
@@ -60,6 +61,8 @@ def record(cfg, handle, *, echo=print) -> dict:
                                           "seed_rule": RECORD_SEED_RULE,
                                           "num_action_chunks": cfg.policy.num_action_chunks,
                                           "max_episode_steps": cfg.env.max_episode_steps,
+                                          "gripper_convention": gripper_convention(cfg.env),
+                                          **store_attrs(cfg.env),
                                           "teacher_run": str(run_dir), "teacher_checkpoint": str(ckpt),
                                           "deterministic": cfg.record.deterministic})
     episodes: list[dict] = []

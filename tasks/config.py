@@ -92,6 +92,12 @@ class EnvConfig:
     ignore_terminations: bool = False
     seed: int = 0  # training episode k of global env g uses reset seed seed + g + k * num_envs
     eval: EvalConfig = field(default_factory=EvalConfig)
+    # ----- LIBERO (simulator=libero, env_id = the suite; tasks/envs/libero.py) -----
+    task_ids: list[int] = field(default_factory=list)  # the suite's tasks to use; empty: all
+    num_trials: Optional[int] = None  # the first N init states of each task's split; None: all
+    num_steps_wait: int = 10  # no-op steps after each reset (objects settle); not counted, not trained on
+    trial_split: str = "disjoint"  # disjoint: each task's last eval_trials init states are eval-only; shared: both
+    eval_trials: int = 10  # init states per task reserved for evaluation with trial_split=disjoint
 
     @property
     def shard_size(self) -> int:

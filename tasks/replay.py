@@ -17,12 +17,16 @@ def env_config_from_store(attrs: dict, run_env: dict):
     """EnvConfig that rebuilds the store's env: ids and modes from the store attrs, backend from the run config."""
     from tasks.config import EnvConfig
 
-    return EnvConfig(simulator=attrs.get("simulator", "maniskill"), env_id=attrs["env_id"],
-                     obs_mode=attrs["obs_mode"], control_mode=attrs["control_mode"],
-                     reward_mode=attrs["reward_mode"], sim_backend=run_env.get("sim_backend", "physx_cpu"),
-                     max_episode_steps=attrs.get("max_episode_steps"),
-                     ignore_terminations=bool(run_env.get("ignore_terminations", False)),
-                     auto_reset=bool(run_env.get("auto_reset", True)))
+    cfg = EnvConfig(simulator=attrs.get("simulator", "maniskill"), env_id=attrs["env_id"],
+                    obs_mode=attrs["obs_mode"], control_mode=attrs["control_mode"],
+                    reward_mode=attrs["reward_mode"], sim_backend=run_env.get("sim_backend", "physx_cpu"),
+                    max_episode_steps=attrs.get("max_episode_steps"),
+                    ignore_terminations=bool(run_env.get("ignore_terminations", False)),
+                    auto_reset=bool(run_env.get("auto_reset", True)))
+    if cfg.simulator == "libero":  # the store's seed -> init state mapping (tasks.envs.libero.store_attrs)
+        from tasks.envs.libero import config_from_store
+        cfg = config_from_store(attrs, cfg)
+    return cfg
 
 
 def _max_abs(a: np.ndarray, b: np.ndarray) -> float:

@@ -96,9 +96,9 @@ def policy_obs(policy: torch.nn.Module, state, rgb, instruction: str) -> dict[st
 
 
 def instruction(cfg: Config) -> str:
-    """The env task's natural-language instruction (the VLA prompt)."""
-    from tasks.envs.maniskill import instruction_for
-    return instruction_for(cfg.env.env_id)
+    """The env task's natural-language instruction (the VLA prompt), by the simulator's adapter."""
+    from tasks.envs import instruction as env_instruction
+    return env_instruction(cfg.env)
 
 
 num_values = tj.num_values  # value outputs per chunk step V: C for action-level rewards, else 1

@@ -277,9 +277,11 @@ def _restore_rng(checkpoint: dict) -> None:
         torch.set_rng_state(checkpoint["rng_torch"])
 
 
-def actor_export(run_id: str, checkpoint_path: str) -> str | None:
+def actor_export(run_id: str, checkpoint_path: str, env_meta: dict | None = None) -> str | None:
     """Write the resident actor's policy in the `save_pretrained` layout to `<checkpoint_path>/hf` (policies that
-    have one: the VLAs); the directory `policy.model_path` takes. Written to a tmp dir, then renamed."""
+    have one: the VLAs); the directory `policy.model_path` takes. Written to a tmp dir, then renamed. `env_meta`
+    (simulator, env_id, gripper_convention) is added to its config.json as `env`."""
+    import json
     import os
     import shutil
     actor: Actor = resident.get(f"{run_id}/actor")
@@ -288,6 +290,12 @@ def actor_export(run_id: str, checkpoint_path: str) -> str | None:
     final, tmp = os.path.join(checkpoint_path, "hf"), os.path.join(checkpoint_path, ".hf.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     actor.policy.save_pretrained(tmp)
+    if env_meta:
+        conf = os.path.join(tmp, "config.json")
+        meta = json.loads(open(conf).read())
+        meta["env"] = dict(env_meta)
+        with open(conf, "w") as f:
+            f.write(json.dumps(meta, indent=2, sort_keys=True))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     return final

@@ -30,6 +30,7 @@ from storage.tracking import Tracker, default_tracking_uri, flatten_config
 from storage.trajectories import FieldSpec, TrajectoryStore
 from tasks import trajectory
 from tasks.config import Config, ConfigError
+from tasks.envs import gripper_convention, store_attrs
 from tasks.evalstats import discard_evals_after
 from tasks.rollout import group_size
 from tasks.seeding import TRAIN_SEED_RULE
@@ -211,7 +212,8 @@ class Setup:
                    "ignore_terminations": cfg.env.ignore_terminations,
                    "seed_rule": TRAIN_SEED_RULE, "group_size": group_size(cfg),
                    "num_action_chunks": cfg.policy.num_action_chunks,
-                   "max_episode_steps": cfg.env.max_episode_steps})
+                   "max_episode_steps": cfg.env.max_episode_steps,
+                   "gripper_convention": gripper_convention(cfg.env), **store_attrs(cfg.env)})
         store.invalidate_from(self.state.step)  # a resume: later steps are a superseded timeline
         return store
 

@@ -14,6 +14,7 @@ from tasks.envs.shard import ChunkResult, EnvShard, SingleEnv
 _SIMULATORS: dict[str, tuple[str, str]] = {
     # name -> (module, class); modules are imported lazily so heavy simulators stay optional
     "maniskill": ("tasks.envs.maniskill", "ManiSkillEnv"),
+    "libero": ("tasks.envs.libero", "LiberoEnv"),
 }
 # name -> class of one instance holding a whole shard, for the module's BATCHED_BACKENDS (GPU simulation)
 _BATCHED: dict[str, str] = {"maniskill": "ManiSkillBatchedEnv"}
@@ -29,6 +30,39 @@ def _module(simulator: str):
 def check_env_config(cfg: EnvConfig) -> None:
     """Offline validation of an env config by its adapter. Raises ConfigError."""
     _module(cfg.simulator).check_config(cfg)
+
+
+GRIPPER_CONVENTIONS = ("open_positive", "close_positive")  # +1 on the last action dim opens / closes the gripper
+# stores and checkpoints written before the convention was recorded are ManiSkill's
+LEGACY_GRIPPER_CONVENTION = "open_positive"
+
+
+def gripper_convention(cfg: EnvConfig) -> str:
+    """The gripper polarity of cfg's simulator (its adapter's GRIPPER_CONVENTION, one of GRIPPER_CONVENTIONS):
+    what stores (`gripper_convention` attr) and hf/ exports (config.json `env.gripper_convention`) record."""
+    return _module(cfg.simulator).GRIPPER_CONVENTION
+
+
+def check_gripper_convention(key: str, value, recorded: str | None, cfg: EnvConfig) -> None:
+    """Refuse a policy checkpoint or demo store of the other gripper polarity than cfg's simulator (a policy
+    trained on ManiSkill would close LIBERO's gripper where it meant to open it). `recorded` None: written before
+    the convention was recorded, i.e. LEGACY_GRIPPER_CONVENTION. Raises ConfigError(key, value, fix)."""
+    have, want = recorded or LEGACY_GRIPPER_CONVENTION, gripper_convention(cfg)
+    if have != want:
+        raise ConfigError(key, value, f"was made with gripper convention {have!r}, env.simulator={cfg.simulator} "
+                                      f"uses {want!r} (+1 {'closes' if want == 'close_positive' else 'opens'}): "
+                                      f"convert the gripper action (negate it) or use a {cfg.simulator} one")
+
+
+def store_attrs(cfg: EnvConfig) -> dict:
+    """Adapter-specific trajectory store attributes (LIBERO: the seed -> init state mapping keys; else none)."""
+    fn = getattr(_module(cfg.simulator), "store_attrs", None)
+    return fn(cfg) if fn else {}
+
+
+def instruction(cfg: EnvConfig) -> str:
+    """The natural-language instruction of cfg's env task (the VLA prompt of its runs), by its adapter."""
+    return _module(cfg.simulator).instruction(cfg)
 
 
 def make_single_env(cfg: EnvConfig, render_size: int | None = None) -> SingleEnv:
@@ -66,4 +100,5 @@ def make_shard(cfg: EnvConfig, *, shard: int, num_shards: int, num_envs: int, au
                     seed_fn=seed_fn, group_size=group_size)
 
 
-__all__ = ["ChunkResult", "EnvShard", "SingleEnv", "check_env_config", "make_shard", "make_single_env"]
+__all__ = ["ChunkResult", "EnvShard", "SingleEnv", "check_env_config", "check_gripper_convention", "gripper_convention",
+           "instruction", "store_attrs", "make_shard", "make_single_env"]

