@@ -157,7 +157,6 @@ def per_task(episodes: list[dict]) -> dict[str, dict]:
 
 def evaluate(cfg, src: Source, out: Path, handle, *, echo=print) -> dict:
     """Run the eval graph on the cluster of `handle`; write `out/eval.json` (+ videos); returns its record."""
-    import torch  # noqa: F401 - the state dict's tensors
     from pipelines import graphs
     from pipelines.cluster import plan_placement
     from pipelines.runner.recovery import Watcher

@@ -318,9 +318,7 @@ class Runner(Scheduler, Setup, Recovery):
         """(outcomes, label) of the eval this run's eval gains pair with (tasks.evalstats.pick_baseline: the run's
         step-0 eval, else the SFT/start checkpoint's eval from its own run when it played the same episodes,
         else the run's first eval), or None (nothing to pair with; the current eval is the baseline itself)."""
-        if not hasattr(self, "_start_eval"):
-            self._start_eval = evalstats.start_checkpoint_eval(self.cfg.policy.model_path)
-        start = self._start_eval
+        start = evalstats.start_checkpoint_eval(self.cfg.policy.model_path)  # one small file, once per eval
         base = evalstats.pick_baseline(run_evals, None if start is None else start[1])
         if base is None or base == ("run", self.state.step):
             return None
