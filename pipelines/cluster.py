@@ -437,9 +437,10 @@ def cluster_specs(cfg: Config, gpus: list[tuple[str, int | None]], sec=None) -> 
               "death_timeout": c.start_timeout_s, **proto}
     # death_timeout bounds each Nanny's wait for its worker process (None: a worker hanging at start-up, e.g. in a
     # driver's initialisation, would block SpecCluster forever; also bounds a restart during recovery)
-    # torch threads of the actor: the cores the env workers leave (1 on a 2-core machine, where 2 threads were
-    # measured no faster idle and up to 18x slower under load)
-    actor_threads = max(1, (os.cpu_count() or 1) - c.num_env_workers)
+    # torch threads of the actor: cluster.actor_threads, else the cores the env workers leave (1 on a 2-core
+    # machine). OMP_WAIT_POLICY=PASSIVE: an OpenMP thread waiting for work sleeps instead of spinning; measured
+    # (benchmarks/update_gap.py, 2 threads on 2 busy cores) 23.7 s per update spinning, 2.3 s passive
+    actor_threads = c.actor_threads or max(1, (os.cpu_count() or 1) - c.num_env_workers)
     workers = {}
     for i in range(c.num_env_workers):
         workers[f"env-{i}"] = {"cls": Nanny, "options": {**common, "name": f"env-{i}", "resources": {"CPU": 1},
@@ -447,7 +448,8 @@ def cluster_specs(cfg: Config, gpus: list[tuple[str, int | None]], sec=None) -> 
     for name, device in gpus:
         workers[name] = {"cls": Nanny, "options": {
             **common, "name": name, "resources": {"GPU": 1},
-            "env": {**_worker_env(device, "none"), "OMP_NUM_THREADS": str(actor_threads)}}}
+            "env": {**_worker_env(device, "none"), "OMP_NUM_THREADS": str(actor_threads),
+                    "OMP_WAIT_POLICY": "PASSIVE"}}}
     scheduler = {"cls": Scheduler, "options": {"host": c.host, "dashboard_address": c.dashboard_address, **proto}}
     return scheduler, workers
 

@@ -545,6 +545,10 @@ class ClusterConfig:
     num_env_workers: int = 2
     num_gpu_workers: int = 1
     threads_per_worker: int = 1
+    # torch intra-op threads of each GPU-resource (actor) worker of the embedded cluster; None: the cores the env
+    # workers leave (os.cpu_count() - num_env_workers, at least 1). Idle threads sleep (OMP_WAIT_POLICY=PASSIVE)
+    # rather than spin, so more threads than free cores degrade gracefully (README "Where the update's time goes")
+    actor_threads: Optional[int] = None
     memory_limit: str = "3GiB"
     dashboard_address: str = "127.0.0.1:8787"  # the embedded scheduler's dashboard (":8787": every interface)
     security: SecurityConfig = field(default_factory=SecurityConfig)  # Dask TLS (SecurityConfig)
@@ -567,6 +571,9 @@ class ClusterConfig:
         Raises ConfigError (cluster.*)."""
         c = self
         _positive(self, "cluster", ["threads_per_worker"])
+        if c.actor_threads is not None and c.actor_threads < 1:
+            raise ConfigError("cluster.actor_threads", c.actor_threads,
+                              "must be >= 1 (torch threads of the actor worker), or null for the free cores")
         if not c.start_timeout_s > 0:
             raise ConfigError("cluster.start_timeout_s", c.start_timeout_s,
                               "must be > 0 (seconds for the embedded cluster's workers to start)")

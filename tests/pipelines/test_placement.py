@@ -433,3 +433,22 @@ def test_placement_entries_that_do_nothing_are_refused_offline(spec, setup, key,
 def test_colocated_rollout_placed_with_env_is_accepted(spec):
     cfg = config(spec, num_gpu_workers=3 if "actor,env,rollout" not in spec else 1)
     assert check_placement(cfg, cuda_count=0) is not None
+
+
+def test_actor_worker_threads_and_wait_policy(monkeypatch):
+    """The actor (GPU-resource) worker gets cluster.actor_threads torch threads, else the cores the env workers
+    leave (at least 1); its idle OpenMP threads sleep (OMP_WAIT_POLICY=PASSIVE); env workers stay at 1 thread."""
+    from pipelines.cluster import cluster_specs
+    cfg = Config()
+    for cores, want in ((2, 1), (8, 6), (1, 1)):
+        monkeypatch.setattr(os, "cpu_count", lambda c=cores: c)
+        _, workers = cluster_specs(cfg, [("gpu-0", None)])
+        env = workers["gpu-0"]["options"]["env"]
+        assert (env["OMP_NUM_THREADS"], env["OMP_WAIT_POLICY"]) == (str(want), "PASSIVE"), cores
+        assert {workers[f"env-{i}"]["options"]["env"]["OMP_NUM_THREADS"] for i in range(2)} == {"1"}
+    cfg.cluster.actor_threads = 2
+    _, workers = cluster_specs(cfg, [("gpu-0", None), ("gpu-1", None)])
+    assert {workers[g]["options"]["env"]["OMP_NUM_THREADS"] for g in ("gpu-0", "gpu-1")} == {"2"}
+    cfg.cluster.actor_threads = 0
+    with pytest.raises(ConfigError, match="cluster.actor_threads"):
+        cfg.cluster.check()

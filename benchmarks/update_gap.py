@@ -1,0 +1,145 @@
+"""The PPO update alone: dagrl's `tasks.update.actor_update` against the hand-written loop of
+`benchmarks/throughput.py` (b), on the same rollout, in one process, at 1 and 2 torch threads.
+
+    .venv/bin/python benchmarks/update_gap.py [--num-envs 16] [--repeats 5] [--threads 1 2] [--profile]
+
+The rollout is real: the default experiment (conf/conf/pushcube_ppo.yaml, `env.num_envs` envs in 2 shards,
+T = rollout.chunk_steps chunk steps) stepped in this process with `tasks.rollout.env_step`, its GAE by
+`tasks.update.advantages`. Both updates then run the config's epochs x minibatches with target_kl, from the same
+initial weights, each `--repeats` times (fresh optimizer and weights each time; the figure is the minimum, the
+least disturbed by other load). The hand-written loop is the one `benchmarks/throughput.py` times for system (b)
+(`baseline_update` below: the same formula on the same flattened tensors, no masks, no metrics).
+
+Printed: seconds per update and per Adam step for each (threads, system), the machine's load average, and with
+`--profile` the top of a cProfile of one dagrl update (where the extra time goes).
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# run as a script, this folder comes first on sys.path and benchmarks/distributed.py would shadow `distributed`
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def rollout(num_envs: int, overrides: list[str]):
+    """(cfg, initial weights, [advantage dicts per shard]) of one real rollout of the default experiment."""
+    import torch
+    from pipelines.config import load_config
+    from tasks import rollout as ro
+    from tasks import update
+    from tasks.envs.vulkan import ensure_vulkan
+    ensure_vulkan()
+    torch.set_num_threads(1)
+    cfg, _ = load_config([f"env.num_envs={num_envs}", "rollout.inference=colocated", *overrides])
+    dims = ro.env_dims(cfg)
+    w = update.actor_init(cfg, "bench-gap", dims)
+    advs = []
+    for shard in range(cfg.env.num_shards):
+        seg = ro.env_step(cfg, "bench-gap", shard, w, cfg.rollout.chunk_steps, None, first=True, last=True)
+        advs.append(update.advantages(cfg, ro.trajectory(seg)))
+    return cfg, w, advs
+
+
+def baseline_update(cfg, policy, opt, data: dict) -> int:
+    """benchmarks/throughput.py (b)'s PPO update on flattened tensors: returns the Adam steps taken."""
+    import torch
+    a = cfg.algorithm
+    N = data["actions"].shape[0]
+    obs, act = data["obs"], data["actions"]
+    logp = data["logprobs"].reshape(N, -1).sum(-1)
+    adv, ret = data["advantages"].reshape(N), data["returns"].reshape(N)
+    if a.normalize_advantages:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    mb, updates = N // a.num_minibatches, 0
+    policy.train()
+    for _ in range(a.update_epochs):
+        perm = torch.randperm(N)
+        for i in range(a.num_minibatches):
+            idx = perm[i * mb:(i + 1) * mb]
+            ev = policy.evaluate({"state": obs[idx]}, act[idx])
+            logratio = ev["logprobs"].sum((1, 2)) - logp[idx]
+            ratio = logratio.exp()
+            pg = torch.max(-adv[idx] * ratio, -adv[idx] * ratio.clamp(1 - a.clip_ratio_low, 1 + a.clip_ratio_high)).mean()
+            v_loss = 0.5 * ((ev["values"].reshape(-1) - ret[idx]) ** 2).mean()
+            loss = pg + a.value_coef * v_loss - a.entropy_coef * ev["entropy"].sum((1, 2)).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), a.max_grad_norm)
+            opt.step()
+            updates += 1
+            with torch.no_grad():
+                kl = ((ratio - 1) - logratio).mean().item()
+            if a.target_kl is not None and kl > a.target_kl:
+                return updates
+    return updates
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--num-envs", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = ap.parse_args()
+
+    import torch
+    from tasks import resident
+    from tasks import update
+    from tasks.policies import make_policy
+    from tasks.seeding import model_init_seed
+    t0 = time.perf_counter()
+    cfg, w, advs = rollout(args.num_envs, args.set)
+    a = cfg.algorithm
+    N = sum(x["actions"].shape[0] * x["actions"].shape[1] for x in advs)
+    print(f"update gap | {time.strftime('%Y-%m-%d %H:%M')} | {os.cpu_count()} cores | load avg "
+          f"{os.getloadavg()[0]:.2f} | N={N} samples, {a.update_epochs} epochs x {a.num_minibatches} minibatches, "
+          f"target_kl {a.target_kl} | rollout {time.perf_counter() - t0:.1f}s", flush=True)
+    data = update._flatten(advs)
+    O, D = data["obs"].shape[-1], data["actions"].shape[-1]
+
+    def dagrl_once() -> tuple[float, int]:
+        resident.release("bench-gap/actor")  # a fresh actor (weights w, new optimizer) each time
+        t = time.perf_counter()
+        out = update.actor_update(cfg, "bench-gap", w, *advs)
+        return time.perf_counter() - t, int(out["metrics"]["train/minibatch_updates"])
+
+    def base_once() -> tuple[float, int]:
+        policy = make_policy(cfg.policy, obs_dim=O, action_dim=D, seed=model_init_seed(cfg.seed))
+        policy.load_state_dict(w["state_dict"])
+        opt = torch.optim.Adam(policy.parameters(), lr=a.lr, eps=1e-5)
+        t = time.perf_counter()
+        n = baseline_update(cfg, policy, opt, data)
+        return time.perf_counter() - t, n
+
+    print(f"{'threads':>7} {'system':<28}{'update s (min)':>15}{'median':>8}{'Adam steps':>11}{'ms/step':>9}")
+    for th in args.threads:
+        torch.set_num_threads(th)
+        for name, fn in (("hand-written loop", base_once), ("dagrl actor_update", dagrl_once)):
+            fn()  # warm-up
+            res = [fn() for _ in range(args.repeats)]
+            ts = sorted(r[0] for r in res)
+            n = res[0][1]
+            print(f"{th:>7} {name:<28}{ts[0]:>15.3f}{ts[len(ts) // 2]:>8.3f}{n:>11}{1000 * ts[0] / max(n, 1):>9.2f}",
+                  flush=True)
+    if args.profile:
+        torch.set_num_threads(1)
+        pr = cProfile.Profile()
+        pr.enable()
+        dagrl_once()
+        pr.disable()
+        pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+    print(f"load avg at the end {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
