@@ -1,6 +1,7 @@
 """Throughput benchmark: raw simulator vs a hand-written PPO baseline vs the dagrl pipeline, on one machine.
 
     .venv/bin/python benchmarks/throughput.py [--steps N] [--quick]
+    .venv/bin/python benchmarks/throughput.py --scaling [--scaling-envs 16 32 64 128] [--scaling-workers 1 2]
 
 All three systems read one config: the default PushCube-v1 experiment (conf/conf/pushcube_ppo.yaml) through
 `pipelines.config.load_config` with `env.num_envs=16` (`--num-envs`; the yaml's own default is 32 since e8d8e1a)
@@ -21,6 +22,14 @@ reward, physx_cpu, MLP 3x256 policy, T=100 chunk steps (1 action per chunk) per 
              eval off during the measurement, trajectories stored. steps/s = median over steps 3.. of
              num_envs * T / time/step from MLflow, overhead = median time/overhead_share
              (1 - (max shard rollout time + update time) / step wall time).
+
+The machine's limit ("bound" line): the raw simulator's CPU time for one training step's env steps on all cores
+plus the update's CPU time, spread over all cores with nothing idle: per_step / (per_step / raw steps/s +
+update CPU-s / cores). No schedule of these two workloads on this machine can beat it.
+
+`--scaling`: (a) and (c) only, for every env count in --scaling-envs (raw) and every (env count, env workers) pair
+(pipeline: `env.num_envs=E cluster.num_env_workers=W env.num_shards=W`), 3 measured steps each: env steps/s,
+steps per CPU-second and peak memory per row.
 
 Each system runs in its own process tree (a fresh interpreter), and this driver samples the summed RSS of that
 tree every 0.25 s: "peak memory" is the maximum over the system's whole life (start-up included). RSS sums count
@@ -396,6 +405,63 @@ def other_pipeline_runs() -> list[str]:
     return out
 
 
+def actor_threads(cfg) -> int:
+    """Torch threads of the pipeline's actor worker (pipelines.cluster.cluster_specs' rule): the update's CPU
+    seconds per wall second, at most."""
+    return cfg.cluster.actor_threads or max(1, (os.cpu_count() or 1) - cfg.cluster.num_env_workers)
+
+
+def machine_bound(per_step: int, raw_sps: float, update_cpu_s: float, cores: int) -> float:
+    """Env steps/s no schedule can beat on this machine: a step's env steps at the raw simulator's rate on all
+    cores (per_step / raw_sps wall seconds = that many x cores CPU-s) plus the update's CPU seconds, all cores busy.
+
+    >>> round(machine_bound(1600, 1600.0, 1.0, 2))  # 1 s of env on 2 cores + 1 CPU-s of update over 2 cores
+    1067
+    """
+    return per_step / (per_step / raw_sps + update_cpu_s / cores)
+
+
+def scaling(args, scratch: Path, t_all: float) -> None:
+    """The scaling table (--scaling): raw per env count, the pipeline per (env count, env workers)."""
+    py, me = sys.executable, str(Path(__file__).resolve())
+    rows = []
+    for E in args.scaling_envs:
+        out, log = scratch / f"raw{E}.json", scratch / f"raw{E}.log"
+        tree = run_tree([py, me, "--phase", "raw", "--out", str(out), "--num-envs", str(E),
+                         *(f"--set={o}" for o in args.set), *(["--quick"] if args.quick else [])], log, timeout=900)
+        if tree["rc"] != 0 or not out.exists():
+            _fail(f"raw {E} envs", tree["rc"], log)
+        raw = {**json.loads(out.read_text()), **tree}
+        rows.append((E, f"raw, {raw['processes']} procs", raw))
+        print(f"[{time.perf_counter() - t_all:5.0f}s] raw {E} envs: {raw['steps_per_s']:.0f} env steps/s", flush=True)
+        for W in args.scaling_workers:
+            if E % W:
+                continue
+            run_root = scratch / f"pipe{E}_{W}"
+            a = argparse.Namespace(**{**vars(args), "num_envs": E,
+                                      "set": [*args.set, f"cluster.num_env_workers={W}", f"env.num_shards={W}"]})
+            log = scratch / f"pipe{E}_{W}.log"
+            tree = run_tree([py, "-m", "pipelines.run", *pipeline_overrides(a, str(run_root))], log, timeout=1800)
+            if tree["rc"] != 0:
+                _fail(f"pipeline {E} envs {W} workers", tree["rc"], log)
+            p = {**read_pipeline_metrics(str(run_root)), **tree}
+            p["cpu_s"], p["env_steps"] = pipeline_cpu(p)
+            p["steps_per_cpu_s"] = p["env_steps"] / p["cpu_s"]
+            rows.append((E, f"pipeline, {W} env worker{'s' if W > 1 else ''}", p))
+            print(f"[{time.perf_counter() - t_all:5.0f}s] pipeline {E} envs {W} workers: {p['steps_per_s']:.0f} "
+                  f"env steps/s", flush=True)
+    print(f"\n{'envs':>5}  {'system':<28}{'env steps/s':>12}{'steps/CPU-s':>13}{'peak GiB':>10}{'other load':>12}"
+          f"{'update s':>10}")
+    for E, name, x in rows:
+        upd = f"{x['update_s']:.2f}" if "update_s" in x else ""
+        print(f"{E:>5}  {name:<28}{x['steps_per_s']:>12.0f}{x['steps_per_cpu_s']:>13.0f}{x['peak_gib']:>10.2f}"
+              f"{100 * x['other_load']:>11.0f}%{upd:>10}")
+    print(f"\ntotal {time.perf_counter() - t_all:.0f}s | load avg {os.getloadavg()[0]:.2f}")
+    for _, _, x in rows:
+        x.pop("cpu_trace", None)
+    (scratch / "scaling.json").write_text(json.dumps([(E, n, x) for E, n, x in rows], indent=1, default=str))
+
+
 def _fail(name: str, rc: int, log: Path) -> None:
     tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
     sys.exit(f"{name} failed (exit {rc}); last lines of {log}:\n{tail}")
@@ -409,12 +475,16 @@ def main() -> None:
     ap.add_argument("--num-envs", type=int, default=16, help="envs per system (default 16; the yaml says 32)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="extra config override for all three systems (repeatable), e.g. --set env.num_shards=4")
+    ap.add_argument("--scaling", action="store_true",
+                    help="scaling table: raw and pipeline for every --scaling-envs x --scaling-workers")
+    ap.add_argument("--scaling-envs", type=int, nargs="+", default=[16, 32, 64, 128])
+    ap.add_argument("--scaling-workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--phase", choices=["raw", "baseline"], help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder (logs, pipeline run dir)")
     args = ap.parse_args()
     if args.steps is None:
-        args.steps = 1 if args.quick else 8
+        args.steps = 1 if args.quick else (3 if args.scaling else 8)
     args.raw_warmup, args.raw_steps = (10, 60) if args.quick else (30, 400)
 
     if args.phase:  # a child: measure one system, write JSON
@@ -437,6 +507,11 @@ def main() -> None:
     py = sys.executable
     me = str(Path(__file__).resolve())
     results: dict = {}
+    if args.scaling:
+        scaling(args, scratch, t_all)
+        if not args.keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return
 
     for name, label in (("raw", "(a) raw simulator"), ("baseline", "(b) hand-written AsyncVectorEnv + PPO")):
         print(f"[{time.perf_counter() - t_all:5.0f}s] {label} ...", flush=True)
@@ -497,6 +572,10 @@ def main() -> None:
     for name, val, tgt, ok in ratios:
         unit = " %" if name.startswith("overhead") else "x"
         print(f"{name:<26}{val:>8.2f}{unit:<2} {tgt:<10} {'PASS' if ok else 'FAIL'}")
+    bound = machine_bound(per_step, r["steps_per_s"], p["update_s"] * actor_threads(cfg), cores)
+    print(f"machine bound {bound:.0f} env steps/s (raw on all {cores} cores + the update's "
+          f"{p['update_s'] * actor_threads(cfg):.2f} CPU-s per step, nothing idle): the pipeline reaches "
+          f"{100 * p['steps_per_s'] / bound:.0f}% of it, the hand-written loop {100 * b['steps_per_s'] / bound:.0f}%")
     loaded = [k for k in ("raw", "baseline", "pipeline") if results[k]["other_load"] > 0.05]
     print(f"\ntotal {time.perf_counter() - t_all:.0f}s"
           + (f" | CONTENDED: {', '.join(busy)} running at start" if busy else "")

@@ -1,6 +1,6 @@
-"""Distributed-execution benchmark: colocated vs disaggregated inference, pipeline stages, asynchronous steps.
+"""Execution-schedule benchmark: colocated vs disaggregated inference, pipeline stages, asynchronous steps.
 
-    .venv/bin/python benchmarks/distributed.py [--steps 5] [--warmup 1] [--num-envs 16] [--chunk-steps 50]
+    .venv/bin/python benchmarks/schedules.py [--steps 5] [--warmup 1] [--num-envs 16] [--chunk-steps 50]
                                                [--num-shards 2] [--env-workers 2] [--hidden 1024]
                                                [--only NAME ...] [--set KEY=VALUE ...]
 
@@ -76,8 +76,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# run as a script, this file's folder comes first on sys.path and its name would shadow the `distributed` package
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -165,7 +163,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="dagrl-bench-dist-") as root:
         base = base_overrides(args, root)
         cfg, _ = load_config(base)
-        print(f"benchmarks/distributed.py: {cfg.env.env_id} {cfg.env.obs_mode}, {cfg.env.num_envs} envs in "
+        print(f"benchmarks/schedules.py: {cfg.env.env_id} {cfg.env.obs_mode}, {cfg.env.num_envs} envs in "
               f"{cfg.env.num_shards} shards on {cfg.cluster.num_env_workers} env workers, T={cfg.rollout.chunk_steps}, "
               f"mlp {cfg.policy.hidden_sizes}, "
               f"{args.warmup} warm-up + {args.steps} measured steps per setting; {os.cpu_count()} CPUs, "
