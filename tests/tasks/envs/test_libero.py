@@ -242,6 +242,39 @@ def test_shard_episode_semantics_on_libero(env, auto_reset):
         env.max_steps = saved
 
 
+def _trajectory(env, trial: int = 0):
+    """obs float32 [31, 8] and MuJoCo states float64 [31, S] of init state `trial` of task 5 under 30 seeded
+    uniform random actions, and the final agentview uint8 [32, 32, 3]."""
+    obs = [env.reset_to(5, trial)]
+    states = [env.env.sim.get_state().flatten()]
+    for a in np.random.default_rng(0).uniform(-1, 1, (30, 7)).astype(np.float32):
+        obs.append(env.step(a)[0])
+        states.append(env.env.sim.get_state().flatten())
+    return np.stack(obs), np.stack(states), env.render_rgb()
+
+
+@pytest.mark.slow
+def test_mujoco_replays_bit_exactly_in_another_process(env, tmp_path):
+    """The same init state and actions in a fresh process (its own env build) give bit-identical observations,
+    MuJoCo states and images: LIBERO replay's tolerance (tasks.replay.TOLERANCE) is met with 0 difference."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    here = Path(__file__).resolve()
+    code = (f"import sys, numpy as np; sys.path.insert(0, {str(here.parent)!r}); import test_libero as T; "
+            f"from tasks.config import EnvConfig; from tasks.envs import libero as L; "
+            f"e = L.LiberoEnv(EnvConfig(simulator='libero', env_id='libero_spatial', obs_mode='rgb', image_size=32, "
+            f"control_mode='OSC_POSE', reward_mode='sparse', sim_backend='cpu', task_ids=[5])); "
+            f"o, s, i = T._trajectory(e); np.savez({str(tmp_path / 'other.npz')!r}, obs=o, states=s, img=i)")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=here.parents[3])
+    other = np.load(tmp_path / "other.npz")
+    obs, states, img = _trajectory(env)
+    assert np.abs(obs[1:] - obs[:-1]).max() > 1e-3  # the actions moved the robot
+    np.testing.assert_array_equal(other["obs"], obs)
+    np.testing.assert_array_equal(other["states"], states)
+    np.testing.assert_array_equal(other["img"], img)
+
+
 def test_success_and_reward_are_libero_check_success(env):
     env.reset_to(5, 0)
     noop = L.NOOP_ACTION.astype(np.float32)
