@@ -35,7 +35,8 @@ Output: `--out DIR` (refused if it exists), default `<run dir>/external_evals/<c
 HF_DIR `<run_root>/external_evals/<dir name>-seed<S>-n<N>`; `-2`, `-3`, ... when taken): `eval.json` = {source,
 checkpoint, step, env_id, eval_seed, summary (rates, intervals, num_episodes), per_task, task_names (LIBERO:
 task id -> name), episodes (seed -> success_once, success_at_end, return, episode_len, task_id, trial_id)} and
-`videos/`. Printed: one line per task (with several, or named) and the mean; `--json` prints eval.json's summary part instead.
+`videos/`. Printed: one line per task (with several, or named) and the mean; `--json` prints eval.json's summary
+part instead.
 
 Exit codes: 0 done, 2 bad input (one line `error: ...`: unknown source, a key the run's policy forbids, a bad
 config, an output that exists), 1 a failure during the eval (a lost worker), 130 interrupted.

@@ -4,7 +4,8 @@ A tiny random flow VLA (save_pretrained in tmp, the LIBERO gripper convention in
 libero_spatial tasks 0 and 1 x their first 2 eval init states (trials 40, 41 of the disjoint split), 5-step
 episodes at 32 px: env.eval.num_episodes defaults to the 4 (task, trial) pairs, each once; per-task summaries keyed
 by the suite's task ids with their names; every episode's task_id / trial_id follow the eval seed rule; a second
-eval of the same weights gives identical per-episode outcomes and an identical filmed episode (the same actions, frame for frame)."""
+eval of the same weights gives identical per-episode outcomes and an identical filmed episode (the same actions,
+frame for frame)."""
 from __future__ import annotations
 
 import json
