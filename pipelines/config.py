@@ -290,13 +290,16 @@ def check_components(cfg: Config) -> None:
 
 
 def check_libero_run(cfg: Config) -> None:
-    """LIBERO checks that need the whole config: one task per run, and the env workers' memory (tasks.envs.libero).
-    Raises ConfigError."""
+    """LIBERO checks that need the whole config: envs moving between tasks (a warning on stderr, they rebuild
+    their instance) and the env workers' memory (tasks.envs.libero). Raises ConfigError."""
+    import sys
+
     from dask.utils import parse_bytes
     from tasks.envs import libero
     from tasks.rollout import group_size
     e, c = cfg.env, cfg.cluster
-    libero.check_run(e.num_envs, group_size(cfg), len(libero.task_ids(e)), e.eval.num_envs)
+    for w in libero.check_run(e.num_envs, group_size(cfg), len(libero.task_ids(e)), e.eval.num_envs):
+        print(f"warning: {w}", file=sys.stderr)
     limit = c.memory_limit
     limit_bytes = None if limit in (None, 0, "0", "auto") else parse_bytes(limit) if isinstance(limit, str) else int(limit)
     libero.check_memory(shard_size=e.shard_size, eval_shard_size=e.eval.num_envs // e.num_shards,

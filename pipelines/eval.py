@@ -12,17 +12,31 @@ SOURCE (the weights, and where the config comes from):
                                checkpoint (`checkpoints/best`, marked by its evals), else its newest
   RUN/checkpoints/global_step_N   that checkpoint (also `.../best`, or either's `hf/`)
       -> the config is the run's config.yaml; overrides may change only the evaluation and where it runs:
-         env.eval.* (num_episodes, num_envs, seed, ...), runner.eval_videos, runner.eval_video_size,
+         env.eval.* (num_episodes, num_envs, seed, ...), env.task_ids / env.num_trials (a LIBERO subset: the
+         prompts are the suite's whatever the subset), runner.eval_videos, runner.eval_video_size,
          runner.progress, cluster.*, tracking.*, run_root (another key: exit 2, it would evaluate another policy
          or env than the run's)
   HF_DIR                       a `save_pretrained` directory elsewhere (config.json + model.safetensors): needs
                                `conf=NAME` (the env and eval) among the overrides; it becomes policy.model_path
 
+LIBERO (env.simulator=libero): the evaluation protocol. Unless env.eval.num_episodes is given, it is every
+selected task (env.task_ids, default all of the suite's) x every init state of its eval split (env.num_trials: the
+first N of them), each (task, trial) pair once (eval seed env.eval.seed + u visits task task_ids[u % T], trial
+(u // T) of its eval split: tasks.envs.libero). Per task: success with its Wilson 95 % interval and episode count,
+keyed by the suite's task id with its name; every episode lists its task_id and trial_id. env.eval.num_envs that is
+a multiple of T keeps each eval env on one task (else envs rebuild their instance between tasks: a warning).
+Example (a tiny flow VLA's hf dir, 2 tasks x 2 init states):
+  python -m pipelines.eval /path/to/hf conf=libero_smoke env.task_ids=[0,1] env.num_trials=2 env.eval.num_envs=2
+
+Progress: a bar (runner.progress) advances by each eval shard's episodes as its node finishes (env.num_shards eval
+nodes: more shards, finer steps).
+
 Output: `--out DIR` (refused if it exists), default `<run dir>/external_evals/<checkpoint>-seed<S>-n<N>` (for an
 HF_DIR `<run_root>/external_evals/<dir name>-seed<S>-n<N>`; `-2`, `-3`, ... when taken): `eval.json` = {source,
-checkpoint, step, env_id, eval_seed, summary (rates, intervals, num_episodes), per_task, episodes (seed ->
-success_once, success_at_end, return, episode_len)} and `videos/`. Printed: one line per task (with several) and
-the mean; `--json` prints eval.json's summary part instead.
+checkpoint, step, env_id, eval_seed, summary (rates, intervals, num_episodes), per_task, task_names (LIBERO:
+task id -> name), episodes (seed -> success_once, success_at_end, return, episode_len, task_id, trial_id)} and
+`videos/`. Printed: one line per task (with several, or named) and the mean; `--json` prints eval.json's summary
+part instead.
 
 Exit codes: 0 done, 2 bad input (one line `error: ...`: unknown source, a key the run's policy forbids, a bad
 config, an output that exists), 1 a failure during the eval (a lost worker), 130 interrupted.
@@ -42,8 +56,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # keys a run source's evaluation may override (prefixes end with "."): the rest is the run's policy and env
-EVAL_KEYS = ("env.eval.", "runner.eval_videos", "runner.eval_video_size", "runner.progress", "cluster.",
-             "tracking.", "run_root")
+EVAL_KEYS = ("env.eval.", "env.task_ids", "env.num_trials", "runner.eval_videos", "runner.eval_video_size",
+             "runner.progress", "cluster.", "tracking.", "run_root")
 EXTERNAL_DIR = "external_evals"
 
 
@@ -107,7 +121,7 @@ def eval_config(src: Source, overrides: list[str]):
         if not any(o.split("=", 1)[0] == "conf" for o in overrides):
             raise ConfigError("conf", None, f"{src.hf} is an hf dir outside a run: name the experiment it is "
                                             f"evaluated in (env, eval), e.g. conf=pushcube_flow_grpo")
-        return load_config([*overrides, f"policy.model_path={src.hf}"])[0]
+        return protocol_defaults(load_config([*overrides, f"policy.model_path={src.hf}"])[0], overrides)
     parse_overrides(overrides)  # Hydra's grammar: one line for a malformed word
     allowed = ", ".join(k + "*" if k.endswith(".") else k for k in EVAL_KEYS)
     for o in overrides:
@@ -121,8 +135,18 @@ def eval_config(src: Source, overrides: list[str]):
         merged = OmegaConf.merge(saved, OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
     except Exception as exc:  # noqa: BLE001 - OmegaConf's type errors: one line
         raise ConfigError("overrides", " ".join(overrides), str(exc).splitlines()[0]) from None
-    cfg = to_config(merged, saved=True)
+    cfg = protocol_defaults(to_config(merged, saved=True), overrides)
     check_components(cfg)
+    return cfg
+
+
+def protocol_defaults(cfg, overrides: list[str]):
+    """LIBERO's evaluation protocol (module docstring): env.eval.num_episodes = every selected (task, eval init
+    state) pair unless an override sets it; other simulators unchanged. Returns cfg."""
+    if cfg.env.simulator == "libero" and not any(o.lstrip("+").split("=", 1)[0] == "env.eval.num_episodes"
+                                                 for o in overrides):
+        from tasks.envs.libero import protocol_episodes
+        cfg.env.eval.num_episodes = protocol_episodes(cfg.env)
     return cfg
 
 
@@ -146,13 +170,33 @@ def output_dir(src: Source, cfg, out: str | None) -> Path:
 
 
 def per_task(episodes: list[dict]) -> dict[str, dict]:
-    """{task_id: rate_summary} over the episodes that carry a `task_id` (multi-task envs); {} when none does."""
+    """{task_id: rate_summary} over the episodes that carry a `task_id` (every env shard's episodes do; ManiSkill's
+    are task 0), in task-id order; {} when none does."""
     from tasks.evalstats import episode_outcomes, rate_summary
-    tasks: dict[str, list[dict]] = {}
+    tasks: dict[int, list[dict]] = {}
     for e in episodes:
         if e.get("task_id") is not None:
-            tasks.setdefault(str(e["task_id"]), []).append(e)
-    return {t: rate_summary(episode_outcomes(es)) for t, es in sorted(tasks.items(), key=lambda kv: kv[0])}
+            tasks.setdefault(int(e["task_id"]), []).append(e)
+    return {str(t): rate_summary(episode_outcomes(tasks[t])) for t in sorted(tasks)}
+
+
+def task_names(cfg) -> dict[str, str]:
+    """{task_id: name} of the selected tasks (LIBERO: the suite's task names); {} for other simulators."""
+    if cfg.env.simulator != "libero":
+        return {}
+    from tasks.envs import libero
+    names = libero.task_names(cfg.env.env_id)
+    return {str(t): names[t] for t in libero.task_ids(cfg.env)}
+
+
+def shard_episode_counts(cfg) -> list[int]:
+    """Eval episodes each eval shard plays (episode i on eval env i % N; shard s holds envs s*N/S ...)."""
+    ev, S = cfg.env.eval, cfg.env.num_shards
+    per = ev.num_envs // S
+    counts = [0] * S
+    for i in range(ev.num_episodes):
+        counts[(i % ev.num_envs) // per] += 1
+    return counts
 
 
 def evaluate(cfg, src: Source, out: Path, handle, *, echo=print) -> dict:
@@ -161,9 +205,12 @@ def evaluate(cfg, src: Source, out: Path, handle, *, echo=print) -> dict:
     from pipelines.cluster import plan_placement
     from pipelines.runner.recovery import Watcher
     from storage.checkpoints import load_checkpoint
+    from tqdm import tqdm
+
     from tasks import evalstats
     from tasks.rollout import env_dims
 
+    ev = cfg.env.eval
     client = handle.client
     placement = plan_placement(cfg, client)
     watch = Watcher(cfg, client, placement)
@@ -186,15 +233,28 @@ def evaluate(cfg, src: Source, out: Path, handle, *, echo=print) -> dict:
     out.mkdir(parents=True)
     graph, keys = graphs.build_eval(cfg, run_id=eval_id, step=src.step or 0, weights=weights, placement=placement,
                                     video_dir=None if video_dir is None else str(video_dir))
-    parts = watch.results(client.get(graph, keys, sync=False), "the evaluation")
+    futures = client.get(graph, keys, sync=False)
+    bar = tqdm(total=ev.num_episodes, desc="eval", unit="episode", dynamic_ncols=True, file=sys.stderr,
+               disable=not cfg.runner.progress)
+    for fut, n in zip(futures, shard_episode_counts(cfg)):  # a shard's episodes when its node finishes
+        fut.add_done_callback(lambda f, n=n: bar.update(n) if f.status == "finished" else None)
+    try:
+        parts = watch.results(futures, "the evaluation")
+    finally:
+        bar.close()
     videos = parts.pop() if video_dir is not None else None
     episodes = [e for part in parts for e in part]
     outcomes = evalstats.episode_outcomes(episodes)
-    ev = cfg.env.eval
+    for e in episodes:  # which task and init state each episode was
+        outcomes[str(int(e["seed"]))].update(task_id=int(e.get("task_id", 0)), trial_id=int(e.get("trial_id", -1)))
+    names = task_names(cfg)
+    tasks_summary = per_task(episodes)
+    if len(tasks_summary) == 1 and not names:  # one unnamed task (ManiSkill): the summary says it all
+        tasks_summary = {}
     rec = {"source": src.arg, "run_dir": None if src.run_dir is None else str(src.run_dir),
            "checkpoint": str(src.checkpoint or src.hf), "step": src.step, "env_id": cfg.env.env_id,
            "eval_seed": ev.seed, "seconds": time.perf_counter() - t0, "summary": evalstats.rate_summary(outcomes),
-           "per_task": per_task(episodes), "episodes": outcomes,
+           "per_task": tasks_summary, "task_names": names, "episodes": outcomes,
            "videos": [] if videos is None else [v.get("path") for v in videos.get("videos", [])],
            "video_error": None if videos is None else videos.get("error")}
     tmp = out / ".eval.json.tmp"
@@ -215,7 +275,9 @@ def log_to_mlflow(cfg, rec: dict, out: Path) -> str:
     ev = cfg.env.eval
     tr.log_params({"source": rec["source"], "checkpoint": rec["checkpoint"], "env.env_id": cfg.env.env_id,
                    "env.eval.seed": ev.seed, "env.eval.num_episodes": ev.num_episodes,
-                   "env.eval.num_envs": ev.num_envs})
+                   "env.eval.num_envs": ev.num_envs,
+                   **({"env.task_ids": str(list(map(int, rec["task_names"]))), "env.num_trials": cfg.env.num_trials}
+                      if rec.get("task_names") else {})})
     m = {f"eval/{k}": float(v) for k, v in rec["summary"].items()}
     for t, s in rec["per_task"].items():
         m.update({f"eval/task_{t}/{k}": float(v) for k, v in s.items()})
@@ -234,7 +296,9 @@ def report_lines(rec: dict) -> list[str]:
         once = fmt_rate(s["success_once"], s["success_once_ci_low"], s["success_once_ci_high"], int(s["num_episodes"]))
         end = fmt_rate(s["success_at_end"], s["success_at_end_ci_low"], s["success_at_end_ci_high"])
         return f"dagrl eval: {name}: success_once {once} (success_at_end {end})"
-    lines = [line(f"task {t}", s) for t, s in rec["per_task"].items()] if len(rec["per_task"]) > 1 else []
+    names = rec.get("task_names") or {}
+    lines = [line(f"task {t}" + (f" ({names[t]})" if t in names else ""), s) for t, s in rec["per_task"].items()] \
+        if len(rec["per_task"]) > 1 or names else []
     what = rec["env_id"] + ("" if rec["step"] is None else f" at step {rec['step']}")
     return [*lines, line(f"{what} ({rec['checkpoint']})", rec["summary"])]
 
@@ -293,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         mlflow_id = log_to_mlflow(cfg, rec, out)
         if args.json:
             print(json.dumps({k: rec[k] for k in ("source", "checkpoint", "step", "env_id", "eval_seed", "summary",
-                                                  "per_task")}, indent=1))
+                                                  "per_task", "task_names")}, indent=1))
         else:
             for line in report_lines(rec):
                 print(line)

@@ -96,7 +96,8 @@ def _store(path: str, step: int, shard: int, traj: dict, attempt: int | None = N
 
 
 def step_metrics(update_out: dict, *parts: dict) -> dict:
-    """Merge a step's metrics: update metrics, advantage stats (mean over shards), episodes, timings, cursors,
+    """Merge a step's metrics: update metrics, advantage stats (mean over shards), episodes (`env/*`; with several
+    tasks among them also `env/task_<id>/*`: num_episodes, success_once, success_at_end, return), timings, cursors,
     weight sync (`time/weight_sync`: the slowest replica load, s; `system/weight_sync_mb`: MB loaded into replicas).
     `update_out` is the update's output or its handle (tasks.weights.handle: no tensors). `timing`: per shard the
     rollout's own seconds {"env", "infer", "total", "weight_sync"} (pipelines.runner.perf splits a colocated
@@ -112,6 +113,13 @@ def step_metrics(update_out: dict, *parts: dict) -> dict:
         if episodes:
             m[f"env/{k}"] = sum(float(e[k]) for e in episodes) / len(episodes)
     m["env/num_episodes"] = float(len(episodes))
+    tasks = sorted({int(e.get("task_id", 0)) for e in episodes})
+    if len(tasks) > 1:  # a multi-task run (LIBERO): per task too, by the suite's task id
+        for t in tasks:
+            es = [e for e in episodes if int(e.get("task_id", 0)) == t]
+            m[f"env/task_{t}/num_episodes"] = float(len(es))
+            for k in ("success_once", "success_at_end", "return"):
+                m[f"env/task_{t}/{k}"] = sum(float(e[k]) for e in es) / len(es)
     if all(M.WEIGHT_VERSION in t for t in trajs):  # behaviour weights vs the weights the update started from
         behaviour = min(t[M.WEIGHT_VERSION] for t in trajs)
         m["train/behaviour_version"] = float(behaviour)

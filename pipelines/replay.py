@@ -301,6 +301,7 @@ def replay(store_path: Path, *, episode_ids: list[int] | None = None, num_episod
                                            f"{row['skipped']}; pick an episode that starts inside the store")
                 skipped.append({"episode": ep.id, "reason": row["skipped"]})
                 continue
+            _check_task_trial(store, row, env)
             if ep.id in why:
                 row["picked"] = why[ep.id]
             rows.append(row)
@@ -336,6 +337,22 @@ def replay(store_path: Path, *, episode_ids: list[int] | None = None, num_episod
         r.pop("_actions", None)
         r.pop("_obs_after", None)
     return report
+
+
+def _check_task_trial(store, row: dict, env) -> None:
+    """A multi-task store (LIBERO: fields task_id / trial_id): the replayed reset's (env.task_id, env.trial_id)
+    against the stored ones at the episode's first replayed chunk step; a mismatch (the seed mapped to another
+    init state than the run's: other mapping keys) makes the episode not verified. Sets row["task_id"],
+    row["trial_id"] (the replayed ones) where the env reports them."""
+    if getattr(env, "trial_id", None) is None or "trial_id" not in store.fields:
+        return
+    e, t = row["first_step"]["step"], row["first_step"]["t"]
+    stored = tuple(int(store.read(f, [e])[0, t, row["env"]]) for f in ("task_id", "trial_id"))
+    replayed = (int(env.task_id), int(env.trial_id))
+    row["task_id"], row["trial_id"] = replayed
+    if stored != replayed:
+        row["verified"] = False
+        row["notes"].append(f"the seed reset to (task_id, trial_id) {replayed}, the store recorded {stored}")
 
 
 def _ranges(xs: list[int]) -> str:

@@ -23,7 +23,7 @@ from tasks.config import Config
 from tasks.device import autocast, to_device
 from tasks.envs import make_shard
 from tasks.policies import make_policy
-from tasks.rollout import instruction, num_values, policy_obs
+from tasks.rollout import instruction, instructions, num_values, policy_obs
 
 
 def chunk_steps_per_episode(cfg: Config) -> int:
@@ -64,7 +64,8 @@ def record_round(cfg: Config, teacher_cfg: Config, checkpoint_path: str, shard: 
     episodes: list[dict] = []
     for _ in range(T):
         seeds, ids = sh.current_episodes()
-        rec = {"obs": state, "rgb": rgb, "actions": np.zeros((B, C, D), np.float32),
+        task, trial = sh.current_tasks()
+        rec = {"obs": state, "rgb": rgb, "task_id": task, "trial_id": trial, "actions": np.zeros((B, C, D), np.float32),
                "rewards": np.zeros((B, C), np.float32), "step_mask": np.zeros((B, C), bool),
                "terminated": np.zeros(B, bool), "truncated": np.zeros(B, bool), "success": np.zeros(B, bool),
                "episode_seed": seeds, "episode_id": ids}
@@ -137,7 +138,7 @@ def _dataset(cfg: Config) -> dict[str, np.ndarray]:
         st = TrajectoryStore.open(store_path)
         rows = sft_index(store_path, only_success and not value)
         out = {}
-        for k in ("obs", "rgb", "actions"):
+        for k in ("obs", "rgb", "actions", "task_id"):  # task_id: each sample's prompt (stores since issue 12)
             if k in st.fields:
                 out[k] = st.read(k)[rows[:, 0], rows[:, 1], rows[:, 2]]
         if value:
@@ -190,12 +191,15 @@ def sft_update(cfg: Config, run_id: str, weights: dict, *batch_lists: list[dict]
     policy, opt = actor.policy, actor.optimizer
     dev = next(policy.parameters()).device
     policy.train()
-    instr = instruction(cfg)
+    # a sample's prompt: the instruction table at its stored task_id; a store written before task_id was recorded
+    # holds one task's episodes: the (first selected) task's instruction, as before
+    table, legacy = instructions(cfg), instruction(cfg)
     losses, norms, vlosses = [], [], []
     skipped = 0
     with update_rng(cfg, int(weights["version"]), 0, dev):  # the loss's draws: a function of (seed, version)
         for b in batches:
-            obs = policy_obs(policy, b["obs"], b["rgb"] if "rgb" in b and cfg.env.obs_mode == "rgb" else None, instr)
+            obs = policy_obs(policy, b["obs"], b["rgb"] if "rgb" in b and cfg.env.obs_mode == "rgb" else None,
+                             table if "task_id" in b else legacy, b.get("task_id"))
             obs, actions = to_device(obs, dev), torch.from_numpy(b["actions"]).to(dev)
             if "returns" in b:  # value warm start: BC on the selected samples, value regression on all
                 bc = torch.from_numpy(b["bc"]).to(dev)

@@ -26,7 +26,9 @@ cursors, so a resumed run draws the same noise, and the inference worker's own R
 The seed formulas are tasks.seeding's (`shard_policy_seed`, `infer_seed`, `eval_torch_seed`: its table).
 
 Policies see observations as a dict of tensors ({"state", "rgb", "prompt"}, see tasks.policies); `policy_obs`
-builds it, tokenising the env task's instruction for VLAs once per replica.
+builds it. Prompts are per env: the run's instruction table (`instructions(cfg)`: the simulator's tasks in order,
+one string for ManiSkill) indexed by each observation's `task_id` (the shard's `current_tasks`; the stored
+`task_id` field), so one batch may hold several tasks; the table is tokenised once per replica.
 """
 from __future__ import annotations
 
@@ -71,34 +73,54 @@ class Replica:
             self.moved_s += time.perf_counter() - t0
 
 
-def prompt_tokens(policy: torch.nn.Module, instruction: str, batch: int):
-    """int64 [batch, L] tokens of `instruction` for a VLA (None for policies without prompts); tokenised once per
-    (instruction, batch) and policy instance (cached on it: rollouts and updates call this at every chunk step or
-    minibatch with the same instruction)."""
+def prompt_tokens(policy: torch.nn.Module, prompts, task_id=None, batch: int | None = None):
+    """int64 [B, L] prompt tokens for a VLA (None for policies without prompts).
+
+    Args:
+        prompts: the instruction table (a sequence of strings indexed by task id), or one string for every sample.
+        task_id: int [B] (numpy or torch) indices into `prompts`; None: task 0 for `batch` samples.
+    The table is tokenised once per policy instance (cached on it: rollouts and updates call this at every chunk
+    step or minibatch); a batch is the table's rows at `task_id`. Raises IndexError for a task id outside the table.
+    """
     if not getattr(policy, "needs_prompt", False):
         return None
+    table = (prompts,) if isinstance(prompts, str) else tuple(prompts)
     cache = policy.__dict__.setdefault("_prompt_cache", {})
-    key = (instruction, batch)
-    if key not in cache:
-        cache[key] = policy.tokenize([instruction] * batch)
-    return cache[key]
+    if table not in cache:
+        cache[table] = policy.tokenize(list(table))
+    tokens = cache[table]
+    idx = torch.zeros(int(batch), dtype=torch.long) if task_id is None else torch.as_tensor(task_id).long().cpu()
+    if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= len(table)):
+        raise IndexError(f"task ids {sorted(set(idx.tolist()))} outside the instruction table of {len(table)} "
+                         f"(tasks.envs.instructions)")
+    return tokens[idx]
 
 
-def policy_obs(policy: torch.nn.Module, state, rgb, instruction: str) -> dict[str, torch.Tensor]:
-    """The policy's observation dict from arrays or tensors: state f32 [B, O], rgb u8 [B, H, W, 3] or None."""
+def policy_obs(policy: torch.nn.Module, state, rgb, prompts, task_id=None) -> dict[str, torch.Tensor]:
+    """The policy's observation dict from arrays or tensors: state f32 [B, O], rgb u8 [B, H, W, 3] or None;
+    prompts: the instruction table (or one string), task_id int [B] into it (None: 0 for every sample)."""
     obs = {"state": torch.as_tensor(state)}
     if rgb is not None:
         obs["rgb"] = torch.as_tensor(rgb)
-    tok = prompt_tokens(policy, instruction, len(state))
+    tok = prompt_tokens(policy, prompts, task_id, len(state))
     if tok is not None:
         obs["prompt"] = tok
     return obs
 
 
 def instruction(cfg: Config) -> str:
-    """The env task's natural-language instruction (the VLA prompt), by the simulator's adapter."""
+    """The env task's natural-language instruction (the VLA prompt), by the simulator's adapter (with several
+    tasks: the first selected one's; per-env prompts use `instructions`)."""
     from tasks.envs import instruction as env_instruction
     return env_instruction(cfg.env)
+
+
+def instructions(cfg: Config) -> tuple[str, ...]:
+    """The run's instruction table (tasks.envs.instructions: index = task_id), cached per process."""
+    from tasks.envs import instructions as env_instructions
+    key = f"instructions/{cfg.env.simulator}/{cfg.env.env_id}"
+    table, _ = resident.get_or_create(key, lambda: tuple(env_instructions(cfg.env)))
+    return table
 
 
 num_values = tj.num_values  # value outputs per chunk step V: C for action-level rewards, else 1
@@ -189,12 +211,14 @@ def _values_np(rep: Replica, obs: dict, n: int) -> np.ndarray:
         return to_numpy(rep.module.values(to_device(obs, dev)).reshape(n, -1))
 
 
-def _final_values(rep: Replica, res, instr: str, V: int) -> np.ndarray:
-    """V(final_obs) [B, V] where the chunk step truncated an episode, else 0."""
+def _final_values(rep: Replica, res, instr, task_id: np.ndarray, V: int) -> np.ndarray:
+    """V(final_obs) [B, V] where the chunk step truncated an episode, else 0 (`task_id` [B]: the episode's task,
+    i.e. that of the chunk's observation)."""
     fv = np.zeros((len(res.truncated), V), np.float32)
     if res.truncated.any():
         m = res.truncated
-        obs = policy_obs(rep.module, res.final_obs[m], None if res.final_rgb is None else res.final_rgb[m], instr)
+        obs = policy_obs(rep.module, res.final_obs[m], None if res.final_rgb is None else res.final_rgb[m], instr,
+                         task_id[m])
         fv[m] = _values_np(rep, obs, int(m.sum()))
     return fv
 
@@ -239,29 +263,30 @@ def env_step(cfg: Config, run_id: str, shard: int, weights: dict, num_chunk_step
 def _env_step(cfg: Config, run_id: str, sh: EnvShard, rep: Replica, weights: dict, num_chunk_steps: int,
               last: bool, t0: float) -> dict:
     sync = rep.last_sync
-    instr = sh.instruction or instruction(cfg)
+    instr = instructions(cfg)
     V = num_values(cfg)
     t_env = t_inf = 0.0
     steps: dict[str, list] = {}
     episodes: list[dict] = []
-    state, rgb = sh.current_obs(), sh.current_rgb()
+    state, rgb, task = sh.current_obs(), sh.current_rgb(), sh.current_tasks()[0]
     for _ in range(num_chunk_steps):
         ti = time.perf_counter()
-        out = _act(rep, policy_obs(rep.module, state, rgb, instr))
+        out = _act(rep, policy_obs(rep.module, state, rgb, instr, task))
         te = time.perf_counter()
         res = sh.chunk_step(out["actions"])
         tf = time.perf_counter()
-        final_values = _final_values(rep, res, instr, V)
+        final_values = _final_values(rep, res, instr, task, V)
         t_inf += (te - ti) + (time.perf_counter() - tf)
         t_env += tf - te
-        record = {"obs": state, **out, "final_values": final_values, **{k: getattr(res, k) for k in tj.ENV_OUTPUTS}}
+        record = {"obs": state, "task_id": task, **out, "final_values": final_values,
+                  **{k: getattr(res, k) for k in tj.ENV_OUTPUTS}}
         if rgb is not None:
             record["rgb"] = rgb
         for k, v in record.items():
             steps.setdefault(k, []).append(v)
         episodes += res.episodes
-        state, rgb = res.obs, res.rgb
-    bootstrap = _values_np(rep, policy_obs(rep.module, state, rgb, instr), sh.num_envs)
+        state, rgb, task = res.obs, res.rgb, res.task_id
+    bootstrap = _values_np(rep, policy_obs(rep.module, state, rgb, instr, task), sh.num_envs)
     if last and cfg.algorithm.offload:
         rep.offload()
     seg = {k: np.stack(v) for k, v in steps.items()}
@@ -317,7 +342,7 @@ def evaluate(cfg: Config, run_id: str, shard: int, weights: dict, keep_actions: 
         cfg.env, shard=shard, num_shards=n_shards, num_envs=ev.num_envs, auto_reset=False,
         ignore_terminations=ev.ignore_terminations, base_seed=ev.seed))
     rep = get_replica(cfg, run_id, weights, sh.obs_dim, sh.action_dim)
-    instr = sh.instruction or instruction(cfg)
+    instr = instructions(cfg)
     sh.load_state_dict(None)  # episode 0 of every eval env again
     episodes: list[dict] = []
     rounds = -(-ev.num_episodes // ev.num_envs)
@@ -327,16 +352,16 @@ def evaluate(cfg: Config, run_id: str, shard: int, weights: dict, keep_actions: 
         torch.manual_seed(seeding.eval_torch_seed(ev.seed, shard))
         for _ in range(rounds):
             sh.begin_rollout()
-            state, rgb = sh.current_obs(), sh.current_rgb()
+            state, rgb, task = sh.current_obs(), sh.current_rgb(), sh.current_tasks()[0]
             while sh.active.any():
-                out = _act(rep, policy_obs(rep.module, state, rgb, instr), deterministic=True)
+                out = _act(rep, policy_obs(rep.module, state, rgb, instr, task), deterministic=True)
                 res = sh.chunk_step(out["actions"])
                 for e in res.episodes:
                     log = sh.ep_actions[e["env"] - sh.env_offset] if e["episode_id"] < keep_actions else []
                     if len(log) == e["episode_len"] > 0:  # the whole episode's actions (idle until begin_rollout)
                         e["actions"] = np.stack(log).astype(np.float32)
                 episodes += res.episodes
-                state, rgb = res.obs, res.rgb
+                state, rgb, task = res.obs, res.rgb, res.task_id
     return [e for e in episodes if e["episode_id"] < ev.num_episodes]
 
 
@@ -350,8 +375,9 @@ def env_observe(cfg: Config, run_id: str, shard: int, cursor: dict | None, first
     sh = get_shard(cfg, run_id, shard, cursor, stage)
     if first:
         sh.begin_rollout()
-    return {"obs": sh.current_obs(), "rgb": sh.current_rgb(), "truncated": np.zeros(sh.num_envs, bool),
-            "final_obs": None, "final_rgb": None, "instruction": sh.instruction, "rng_key": sh.rng_key()}
+    return {"obs": sh.current_obs(), "rgb": sh.current_rgb(), "task_id": sh.current_tasks()[0],
+            "truncated": np.zeros(sh.num_envs, bool), "final_obs": None, "final_rgb": None,
+            "rng_key": sh.rng_key()}
 
 
 def env_step_chunk(cfg: Config, run_id: str, shard: int, infer_out: list[dict], cursor: dict | None,
@@ -362,7 +388,7 @@ def env_step_chunk(cfg: Config, run_id: str, shard: int, infer_out: list[dict], 
     sh = get_shard(cfg, run_id, shard, cursor, stage)
     res = sh.chunk_step(infer_out[shard]["actions"])
     out = {k: getattr(res, k) for k in (*tj.OBSERVATION, *tj.ENV_OUTPUTS, "final_obs", "final_rgb", M.EPISODES)}
-    out["instruction"] = sh.instruction
+    out["prev_task_id"] = infer_out[shard]["task_id"]  # the task of the chunk's observation (its final_obs')
     out[M.CURSOR] = sh.state_dict()
     out["rng_key"] = sh.rng_key()
     out["env_time"] = time.perf_counter() - t0
@@ -387,9 +413,10 @@ def policy_infer(cfg: Config, run_id: str, weights: dict, dims: tuple[int, int],
     sizes = [len(o["obs"]) for o in env_outs]
     rep = get_replica(cfg, run_id, weights, *dims)
     sync = rep.last_sync
-    instr = env_outs[0].get("instruction") or instruction(cfg)
+    instr = instructions(cfg)
+    task = np.concatenate([o["task_id"] for o in env_outs])  # [S*B]
     V = num_values(cfg)
-    obs = policy_obs(rep.module, state, rgb, instr)
+    obs = policy_obs(rep.module, state, rgb, instr, task)
     if sample:
         devs = _cuda_index(module_device(rep.module))
         with seeding.forked(seeding.infer_seed(cfg.seed, [o.get("rng_key", ()) for o in env_outs]), devs):
@@ -402,11 +429,12 @@ def policy_infer(cfg: Config, run_id: str, weights: dict, dims: tuple[int, int],
     results, start = [], 0
     for o, n in zip(env_outs, sizes):
         r = {k: v[start:start + n] for k, v in acts.items()}
+        r["task_id"] = task[start:start + n]  # the prompts' tasks (env_step_chunk passes them back)
         fv = np.zeros((n, V), np.float32)
         if o["final_obs"] is not None and o["truncated"].any():
             m = o["truncated"]
             fobs = policy_obs(rep.module, o["final_obs"][m], None if o["final_rgb"] is None else o["final_rgb"][m],
-                              instr)
+                              instr, o["prev_task_id"][m])
             fv[m] = _values_np(rep, fobs, int(m.sum()))
         r["final_values"] = fv
         r[M.WEIGHT_VERSION] = int(weights["version"])
@@ -434,7 +462,7 @@ def trajectory_disaggregated(cfg: Config, shard: int, first_obs: dict, *parts) -
     for t in range(T):
         inf, env = infers[t][shard], envs[t]
         prev = first_obs if t == 0 else envs[t - 1]
-        rec = {"obs": prev["obs"]}
+        rec = {"obs": prev["obs"], "task_id": prev["task_id"]}
         if prev["rgb"] is not None:
             rec["rgb"] = prev["rgb"]
         rec.update({k: v for k, v in inf.items() if k in tj.POLICY_OUTPUTS or tj.is_extra(k)})

@@ -103,6 +103,10 @@ FIELDS: tuple[Field, ...] = (
     Field("rgb", "H, H, 3", lambda d: None if d.image_size is None else (d.image_size, d.image_size, 3), "uint8",
           "observation", "camera image of the same observation (pixels, 0-255)", stored=True, update=True,
           recorded=True, when="env.obs_mode=rgb"),
+    Field("task_id", "", _scalar, "int64", "observation",
+          "task of the observation: its index in the run's instruction table (`tasks.envs.instructions`; the "
+          "prompt the policy saw; LIBERO: the suite's task id, ManiSkill: 0)", stored=True, update=True,
+          recorded=True),
     Field("actions", "C, D", lambda d: (d.num_action_chunks, d.action_dim), "float32", "policy",
           "sampled actions, **unclipped** (the env received `clip(a, -1, 1)`)", stored=True, update=True, replay=True,
           recorded=True),
@@ -129,6 +133,9 @@ FIELDS: tuple[Field, ...] = (
     Field("episode_seed", "", _scalar, "int64", "env",
           "reset seed of the episode the chunk belongs to (-1 for an idle env; tasks.seeding)", stored=True,
           update=False, replay=True, recorded=True),
+    Field("trial_id", "", _scalar, "int64", "env",
+          "init-state index within its task of the episode the chunk belongs to (LIBERO; -1 for ManiSkill, whose "
+          "initial state is the seed's, and for an idle env)", stored=True, update=False, recorded=True),
     Field("episode_id", "", _scalar, "int64", "env",
           "id of the episode the chunk belongs to, unique in the run (-1 for an idle env)", stored=True, update=False,
           replay=True, recorded=True),

@@ -55,7 +55,7 @@ from tasks.config import Config
 from tasks.device import autocast, policy_device, to_device
 from tasks.optim_state import load_optimizer_state, optimizer_state  # noqa: F401 (re-exported)
 from tasks.policies import make_policy
-from tasks.rollout import image_size, instruction, num_values, policy_obs
+from tasks.rollout import image_size, instructions, num_values, policy_obs
 
 SAMPLE_FIELDS = tj.SAMPLE_FIELDS  # the update's samples (tasks.trajectory: the `update` fields), extras/* on top
 
@@ -310,10 +310,13 @@ def _flatten(samples: list[dict]) -> dict[str, torch.Tensor]:
     return out
 
 
-def batch_obs(policy: torch.nn.Module, data: dict[str, torch.Tensor], idx: torch.Tensor, instr: str) -> dict:
+def batch_obs(policy: torch.nn.Module, data: dict[str, torch.Tensor], idx: torch.Tensor, instr) -> dict:
     """The policy's observation dict for samples `idx` of a flattened batch (state, rgb, prompt), on the batch's
-    device (the cached prompt tokens live on the CPU)."""
-    obs = policy_obs(policy, data["obs"][idx], data["rgb"][idx] if "rgb" in data else None, instr)
+    device (the cached prompt tokens live on the CPU). `instr`: the run's instruction table (or one string);
+    each sample's prompt is the table's row at its stored `task_id` (the prompt its rollout used; task 0 for a
+    batch without the field)."""
+    task = data["task_id"][idx] if "task_id" in data else None
+    obs = policy_obs(policy, data["obs"][idx], data["rgb"][idx] if "rgb" in data else None, instr, task)
     return to_device(obs, data["obs"].device)
 
 
@@ -355,7 +358,7 @@ def prepare_update(cfg: Config, data: dict[str, torch.Tensor]) -> dict[str, torc
 
 
 def minibatch_loss(cfg: Config, policy: torch.nn.Module, data: dict[str, torch.Tensor], prep: dict,
-                   idx: torch.Tensor, instr: str) -> dict[str, torch.Tensor]:
+                   idx: torch.Tensor, instr) -> dict[str, torch.Tensor]:
     """PPO loss terms on samples `idx` (int64 [n]) of a flattened batch: one forward of `policy.evaluate`.
 
     With `prep["prox_lp"]` set (a stale rollout, `proximal_logprobs`), the decoupled PPO loss: ratio against the
@@ -394,7 +397,7 @@ def minibatch_loss(cfg: Config, policy: torch.nn.Module, data: dict[str, torch.T
 
 
 def proximal_logprobs(cfg: Config, policy: torch.nn.Module, data: dict[str, torch.Tensor], prep: dict,
-                      instr: str) -> torch.Tensor:
+                      instr) -> torch.Tensor:
     """Log-probs of the batch's actions under `policy` as it is now (before the update's first minibatch),
     reduced like `prep["old_lp"]` (same shape); no grad, in minibatch-sized chunks, in the policy's current mode.
     These are decoupled PPO's proximal log-probs (the trust region's centre) for a rollout made with older weights."""
@@ -469,7 +472,7 @@ def optimizer_step(opt: torch.optim.Optimizer, groups: list[list[torch.nn.Parame
 
 
 def update_epochs(cfg: Config, policy: torch.nn.Module, opt: torch.optim.Optimizer, data: dict, prep: dict,
-                  instr: str, plan, gen: torch.Generator, *, rank: int = 0, world: int = 1,
+                  instr, plan, gen: torch.Generator, *, rank: int = 0, world: int = 1,
                   all_reduce=_no_reduce) -> tuple[dict[str, float], dict[str, int]]:
     """The update epochs on this rank (1 rank: world=1, no collective); every rank must call it together.
 
@@ -573,7 +576,7 @@ def run_update(cfg: Config, policy: torch.nn.Module, opt: torch.optim.Optimizer,
     import warnings
 
     a = cfg.algorithm
-    instr = instruction(cfg)
+    instr = instructions(cfg)  # the per-sample prompts: this table at each sample's task_id
     device = data["obs"].device
     with update_rng(cfg, version, rank, device), warnings.catch_warnings():
         # FSDP2: evaluate() returns views (values.squeeze); none is edited in place

@@ -65,6 +65,14 @@ def instruction(cfg: EnvConfig) -> str:
     return _module(cfg.simulator).instruction(cfg)
 
 
+def instructions(cfg: EnvConfig) -> list[str]:
+    """The run's instruction table: index = the `task_id` an env reports (tasks.envs.shard), value = the VLA prompt.
+    LIBERO: every task of the suite in its standard order (so a stored task_id is the suite's task id); a
+    single-task simulator (ManiSkill): [instruction(cfg)], task_id 0."""
+    fn = getattr(_module(cfg.simulator), "instructions", None)
+    return list(fn(cfg)) if fn else [instruction(cfg)]
+
+
 def make_single_env(cfg: EnvConfig, render_size: int | None = None) -> SingleEnv:
     """One simulator instance of `cfg`'s env task. `render_size` (pixels): an instance that also renders square
     frames of that size (`render_frame()`, uint8 [S, S, 3]) for videos; same dynamics.
@@ -101,4 +109,4 @@ def make_shard(cfg: EnvConfig, *, shard: int, num_shards: int, num_envs: int, au
 
 
 __all__ = ["ChunkResult", "EnvShard", "SingleEnv", "check_env_config", "check_gripper_convention", "gripper_convention",
-           "instruction", "store_attrs", "make_shard", "make_single_env"]
+           "instruction", "instructions", "store_attrs", "make_shard", "make_single_env"]

@@ -85,6 +85,7 @@ class BatchedEnvShard(EnvShard):
         if self.rgb is not None:
             self.rgb[idx] = self.env.render_rgb()[idx]
         for b in idx:
+            self._note_task(int(b), self.envs[int(b)])
             self._start_episode(int(b))
 
     def _reset_env(self, b: int) -> None:
@@ -121,6 +122,7 @@ class BatchedEnvShard(EnvShard):
         B, C = clipped.shape[:2]
         render = render and self.rgb is not None
         episode_seed, episode_id = self.current_episodes()
+        trial_id = self.current_tasks()[1]
         live = self.active.copy()  # envs still executing actions in this chunk
         end_img = np.zeros(B, bool)  # ended envs whose final image is still to be captured
         imgs_at_end = None if self.rgb is None else np.zeros_like(self.rgb)
@@ -171,7 +173,8 @@ class BatchedEnvShard(EnvShard):
         self._end_chunk()
         return ChunkResult(self.obs.copy(), rewards, terminated, truncated, step_mask, success, final_obs,
                            episode_seed, episode_id, episodes,
-                           rgb=None if self.rgb is None else self.rgb.copy(), final_rgb=final_rgb)
+                           rgb=None if self.rgb is None else self.rgb.copy(), final_rgb=final_rgb,
+                           task_id=self.task_id.copy(), trial_id=trial_id)
 
     def close(self) -> None:
         self.env.close()

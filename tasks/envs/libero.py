@@ -224,17 +224,22 @@ def check_config(env: EnvConfig) -> None:
                                                 f">= env.eval.seed as eval init states")
 
 
-def check_run(num_envs: int, group_size: int, tasks: int, eval_envs: int) -> None:
-    """Checks of a training run on LIBERO that need more than the env section.
+def check_run(num_envs: int, group_size: int, tasks: int, eval_envs: int) -> list[str]:
+    """Checks of a run on LIBERO that need more than the env section; returns warnings (strings).
 
-    One instruction per run (the rollout and the update prompt a VLA with one string), so a run trains on one
-    task; with T tasks the seed rule would move an env between tasks unless the groups (num_envs / group_size)
-    and the eval envs are multiples of T. Raises ConfigError (env.task_ids).
+    Several tasks per run are supported: each env's prompt is its own task's instruction (`instructions`, the
+    stored `task_id`). With T tasks the seed rule keeps every training env on one task only when the groups
+    (num_envs / group_size) are a multiple of T, and every eval env when env.eval.num_envs is; otherwise an env
+    moves between tasks and its instance is rebuilt at such resets (4-40 s each): a warning, not an error.
     """
-    if tasks != 1:
-        raise ConfigError("env.task_ids", f"{tasks} tasks", "a run prompts its policy with one instruction: "
-                                                            "select one task, e.g. env.task_ids=[0]")
-    del num_envs, group_size, eval_envs
+    out = []
+    if tasks > 1 and (num_envs // group_size) % tasks:
+        out.append(f"{num_envs // group_size} GRPO groups / envs (env.num_envs / group size) are not a multiple of "
+                   f"the {tasks} tasks: training envs move between tasks and rebuild their LIBERO instance (4-40 s)")
+    if tasks > 1 and eval_envs % tasks:
+        out.append(f"env.eval.num_envs={eval_envs} is not a multiple of the {tasks} tasks: eval envs move between "
+                   f"tasks and rebuild their LIBERO instance (4-40 s each time)")
+    return out
 
 
 def shard_memory_gib(envs_per_worker: int) -> float:
@@ -292,8 +297,29 @@ def config_from_store(attrs: dict, base: EnvConfig) -> EnvConfig:
 
 
 def instruction(cfg: EnvConfig) -> str:
-    """The language instruction of the run's task (the first selected task of the suite)."""
+    """The language instruction of the first selected task of the suite."""
     return suite(cfg.env_id).get_task(task_ids(cfg)[0]).language
+
+
+def instructions(cfg: EnvConfig) -> list[str]:
+    """The instruction table of a LIBERO run: every task of the suite in its standard order, so the `task_id` an
+    env reports (and the store records) is the suite's task id, whatever env.task_ids selects."""
+    s = suite(cfg.env_id)
+    return [s.get_task(t).language for t in range(s.n_tasks)]
+
+
+def task_names(suite_name: str) -> list[str]:
+    """The suite's task names (LIBERO's `Task.name`, e.g. "pick_up_the_black_bowl_..."), index = task id."""
+    s = suite(suite_name)
+    return [s.get_task(t).name for t in range(s.n_tasks)]
+
+
+def protocol_episodes(cfg: EnvConfig) -> int:
+    """Episodes of the evaluation protocol: every selected task x every init state of its eval split (with
+    env.num_trials: the first that many); eval seed eval.seed + u, u < this count, visits each pair once."""
+    counts = trial_counts(cfg.env_id)
+    return sum(len(split_trials(counts[t], cfg.trial_split, cfg.eval_trials, cfg.num_trials)["eval"])
+               for t in task_ids(cfg))
 
 
 def rotate180(img: np.ndarray) -> np.ndarray:

@@ -34,6 +34,14 @@ rendering only the final frame, so a shard built from a cursor continues EXACTLY
 would silently continue from a drifted state: its shard must override `_restore_episodes`, as BatchedEnvShard
 (GPU physics) does by restarting open episodes from their reset (same seeds; a warning names the envs).
 
+Tasks and trials (multi-task simulators, LIBERO): after each reset the shard reads the env's `task_id` (an index
+into the run's instruction table, `tasks.envs.instructions`; 0 for an env without the attribute, e.g. ManiSkill's
+one task) and `trial_id` (the init state within that task; -1 without the attribute: ManiSkill's state comes from
+the seed alone). `current_tasks()` gives both for the current observations (the prompt of the next chunk: an idle
+env keeps its last episode's task_id, its trial_id is -1), `ChunkResult.task_id` those of `obs` after the chunk
+(after an automatic reset: the new episode's), `ChunkResult.trial_id` the trial of the episode the chunk belonged
+to, and every finished-episode record carries its `task_id` and `trial_id`.
+
 GRPO scores each env's first episode of a rollout, so its configs must use DISABLED, or SAME_STEP with episodes
 aligned to rollouts (tasks.config.check_grpo_episodes refuses the rest offline).
 
@@ -93,10 +101,14 @@ class ChunkResult:
     final_obs [B, O] float32: the episode's last observation where it ended (zeros elsewhere), for
         bootstrapping V(final_obs) on truncation.
     episode_seed [B] int64, episode_id [B] int64: the episode this chunk step belonged to (-1 for idle envs).
+    trial_id [B] int64: the init-state index (within its task) of that episode (-1 for idle envs and simulators
+        without trials).
+    task_id [B] int64: the task of `obs` (the instruction-table index of the next chunk's prompt; module docstring).
     rgb [B, H, W, 3] uint8 or None: camera image of `obs` (envs with images only).
     final_rgb [B, H, W, 3] uint8 or None: image of `final_obs` where the episode was truncated (zeros elsewhere).
     episodes: one dict per episode that ended in this chunk step (terminated or truncated; episodes cut by a
-        rollout's end are not listed): env, seed, episode_id, return, episode_len, success_once, success_at_end.
+        rollout's end are not listed): env, seed, episode_id, task_id, trial_id, return, episode_len, success_once,
+        success_at_end.
     """
 
     obs: np.ndarray
@@ -111,6 +123,8 @@ class ChunkResult:
     episodes: list[dict] = field(default_factory=list)
     rgb: np.ndarray | None = None
     final_rgb: np.ndarray | None = None
+    task_id: np.ndarray | None = None
+    trial_id: np.ndarray | None = None
 
 
 def join_cursors(cursors: Sequence[dict]) -> dict:
@@ -187,6 +201,8 @@ class EnvShard:
         self.ep_return = np.zeros(B, np.float64)
         self.ep_len = np.zeros(B, np.int64)
         self.success_once = np.zeros(B, bool)
+        self.task_id = np.zeros(B, np.int64)  # task of each env's current (idle: last) episode
+        self.trial_id = np.full(B, -1, np.int64)  # its init-state index within the task (-1: none)
         self.ep_actions: list[list[np.ndarray]] = [[] for _ in range(B)]  # clipped actions of each env's episode
         self.needs_reset = True  # never started: the first begin_rollout / chunk_step / current_obs resets all
         self.chunk_steps = 0  # chunk steps over the shard's life (restored by load_state_dict)
@@ -208,6 +224,13 @@ class EnvShard:
         if not np.all(np.isfinite(x)):
             raise ValueError(f"non-finite {field_} from the simulator: {self._where(b, field_)}")
 
+    def _note_task(self, b: int, env=None) -> None:
+        """Read env b's task_id / trial_id after its reset (0 / -1 for an env without them)."""
+        env = self.envs[b] if env is None else env
+        t, k = getattr(env, "task_id", None), getattr(env, "trial_id", None)
+        self.task_id[b] = 0 if t is None else int(t)
+        self.trial_id[b] = -1 if k is None else int(k)
+
     def _start_episode(self, b: int) -> None:
         """Bookkeeping of a new episode in env b (seed set, obs stored by the caller)."""
         self.active[b] = True
@@ -218,6 +241,7 @@ class EnvShard:
         self.seed[b] = self.seed_fn(self.env_offset + b, int(self.episode_count[b]))
         obs = self.envs[b].reset(int(self.seed[b]))
         self._check_finite(obs, b, "obs")
+        self._note_task(b)
         self.obs[b] = obs
         if self.rgb is not None:
             self.rgb[b] = self.envs[b].render_rgb()
@@ -256,6 +280,13 @@ class EnvShard:
         if self.needs_reset:
             self.reset_all()
         return None if self.rgb is None else self.rgb.copy()
+
+    def current_tasks(self) -> tuple[np.ndarray, np.ndarray]:
+        """(task_id [B] int64, trial_id [B] int64) of the current observations (module docstring: an idle env
+        keeps its last task_id, its trial_id is -1)."""
+        if self.needs_reset:
+            self.reset_all()
+        return self.task_id.copy(), np.where(self.active, self.trial_id, -1).astype(np.int64)
 
     def current_episodes(self) -> tuple[np.ndarray, np.ndarray]:
         """(episode_seed [B] int64, episode_id [B] int64) of the episodes the envs are in (-1 for idle envs)."""
@@ -314,6 +345,7 @@ class EnvShard:
         for b, acts in enumerate(actions):
             env = self.envs[b]
             obs = env.reset(int(self.seed[b]))
+            self._note_task(b)
             for a in acts:
                 obs = env.step(a)[0]
             self.obs[b] = obs
@@ -377,6 +409,7 @@ class EnvShard:
 
     def _episode_record(self, b: int, episode_id: int, success_at_end: bool) -> dict:
         return {"env": self.env_offset + int(b), "seed": int(self.seed[b]), "episode_id": int(episode_id),
+                "task_id": int(self.task_id[b]), "trial_id": int(self.trial_id[b]),
                 "return": float(self.ep_return[b]), "episode_len": int(self.ep_len[b]),
                 "success_once": bool(self.success_once[b]), "success_at_end": bool(success_at_end)}
 
@@ -398,6 +431,7 @@ class EnvShard:
         render = render and self.rgb is not None
         # idle envs (auto_reset=False, episode over) belong to no episode: -1
         episode_seed, episode_id = self.current_episodes()
+        trial_id = self.current_tasks()[1]
         episodes = []
         for b in range(B):
             if not self.active[b]:
@@ -439,7 +473,8 @@ class EnvShard:
         self._end_chunk()
         return ChunkResult(self.obs.copy(), rewards, terminated, truncated, step_mask, success, final_obs,
                            episode_seed, episode_id, episodes,
-                           rgb=None if self.rgb is None else self.rgb.copy(), final_rgb=final_rgb)
+                           rgb=None if self.rgb is None else self.rgb.copy(), final_rgb=final_rgb,
+                           task_id=self.task_id.copy(), trial_id=trial_id)
 
     def close(self) -> None:
         for env in self.envs:

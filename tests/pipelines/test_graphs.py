@@ -358,3 +358,20 @@ def test_offload_step_logs_the_actor_memory_around_the_move(monkeypatch):
     assert 0.0 <= m["time/offload"] < 1.0
     assert met["metrics"]["time/offload"] == m["time/offload"]
     assert met["metrics"]["time/offload_replica_max"] >= 0.0
+
+
+def test_step_metrics_per_task_when_episodes_span_several_tasks():
+    """env/task_<id>/* from the finished episodes' task_id (hand-computed means); none for one task."""
+    from tasks import trajectory
+
+    def ep(task, succ, ret):
+        return {"task_id": task, "success_once": succ, "success_at_end": succ, "return": ret, "episode_len": 3}
+    traj = {trajectory.Meta.EPISODES: [ep(0, True, 1.0), ep(0, False, 0.0), ep(3, True, 2.0)],
+            trajectory.Meta.TIMING: {"env": 0.0, "infer": 0.0, "total": 0.0}, trajectory.Meta.CURSOR: {}}
+    out = graphs.step_metrics({"metrics": {}, "version": 1}, traj, {"stats": {}})["metrics"]
+    assert out["env/task_0/num_episodes"] == 2 and out["env/task_0/success_once"] == 0.5
+    assert out["env/task_3/num_episodes"] == 1 and out["env/task_3/return"] == 2.0
+    assert out["env/success_once"] == pytest.approx(2 / 3)
+    one = {**traj, trajectory.Meta.EPISODES: [ep(0, True, 1.0)]}
+    assert not [k for k in graphs.step_metrics({"metrics": {}, "version": 1}, one, {"stats": {}})["metrics"]
+                if k.startswith("env/task_")]

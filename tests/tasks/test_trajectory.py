@@ -32,7 +32,8 @@ def test_zarr_schema_from_dims(image, action_level):
     want = {"obs": ((7,), "float32"), "actions": ((3, 4), "float32"), "logprobs": ((3, 4), "float32"),
             "values": ((V,), "float32"), "final_values": ((V,), "float32"), "rewards": ((3,), "float32"),
             "terminated": ((), "bool"), "truncated": ((), "bool"), "step_mask": ((3,), "bool"),
-            "success": ((), "bool"), "episode_seed": ((), "int64"), "episode_id": ((), "int64")}
+            "success": ((), "bool"), "episode_seed": ((), "int64"), "episode_id": ((), "int64"),
+            "task_id": ((), "int64"), "trial_id": ((), "int64")}  # per-sample prompt index, init state (issue 12)
     if image:
         want["rgb"] = ((image, image, 3), "uint8")
     assert got == want

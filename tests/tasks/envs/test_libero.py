@@ -118,13 +118,27 @@ def test_config_checks_and_the_smoke_experiment_validates():
     assert cfg.env.simulator == "libero" and L.max_episode_steps(cfg.env) == 20
     assert L.max_episode_steps(EnvConfig(env_id="libero_10")) == 520
     for over, key in [(["env.env_id=libero_spatail"], "env.env_id"), (["env.task_ids=[10]"], "env.task_ids"),
-                      (["env.seed=2000000"], "env.seed"), (["env.task_ids=[1,2]"], "env.task_ids"),
+                      (["env.seed=2000000"], "env.seed"), (["env.task_ids=[1,1]"], "env.task_ids"),
                       (["env.reward_mode=dense"], "env.reward_mode"), (["cluster.memory_limit=3GiB"],
                                                                        "cluster.memory_limit")]:
         with pytest.raises(ConfigError) as e:
             load_config(["conf=libero_smoke", *over])
         assert e.value.key == key, (over, str(e.value))
         assert "\n" not in str(e.value)
+
+
+def test_several_tasks_per_run_validate_and_warn_when_envs_would_move_between_tasks(capsys):
+    from pipelines.config import load_config
+    from tasks.envs import instructions
+    cfg, _ = load_config(["conf=libero_smoke", "env.task_ids=[1,2]", "env.eval.num_envs=2",
+                          "cluster.memory_limit=8GiB"])
+    assert L.task_ids(cfg.env) == [1, 2]
+    # 1 GRPO group of 2 envs for 2 tasks: the training envs alternate tasks (rebuilds); 2 eval envs keep theirs
+    err = capsys.readouterr().err
+    assert err.count("warning: ") == 1 and "1 GRPO groups" in err and "env.eval.num_envs" not in err
+    table = instructions(cfg.env)  # the suite's tasks in order: a stored task_id is the suite's task id
+    assert len(table) == 10 and table[2] == L.suite("libero_spatial").get_task(2).language
+    assert L.check_run(8, 2, 2, 4) == [] and len(L.check_run(6, 2, 2, 3)) == 2
 
 
 # ----- the real simulator -----
@@ -191,6 +205,74 @@ def test_soft_reset_gives_the_trajectory_of_a_hard_reset(env):
     np.testing.assert_allclose(soft, hard, atol=1e-6)
     np.testing.assert_array_equal(img_soft, img_hard)
     assert np.abs(soft[1:] - soft[:-1]).max() > 1e-3  # the actions moved the arm
+
+
+@pytest.mark.parametrize("auto_reset", [True, False])
+def test_shard_episode_semantics_on_libero(env, auto_reset):
+    """EnvShard over the real env (libero_spatial task 5), 3-step episodes, no-op chunks of 2 actions: the episode
+    ends inside the second chunk (its last action not executed); per-episode task_id / trial_id (train trials 0, 1
+    from seeds 0, 1), success flags, return and length; SAME_STEP resets into trial 1 at once, DISABLED idles."""
+    from tasks.envs.shard import EnvShard
+    saved = env.max_steps
+    env.max_steps = 3
+    try:
+        sh = EnvShard([env], env_offset=0, num_envs_total=1, base_seed=0, auto_reset=auto_reset,
+                      ignore_terminations=False)
+        sh.begin_rollout()
+        assert [a.tolist() for a in sh.current_tasks()] == [[5], [0]]
+        noop = np.tile(L.NOOP_ACTION.astype(np.float32), (1, 2, 1))  # [B=1, C=2, D=7]
+        r1 = sh.chunk_step(noop)
+        assert r1.episodes == [] and r1.step_mask.tolist() == [[True, True]] and r1.trial_id.tolist() == [0]
+        r2 = sh.chunk_step(noop)
+        assert r2.step_mask.tolist() == [[True, False]] and r2.truncated.tolist() == [True]
+        assert r2.terminated.tolist() == [False] and r2.trial_id.tolist() == [0]
+        (ep,) = r2.episodes
+        assert (ep["task_id"], ep["trial_id"], ep["seed"], ep["episode_len"]) == (5, 0, 0, 3)
+        assert (ep["success_once"], ep["success_at_end"], ep["return"]) == (False, False, 0.0)
+        assert r2.task_id.tolist() == [5]
+        if auto_reset:  # the next episode (seed 1: train trial 1) started in the same chunk step
+            assert sh.current_tasks()[1].tolist() == [1] and env.trial_id == 1 and sh.active.tolist() == [True]
+        else:
+            assert sh.current_tasks()[1].tolist() == [-1] and sh.active.tolist() == [False]
+            r3 = sh.chunk_step(noop)  # idle: nothing executed, no episode
+            assert r3.step_mask.tolist() == [[False, False]] and r3.trial_id.tolist() == [-1] and not r3.episodes
+            sh.begin_rollout()
+            assert sh.current_tasks()[1].tolist() == [1]
+    finally:
+        env.max_steps = saved
+
+
+def _trajectory(env, trial: int = 0):
+    """obs float32 [31, 8] and MuJoCo states float64 [31, S] of init state `trial` of task 5 under 30 seeded
+    uniform random actions, and the final agentview uint8 [32, 32, 3]."""
+    obs = [env.reset_to(5, trial)]
+    states = [env.env.sim.get_state().flatten()]
+    for a in np.random.default_rng(0).uniform(-1, 1, (30, 7)).astype(np.float32):
+        obs.append(env.step(a)[0])
+        states.append(env.env.sim.get_state().flatten())
+    return np.stack(obs), np.stack(states), env.render_rgb()
+
+
+@pytest.mark.slow
+def test_mujoco_replays_bit_exactly_in_another_process(env, tmp_path):
+    """The same init state and actions in a fresh process (its own env build) give bit-identical observations,
+    MuJoCo states and images: LIBERO replay's tolerance (tasks.replay.TOLERANCE) is met with 0 difference."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    here = Path(__file__).resolve()
+    code = (f"import sys, numpy as np; sys.path.insert(0, {str(here.parent)!r}); import test_libero as T; "
+            f"from tasks.config import EnvConfig; from tasks.envs import libero as L; "
+            f"e = L.LiberoEnv(EnvConfig(simulator='libero', env_id='libero_spatial', obs_mode='rgb', image_size=32, "
+            f"control_mode='OSC_POSE', reward_mode='sparse', sim_backend='cpu', task_ids=[5])); "
+            f"o, s, i = T._trajectory(e); np.savez({str(tmp_path / 'other.npz')!r}, obs=o, states=s, img=i)")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=here.parents[3])
+    other = np.load(tmp_path / "other.npz")
+    obs, states, img = _trajectory(env)
+    assert np.abs(obs[1:] - obs[:-1]).max() > 1e-3  # the actions moved the robot
+    np.testing.assert_array_equal(other["obs"], obs)
+    np.testing.assert_array_equal(other["states"], states)
+    np.testing.assert_array_equal(other["img"], img)
 
 
 def test_success_and_reward_are_libero_check_success(env):

@@ -123,7 +123,7 @@ def sim(monkeypatch):
         return BatchedEnvShard(LifeBatched(envs), **kw) if Sim.batched else EnvShard(envs, **kw)
 
     monkeypatch.setattr(rollout, "make_shard", make_shard)
-    monkeypatch.setattr(rollout, "instruction", lambda cfg: "")
+    monkeypatch.setattr(rollout, "instructions", lambda cfg: ("",))
     resident.release("")
     yield Sim
     resident.release("")

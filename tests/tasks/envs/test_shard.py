@@ -101,7 +101,7 @@ def test_episode_ending_inside_a_chunk_masks_the_rest_and_auto_resets():
     assert res.episode_seed.tolist() == [0, 1] and res.episode_id.tolist() == [0, 1]
     assert len(envs[0].actions) == 2 and len(envs[1].actions) == 3  # the 3rd action of env 0 never ran
     np.testing.assert_array_equal(envs[1].actions[2], [1.0, 1.0])
-    assert res.episodes == [{"env": 0, "seed": 0, "episode_id": 0, "return": pytest.approx(0.6),
+    assert res.episodes == [{"env": 0, "seed": 0, "episode_id": 0, "task_id": 0, "trial_id": -1, "return": pytest.approx(0.6),
                              "episode_len": 2, "success_once": True, "success_at_end": True}]
     assert res.obs.dtype == np.float32 and res.final_obs.dtype == np.float32
     # the next chunk belongs to env 0's second episode
@@ -162,7 +162,7 @@ def test_ignore_terminations_runs_to_the_time_limit():
     assert [bool(r.success[0]) for r in out] == [False, True, False, False, False]
     assert [len(r.episodes) for r in out] == [0, 0, 0, 0, 1]
     ep = out[4].episodes[0]
-    assert ep == {"env": 0, "seed": 0, "episode_id": 0, "return": pytest.approx(2.5), "episode_len": 5,
+    assert ep == {"env": 0, "seed": 0, "episode_id": 0, "task_id": 0, "trial_id": -1, "return": pytest.approx(2.5), "episode_len": 5,
                   "success_once": True, "success_at_end": False}
     np.testing.assert_array_equal(out[4].final_obs, [[5, 0]])
     assert sh.envs[0].reset_seeds == [0, 1]
@@ -217,7 +217,7 @@ def test_episode_metrics_accumulate_over_chunks():
     assert out[0].episodes == []
     assert out[1].step_mask.tolist() == [[True, False, False]]
     np.testing.assert_allclose(out[1].rewards, [[1.0, 0.0, 0.0]])
-    assert out[1].episodes == [{"env": 0, "seed": 0, "episode_id": 0, "return": pytest.approx(3.5),
+    assert out[1].episodes == [{"env": 0, "seed": 0, "episode_id": 0, "task_id": 0, "trial_id": -1, "return": pytest.approx(3.5),
                                 "episode_len": 4, "success_once": True, "success_at_end": True}]
 
 
@@ -248,3 +248,44 @@ def test_grpo_groups_share_every_reset_seed_and_never_straddle_shards():
     with pytest.raises(ValueError, match="straddle"):
         EnvShard([FakeEnv() for _ in range(3)], env_offset=3, num_envs_total=6, base_seed=0, auto_reset=True,
                  ignore_terminations=False, group_size=2)
+
+
+class TaskEnv(FakeEnv):
+    """A multi-task FakeEnv: the reset seed picks task seed % 3 and trial seed // 3 (as a LIBERO adapter would)."""
+
+    task_id = trial_id = None
+
+    def reset(self, seed: int) -> np.ndarray:
+        self.task_id, self.trial_id = seed % 3, seed // 3
+        return super().reset(seed)
+
+
+@pytest.mark.parametrize("auto_reset", [True, False])
+def test_task_and_trial_ids_follow_each_envs_episode(auto_reset):
+    # 2 envs, episodes truncated after 2 actions; seeds base + g + k*2 -> env 0: 0, 2, 4; env 1: 1, 3, 5
+    envs = [TaskEnv(limit=2), TaskEnv(limit=2)]
+    sh = make(envs, auto_reset=auto_reset)
+    sh.begin_rollout()
+    task, trial = sh.current_tasks()
+    assert task.tolist() == [0, 1] and trial.tolist() == [0, 0]  # seeds 0, 1
+    res = sh.chunk_step(act(sh, [1, 1], C=2))
+    assert res.trial_id.tolist() == [0, 0]  # the episodes the chunk belonged to
+    assert [(e["task_id"], e["trial_id"]) for e in res.episodes] == [(0, 0), (1, 0)]
+    if auto_reset:  # obs is the new episode's (seeds 2, 3): its task prompts the next chunk
+        assert res.task_id.tolist() == [2, 0] and sh.current_tasks()[1].tolist() == [0, 1]
+    else:  # idle: the last episode's task stays (the prompt of the idle obs), no trial
+        assert res.task_id.tolist() == [0, 1] and sh.current_tasks()[1].tolist() == [-1, -1]
+        sh.begin_rollout()
+        assert sh.current_tasks()[0].tolist() == [2, 0] and sh.current_tasks()[1].tolist() == [0, 1]
+    # a shard rebuilt from the cursor re-simulates and reports the same tasks
+    sh2 = make([TaskEnv(limit=2), TaskEnv(limit=2)], auto_reset=auto_reset)
+    sh2.load_state_dict(sh.state_dict())
+    assert [a.tolist() for a in sh2.current_tasks()] == [a.tolist() for a in sh.current_tasks()]
+
+
+def test_envs_without_task_attributes_are_task_0_without_trials():
+    sh = make([FakeEnv(limit=1)], auto_reset=False)
+    sh.begin_rollout()
+    res = sh.chunk_step(act(sh, [0]))
+    assert res.task_id.tolist() == [0] and res.trial_id.tolist() == [-1]
+    assert (res.episodes[0]["task_id"], res.episodes[0]["trial_id"]) == (0, -1)
