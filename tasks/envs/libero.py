@@ -191,6 +191,15 @@ def reset_state_for_seed(seed: int, *, tasks: Sequence[int], counts: Sequence[in
     return ResetStates(tuple(int(c) for c in counts)).reset_state_id(t, trials[(u // T) % len(trials)])
 
 
+def task_trial_for_seed(cfg: EnvConfig, seed: int) -> tuple[int, int]:
+    """(task_id, trial_id) of the init state a reset seed selects under cfg (`reset_state_for_seed`)."""
+    counts = trial_counts(cfg.env_id)
+    rid = reset_state_for_seed(int(seed), tasks=task_ids(cfg), counts=counts, base_seed=cfg.seed,
+                               eval_seed=cfg.eval.seed, split=cfg.trial_split, eval_trials=cfg.eval_trials,
+                               num_trials=cfg.num_trials)
+    return ResetStates(counts).task_trial(rid)
+
+
 def max_episode_steps(cfg: EnvConfig) -> int:
     return int(cfg.max_episode_steps or SUITE_MAX_STEPS[cfg.env_id])
 

@@ -174,3 +174,80 @@ class PickPlaceExpert:
             return a
         wp = np.array([eef[0], eef[1], self._carry_z])  # retreat
         return self._action(env, wp, -1.0)
+
+
+def expert_episode(env, task_id: int, trial_id: int, params: ExpertParams | None = None) -> dict:
+    """Run one expert episode on a `tasks.envs.libero.LiberoEnv` from init state (task_id, trial_id) until LIBERO's
+    success check holds (the env's `terminated`) or the episode's step limit.
+
+    Returns {"actions": float32 [L, 7] (the executed actions), "success": bool (LIBERO's check at the last step),
+    "steps": L, "phase": the expert's last phase}."""
+    env.reset_to(task_id, trial_id)
+    ex = PickPlaceExpert(params or ExpertParams())
+    sim_env = problem_env(env)
+    ex.reset(sim_env)
+    actions, success = [], False
+    for _ in range(env.max_steps):
+        a = ex.act(sim_env)
+        actions.append(a)
+        _, _, success, truncated, _ = env.step(a)
+        if success or truncated:
+            break
+    return {"actions": np.stack(actions), "success": bool(success), "steps": len(actions), "phase": ex.phase}
+
+
+def problem_env(env):
+    """The LIBERO problem env (robosuite `SingleArmEnv` with `parsed_problem`, `obj_body_id`, `sim`) inside a
+    `tasks.envs.libero.LiberoEnv` (its OffScreenRenderEnv's `env`); None before the first reset built it."""
+    return None if env.env is None else env.env.env
+
+
+def check_tasks(cfg) -> None:
+    """Offline: every selected task of cfg's suite has a goal the expert handles (one `in`/`on` predicate whose
+    first argument is a movable object), read from its BDDL file. Raises ConfigError (env.task_ids)."""
+    import os
+
+    from tasks.config import ConfigError
+    from tasks.envs import libero as L
+    L.check_config(cfg)
+    _, get_libero_path, _ = L._import_libero()
+    from libero.libero.envs.bddl_utils import robosuite_parse_problem
+    bad = []
+    for t in L.task_ids(cfg):
+        task = L.suite(cfg.env_id).get_task(t)
+        prob = robosuite_parse_problem(os.path.join(get_libero_path("bddl_files"), task.problem_folder,
+                                                    task.bddl_file))
+        goal = prob["goal_state"]
+        movable = {n for names in prob["objects"].values() for n in names}
+        if len(goal) != 1 or len(goal[0]) != 3 or goal[0][0].lower() not in ("in", "on") or goal[0][1] not in movable:
+            bad.append(t)
+    if bad:
+        raise ConfigError("env.task_ids", list(L.task_ids(cfg)),
+                          f"the scripted expert picks one object and places it in/on a target; task(s) {bad} of "
+                          f"{cfg.env_id} have another goal: select pick-and-place tasks (libero_object, "
+                          f"libero_spatial: all)")
+
+
+class ShardExpert:
+    """The scripted teacher of a `tasks.envs.EnvShard` of `LiberoEnv`s (`record.teacher=scripted:libero`): one
+    `PickPlaceExpert` per env, reset whenever that env starts a new episode.
+
+    `act(shard)` -> float32 [B, 1, 7]: each active env's action for its current state; zeros for idle envs."""
+
+    def __init__(self, shard, params: ExpertParams | None = None):
+        self.params = params or ExpertParams()
+        self.experts = [PickPlaceExpert(self.params) for _ in range(shard.num_envs)]
+        self.episode = [-1] * shard.num_envs
+
+    def act(self, shard) -> np.ndarray:
+        _, ids = shard.current_episodes()
+        out = np.zeros((shard.num_envs, 1, shard.action_dim), np.float32)
+        for b, (ex, env) in enumerate(zip(self.experts, shard.envs)):
+            if ids[b] < 0:
+                continue
+            sim_env = problem_env(env)
+            if ids[b] != self.episode[b]:
+                ex.reset(sim_env)
+                self.episode[b] = int(ids[b])
+            out[b, 0] = ex.act(sim_env)
+        return out
