@@ -80,3 +80,46 @@ def test_expert_succeeds_by_libero_check_and_its_actions_replay_to_the_same_succ
         env.step(a)
         checks.append(env.check_success())
     assert checks[-1] and not any(checks[:-1])
+
+
+# ----- the recording (slow: a cluster, two env builds in its worker and two here) -----
+
+@pytest.mark.slow
+def test_record_cli_writes_a_store_whose_per_task_success_is_libero_check_of_the_stored_actions(tmp_path):
+    """`python -m pipelines.record conf=libero_record` (2 envs: task 0 and task 1, one round): the store opens with
+    the recording's layout (32 px images, chunks of C=5 actions, the close_positive gripper convention, the
+    episode index with task_id / trial_id), and replaying each episode's executed actions from its init state in
+    a fresh env gives LIBERO's check_success() first true exactly where the store's success is."""
+    from pipelines import record
+    from storage.trajectories import TrajectoryStore
+    out = tmp_path / "rec.zarr"
+    assert record.main(["conf=libero_record", "record.num_episodes=2", f"record.out={out}",
+                        "runner.progress=false"]) == 0
+    st = TrajectoryStore.open(str(out))
+    attrs = st.attrs
+    assert attrs["gripper_convention"] == "close_positive" and attrs["teacher_run"] == "scripted:libero"
+    assert attrs["libero"]["task_ids"] == [0, 1] and attrs["episodes"] == 2
+    index = attrs["episode_index"]
+    assert sorted(e["task_id"] for e in index) == [0, 1] and all(e["trial_id"] == 0 for e in index)
+    steps = st.complete_steps()
+    assert list(steps) == [0]
+    rgb, actions, mask, success = (st.read(k, steps)[0] for k in ("rgb", "actions", "step_mask", "success"))
+    suite = attrs["env_id"]
+    T = -(-L.SUITE_MAX_STEPS[suite] // 5)
+    assert rgb.shape == (T, 2, 32, 32, 3) and rgb.dtype == np.uint8 and actions.shape == (T, 2, 5, 7)
+    per_task_store, per_task_replay = {}, {}
+    for b, e in enumerate(sorted(index, key=lambda e: e["episode_id"])):
+        executed = actions[:, b][mask[:, b]]  # [L, 7] in time order
+        assert len(executed) == e["episode_len"]
+        env = L.LiberoEnv(_cfg(suite, tasks=[e["task_id"]]))
+        env.reset_to(e["task_id"], e["trial_id"])
+        checks = []
+        for a in executed:
+            env.step(a)
+            checks.append(env.check_success())
+        env.close()
+        per_task_replay[e["task_id"]] = any(checks)
+        per_task_store[e["task_id"]] = bool(success[:, b].any()) and e["success_once"]
+        if any(checks):  # the episode ended at LIBERO's first success
+            assert checks.index(True) == len(checks) - 1
+    assert per_task_store == per_task_replay
