@@ -301,7 +301,8 @@ def check_libero_run(cfg: Config, one_task: bool = True) -> None:
         libero.check_run(e.num_envs, group_size(cfg), len(libero.task_ids(e)), e.eval.num_envs)
     limit = c.memory_limit
     limit_bytes = None if limit in (None, 0, "0", "auto") else parse_bytes(limit) if isinstance(limit, str) else int(limit)
-    libero.check_memory(shard_size=e.shard_size, eval_shard_size=e.eval.num_envs // e.num_shards,
+    # SFT rolls nothing out: its env workers hold eval envs only
+    libero.check_memory(shard_size=0 if cfg.algorithm.name == "sft" else e.shard_size, eval_shard_size=e.eval.num_envs // e.num_shards,
                         num_shards=e.num_shards, num_env_workers=c.num_env_workers, memory_limit_bytes=limit_bytes,
                         memory_limit=str(limit))
 
@@ -498,10 +499,10 @@ def check_given(cfg: Config, overrides: Sequence[str] = (), command: str = "run"
     file_inert = None
     for key, where in given.items():
         why = inert_reason(key, inert)
-        if why is None or (command == "record" and where.startswith("conf/env/") and key.split(".")[:2] in
-                           (["env", "eval"], ["env", "auto_reset"])):
-            # an env group file describes its env for every command: its run-time keys (the eval envs,
-            # auto_reset) are not the recording's to refuse (pipelines.record ignores them)
+        if why is None or (where.startswith("conf/env/") and key.split(".")[:2] in
+                           (["env", "eval"], ["env", "auto_reset"], ["env", "ignore_terminations"])):
+            # an env group file describes its env for every command and algorithm: its rollout keys (the eval
+            # envs, auto_reset, ignore_terminations) are not refused where they do nothing (a recording, SFT)
             continue
         try:
             value = config_value(cfg, key)
