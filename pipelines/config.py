@@ -255,8 +255,9 @@ def load_saved_config(path, *, validate: bool = True) -> Config:
     return to_config(OmegaConf.load(path), validate=validate, saved=True)
 
 
-def check_components(cfg: Config) -> None:
-    """Validation that needs the component registries: policy name, simulator, env task, Vulkan.
+def check_components(cfg: Config, command: str = "run") -> None:
+    """Validation that needs the component registries: policy name, simulator, env task, Vulkan (`command`: as
+    `check_command`; a recording prompts no policy, so it may select several LIBERO tasks).
 
     Raises:
         ConfigError, tasks.envs.vulkan.VulkanMissingError.
@@ -302,7 +303,8 @@ def check_libero_run(cfg: Config) -> None:
         print(f"warning: {w}", file=sys.stderr)
     limit = c.memory_limit
     limit_bytes = None if limit in (None, 0, "0", "auto") else parse_bytes(limit) if isinstance(limit, str) else int(limit)
-    libero.check_memory(shard_size=e.shard_size, eval_shard_size=e.eval.num_envs // e.num_shards,
+    # SFT rolls nothing out: its env workers hold eval envs only
+    libero.check_memory(shard_size=0 if cfg.algorithm.name == "sft" else e.shard_size, eval_shard_size=e.eval.num_envs // e.num_shards,
                         num_shards=e.num_shards, num_env_workers=c.num_env_workers, memory_limit_bytes=limit_bytes,
                         memory_limit=str(limit))
 
@@ -499,7 +501,10 @@ def check_given(cfg: Config, overrides: Sequence[str] = (), command: str = "run"
     file_inert = None
     for key, where in given.items():
         why = inert_reason(key, inert)
-        if why is None:
+        if why is None or (where.startswith("conf/env/") and key.split(".")[:2] in
+                           (["env", "eval"], ["env", "auto_reset"], ["env", "ignore_terminations"])):
+            # an env group file describes its env for every command and algorithm: its rollout keys (the eval
+            # envs, auto_reset, ignore_terminations) are not refused where they do nothing (a recording, SFT)
             continue
         try:
             value = config_value(cfg, key)
@@ -547,7 +552,7 @@ def resolve_teacher(arg: str, run_root: str) -> tuple[Path, Path]:
     from storage.rundir import find_run_dir
     if arg is None:
         raise ConfigError("record.teacher", arg, "name the teacher run: record.teacher=runs/<experiment>/<run_id> "
-                                                  "or its run id")
+                                                  "or its run id (or a scripted expert: scripted:libero)")
     p = Path(arg)
     if not p.is_dir():
         try:
@@ -584,6 +589,10 @@ def check_record(cfg: Config, *, require_teacher: bool = True) -> None:
         raise ConfigError("record.out", str(record_output_path(cfg)),
                           "exists; choose another path (a store is never overwritten)")
     if cfg.record.teacher is None and not require_teacher:
+        return
+    from tasks.envs import check_scripted_teacher, is_scripted_teacher
+    if is_scripted_teacher(cfg.record.teacher):  # scripted:NAME, e.g. scripted:libero
+        check_scripted_teacher(cfg.record.teacher, cfg.env)
         return
     run_dir, _ = resolve_teacher(cfg.record.teacher, cfg.run_root)
     tcfg = teacher_config(run_dir)
@@ -623,7 +632,7 @@ def load_config(overrides: Sequence[str] = (), *, components: bool = True, comma
     cfg = to_config(dcfg)
     cuda = 0
     if components:
-        check_components(cfg)
+        check_components(cfg, command)
         from pipelines.cluster import _cuda_device_count, check_placement
         cuda = _cuda_device_count()
         check_placement(cfg, cuda, command=command)

@@ -1,13 +1,16 @@
-"""Record a trained teacher's episodes with images: `python -m pipelines.record conf=NAME record.teacher=RUN`.
+"""Record a teacher's episodes with images: `python -m pipelines.record conf=NAME record.teacher=RUN`.
 
 RUN is a run directory (runs/<experiment>/<run_id>) or a run id under `run_root`; its resolved config.yaml and
-latest checkpoint give the teacher policy. The config being composed (e.g. conf/conf/pushcube_record.yaml)
-gives the env of the recording (obs_mode=rgb, image_size, seeds, num_envs/num_shards) and the stored chunk
+latest checkpoint give the teacher policy. `record.teacher=scripted:libero` records LIBERO's
+scripted pick-and-place expert instead (tasks/envs/libero_expert.py: it acts from the simulator's object poses;
+tasks whose goal is one object in/on a target, e.g. every libero_object and libero_spatial task; conf=libero_record).
+The config being composed (e.g. conf/conf/pushcube_record.yaml) gives the env of the recording (obs_mode=rgb, image_size, seeds, num_envs/num_shards) and the stored chunk
 length `policy.num_action_chunks` (the student's C). One graph per round: `record_s{s}` nodes, one per env
 shard on its env worker, each running one episode per env and writing its zarr region (tasks.demos).
 
 Output: a trajectory store (default `<run_root>/demos/<experiment>.zarr`, refused if it exists) whose attributes
-name the teacher and count the successful episodes; `algorithm.name=sft sft.store=PATH` trains on it.
+name the teacher, count the successful episodes and list every episode (`episode_index`: episode_id, seed,
+task_id, trial_id, success_once, episode_len; task_id 0 / trial_id -1 on simulators without stored init states); `algorithm.name=sft sft.store=PATH` trains on it.
 Exit codes as pipelines.run: 0 done, 2 bad config / teacher / output path, or an output directory that cannot
 be written (checked before any worker starts; one line), an unknown flag or a word that is not an override,
 1 failure, 130 interrupted.
@@ -16,6 +19,7 @@ Examples:
   python -m pipelines.record conf=pushcube_record record.teacher=runs/pushcube_ppo/20261201-151530-98db
   python -m pipelines.record conf=pushcube_record record.teacher=20261201-151530-98db record.num_episodes=64 \\
       record.out=runs/demos/small.zarr
+  python -m pipelines.record conf=libero_record record.teacher=scripted:libero env.task_ids=[0,1]
   python -m pipelines.validate conf=pushcube_record record.teacher=RUN       # its checks only, nothing recorded
 """
 from __future__ import annotations
@@ -35,13 +39,16 @@ def record(cfg, handle, *, echo=print) -> dict:
     from pipelines.runner.recovery import Watcher
     from storage.trajectories import TrajectoryStore
     from tasks import demos, trajectory
-    from tasks.envs import gripper_convention, store_attrs
+    from tasks.envs import gripper_convention, is_scripted_teacher, store_attrs
     from tasks.rollout import env_dims
     from tasks.seeding import RECORD_SEED_RULE
 
     check_record(cfg)
-    run_dir, ckpt = resolve_teacher(cfg.record.teacher, cfg.run_root)
-    tcfg = teacher_config(run_dir)
+    if is_scripted_teacher(cfg.record.teacher):  # no run: the expert acts from the simulator's state
+        run_dir, ckpt, tcfg = cfg.record.teacher, None, None
+    else:
+        run_dir, ckpt = resolve_teacher(cfg.record.teacher, cfg.run_root)
+        tcfg = teacher_config(run_dir)
     out = record_output_path(cfg)
     client = handle.client
     placement = plan_placement(cfg, client)
@@ -63,7 +70,8 @@ def record(cfg, handle, *, echo=print) -> dict:
                                           "max_episode_steps": cfg.env.max_episode_steps,
                                           "gripper_convention": gripper_convention(cfg.env),
                                           **store_attrs(cfg.env),
-                                          "teacher_run": str(run_dir), "teacher_checkpoint": str(ckpt),
+                                          "teacher_run": str(run_dir),
+                                          "teacher_checkpoint": None if ckpt is None else str(ckpt),
                                           "deterministic": cfg.record.deterministic})
     episodes: list[dict] = []
     t0 = time.perf_counter()
@@ -72,8 +80,8 @@ def record(cfg, handle, *, echo=print) -> dict:
     for r in range(rounds):
         store.reserve(r)
         g = GraphBuilder()
-        keys = [g.add(f"record_s{s}-{cfg.experiment}-{r}", demos.record_round, cfg, tcfg, str(ckpt), s, r, str(out),
-                      worker=placement.shard_workers[s], resources={"CPU": 1}) for s in range(cfg.env.num_shards)]
+        keys = [g.add(f"record_s{s}-{cfg.experiment}-{r}", demos.record_round, cfg, tcfg, ckpt and str(ckpt), s, r,
+                      str(out), worker=placement.shard_workers[s], resources={"CPU": 1}) for s in range(cfg.env.num_shards)]
         results = watch.results(client.get(g.graph(), keys, sync=False), f"record round {r}")
         store.mark_complete(r, global_step=r)
         new = [e for res in results for e in res["episodes"]]
@@ -82,10 +90,18 @@ def record(cfg, handle, *, echo=print) -> dict:
         bar.set_postfix(success=f"{np.mean([e['success_once'] for e in episodes]):.2f}")
     bar.close()
     n_succ = int(sum(e["success_once"] for e in episodes))
-    summary = {"store": str(out), "episodes": len(episodes), "successful": n_succ,
+    index = [{"episode_id": e["episode_id"], "seed": e["seed"], "success_once": e["success_once"],
+              "episode_len": e["episode_len"], "task_id": e["task_id"], "trial_id": e["trial_id"]}
+             for e in sorted(episodes, key=lambda e: e["episode_id"])]
+    per_task: dict[int, list[int]] = {}
+    for e in index:
+        per_task.setdefault(e["task_id"], [0, 0])
+        per_task[e["task_id"]][0] += int(e["success_once"])
+        per_task[e["task_id"]][1] += 1
+    summary = {"per_task": {t: tuple(v) for t, v in sorted(per_task.items())},"store": str(out), "episodes": len(episodes), "successful": n_succ,
                "success_rate": n_succ / max(1, len(episodes)), "seconds": time.perf_counter() - t0,
-               "teacher": str(run_dir), "checkpoint": str(ckpt)}
-    store.update_attrs(episodes=len(episodes), successful_episodes=n_succ)
+               "teacher": str(run_dir), "checkpoint": ckpt and str(ckpt)}
+    store.update_attrs(episodes=len(episodes), successful_episodes=n_succ, episode_index=index)
     return summary
 
 
@@ -107,8 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     def body(handle) -> int:
         print(f"dagrl record: dashboard {handle.dashboard_link}", flush=True)
         s = record(cfg, handle)
-        print(f"dagrl record: {s['episodes']} episodes ({s['successful']} successful, {s['success_rate']:.2f}) "
-              f"in {s['seconds']:.0f}s -> {s['store']}")
+        tasks = ", ".join(f"task {t}: {k}/{n}" for t, (k, n) in s["per_task"].items())
+        print(f"dagrl record: {s['episodes']} episodes ({s['successful']} successful, {s['success_rate']:.2f}; "
+              f"{tasks}) in {s['seconds']:.0f}s -> {s['store']}")
         return 0
     return with_cluster(cfg, body)
 

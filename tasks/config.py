@@ -635,7 +635,7 @@ class SFTConfig:
 class RecordConfig:
     """pipelines.record: run a trained teacher policy with rgb observations and store its episodes."""
 
-    teacher: Optional[str] = None  # a run directory (runs/<experiment>/<run_id>) or a run id
+    teacher: Optional[str] = None  # a run directory (runs/<experiment>/<run_id>), a run id, or scripted:libero
     num_episodes: int = 128  # episodes to record (rounded up to whole rounds of env.num_envs)
     out: Optional[str] = None  # store path; None: <run_root>/demos/<experiment>.zarr
     deterministic: bool = True  # teacher's mean actions (False: sampled)

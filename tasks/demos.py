@@ -27,10 +27,9 @@ from tasks.rollout import instruction, instructions, num_values, policy_obs
 
 
 def chunk_steps_per_episode(cfg: Config) -> int:
-    """T of a recording: ceil(max_episode_steps / C)."""
-    from tasks.envs.maniskill import default_max_episode_steps
-    steps = cfg.env.max_episode_steps or default_max_episode_steps(cfg.env.env_id)
-    return -(-steps // cfg.policy.num_action_chunks)
+    """T of a recording: ceil(max_episode_steps / C) (the adapter's default episode length unless set)."""
+    from tasks.envs import max_episode_steps
+    return -(-max_episode_steps(cfg.env) // cfg.policy.num_action_chunks)
 
 
 def _teacher(teacher_cfg: Config, checkpoint_path: str, obs_dim: int, action_dim: int) -> torch.nn.Module:
@@ -44,9 +43,12 @@ def _teacher(teacher_cfg: Config, checkpoint_path: str, obs_dim: int, action_dim
     return pol
 
 
-def record_round(cfg: Config, teacher_cfg: Config, checkpoint_path: str, shard: int, round_idx: int,
+def record_round(cfg: Config, teacher_cfg: Config | None, checkpoint_path: str | None, shard: int, round_idx: int,
                  store_path: str) -> dict:
     """Record one episode per env of shard `shard` (round `round_idx`) into the store's step `round_idx`.
+
+    `teacher_cfg` None: the scripted expert `cfg.record.teacher` (`scripted:NAME`, tasks.envs.SCRIPTED_TEACHERS)
+    acts, one resident instance per shard; else the policy of `teacher_cfg` loaded from `checkpoint_path`.
 
     Returns {"episodes": finished-episode dicts (see EnvShard.chunk_step), "seconds": float}.
     """
@@ -56,7 +58,20 @@ def record_round(cfg: Config, teacher_cfg: Config, checkpoint_path: str, shard: 
     sh, _ = resident.get_or_create(f"record/{store_path}/shard/{shard}", lambda: make_shard(
         e, shard=shard, num_shards=e.num_shards, num_envs=e.num_envs, auto_reset=False,
         ignore_terminations=e.ignore_terminations, base_seed=e.seed))
-    teacher = _teacher(teacher_cfg, checkpoint_path, sh.obs_dim, sh.action_dim)
+    if teacher_cfg is None:
+        from tasks.envs import make_scripted_teacher
+        expert, _ = resident.get_or_create(f"record/{store_path}/expert/{shard}",
+                                           lambda: make_scripted_teacher(cfg.record.teacher, sh))
+
+        def act(state):
+            return expert.act(sh)  # [B, 1, D]: from the simulator's state, not the observation
+    else:
+        teacher = _teacher(teacher_cfg, checkpoint_path, sh.obs_dim, sh.action_dim)
+
+        def act(state):
+            with torch.no_grad():
+                return teacher.act({"state": torch.from_numpy(state)},
+                                   deterministic=cfg.record.deterministic)["actions"][:, :1].numpy()  # [B, 1, D]
     B, D, T = sh.num_envs, sh.action_dim, chunk_steps_per_episode(cfg)
     sh.begin_rollout()  # DISABLED lifecycle (auto_reset=False): round k starts episode k in every env
     state, rgb = sh.current_obs(), sh.current_rgb()
@@ -72,9 +87,7 @@ def record_round(cfg: Config, teacher_cfg: Config, checkpoint_path: str, shard: 
         for c in range(C):
             if not sh.active.any():
                 break
-            with torch.no_grad():
-                a = teacher.act({"state": torch.from_numpy(state)},
-                                deterministic=cfg.record.deterministic)["actions"][:, :1].numpy()  # [B, 1, D]
+            a = act(state)
             res = sh.chunk_step(a, render=c == C - 1)
             done_mask = res.step_mask[:, 0]
             rec["actions"][:, c] = np.where(done_mask[:, None], np.clip(a[:, 0], -1, 1), 0.0)

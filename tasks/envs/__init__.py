@@ -73,6 +73,50 @@ def instructions(cfg: EnvConfig) -> list[str]:
     return list(fn(cfg)) if fn else [instruction(cfg)]
 
 
+SCRIPTED_PREFIX = "scripted:"
+# `record.teacher=scripted:NAME`: NAME -> (the simulator it drives, module, class of its per-shard teacher)
+SCRIPTED_TEACHERS: dict[str, tuple[str, str, str]] = {"libero": ("libero", "tasks.envs.libero_expert", "ShardExpert")}
+
+
+def is_scripted_teacher(spec) -> bool:
+    """Whether a `record.teacher` value names a scripted expert (`scripted:NAME`) rather than a trained run."""
+    return isinstance(spec, str) and spec.startswith(SCRIPTED_PREFIX)
+
+
+def check_scripted_teacher(spec: str, cfg: EnvConfig) -> None:
+    """Offline checks of `record.teacher=scripted:NAME` against cfg's env: a known NAME, its simulator, and the
+    expert's own task checks (its module's `check_tasks(cfg)`). Raises ConfigError (record.teacher / env.*)."""
+    import importlib
+    name = spec[len(SCRIPTED_PREFIX):]
+    if name not in SCRIPTED_TEACHERS:
+        raise ConfigError("record.teacher", spec, f"no scripted expert {name!r}; known: "
+                                                  f"{[SCRIPTED_PREFIX + k for k in SCRIPTED_TEACHERS]}, or a run "
+                                                  f"directory / run id of a trained teacher")
+    sim, module, _ = SCRIPTED_TEACHERS[name]
+    if cfg.simulator != sim:
+        raise ConfigError("record.teacher", spec, f"drives env.simulator={sim}, this env is {cfg.simulator}: "
+                                                  f"use an env={sim}_* conf or a trained teacher run")
+    importlib.import_module(module).check_tasks(cfg)
+
+
+def make_scripted_teacher(spec: str, shard: EnvShard):
+    """The per-shard scripted teacher of `record.teacher=scripted:NAME` (`act(shard)` -> float32 [B, 1, D])."""
+    import importlib
+    _, module, cls = SCRIPTED_TEACHERS[spec[len(SCRIPTED_PREFIX):]]
+    return getattr(importlib.import_module(module), cls)(shard)
+
+
+def max_episode_steps(cfg: EnvConfig) -> int:
+    """Policy steps of an episode of cfg's env: `env.max_episode_steps`, else the adapter's default (LIBERO: per
+    suite; ManiSkill: the registered env's)."""
+    if cfg.max_episode_steps:
+        return int(cfg.max_episode_steps)
+    mod = _module(cfg.simulator)
+    if hasattr(mod, "max_episode_steps"):
+        return int(mod.max_episode_steps(cfg))
+    return int(mod.default_max_episode_steps(cfg.env_id))
+
+
 def make_single_env(cfg: EnvConfig, render_size: int | None = None) -> SingleEnv:
     """One simulator instance of `cfg`'s env task. `render_size` (pixels): an instance that also renders square
     frames of that size (`render_frame()`, uint8 [S, S, 3]) for videos; same dynamics.
@@ -109,4 +153,5 @@ def make_shard(cfg: EnvConfig, *, shard: int, num_shards: int, num_envs: int, au
 
 
 __all__ = ["ChunkResult", "EnvShard", "SingleEnv", "check_env_config", "check_gripper_convention", "gripper_convention",
-           "instruction", "instructions", "store_attrs", "make_shard", "make_single_env"]
+           "instruction", "instructions", "store_attrs", "make_shard", "make_single_env", "is_scripted_teacher",
+           "check_scripted_teacher", "make_scripted_teacher", "max_episode_steps"]

@@ -73,6 +73,8 @@ BAD_WORDS = [
     ("run", ["conf=smoke", "max_steps"], "'max_steps' is not key=value"),
     ("validate", ["--sho"], "(did you mean '--show'?)"),
     ("record", ["--show"], "takes key=value overrides only"),
+    ("record", ["conf=libero_record", "record.teacher=scripted:nope"], "no scripted expert 'nope'"),
+    ("record", ["conf=pushcube_record", "record.teacher=scripted:libero"], "drives env.simulator=libero"),
     ("replay", ["RUN", "--bogus"], "unrecognized arguments: --bogus"),
     ("replay", ["RUN", "--episodes", "1,x"], "'x' in '1,x' is not an id"),
     ("replay", ["RUN", "--episodes", "5-2"], "A <= B"),

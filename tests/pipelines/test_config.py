@@ -215,8 +215,9 @@ def test_run_refuses_a_record_conf_and_prints_help(capsys):
 
 # ----- every key a user sets takes effect, or is refused -----
 
-def _fake_sft_store(path: Path, C: int = 5, image: int = 32) -> Path:
-    """A one-step trajectory store with what `check_sft_store` reads: C-action chunks, rgb images, a success."""
+def _fake_sft_store(path: Path, C: int = 5, image: int = 32, gripper_convention: str | None = None) -> Path:
+    """A one-step trajectory store with what `check_sft_store` reads: C-action chunks, rgb images, a success
+    (`gripper_convention`: the attr a recording writes; None: none, i.e. ManiSkill's)."""
     import numpy as np
 
     from storage.trajectories import FieldSpec, TrajectoryStore, write_shard
@@ -225,7 +226,8 @@ def _fake_sft_store(path: Path, C: int = 5, image: int = 32) -> Path:
               "step_mask": FieldSpec((C,), "bool"), "terminated": FieldSpec((), "bool"),
               "truncated": FieldSpec((), "bool"), "success": FieldSpec((), "bool"),
               "episode_id": FieldSpec((), "int64"), "episode_seed": FieldSpec((), "int64")}
-    st = TrajectoryStore.create(path, fields=fields, T=2, num_envs=2, shard_size=2)
+    st = TrajectoryStore.create(path, fields=fields, T=2, num_envs=2, shard_size=2,
+                                attrs={"gripper_convention": gripper_convention} if gripper_convention else None)
     st.reserve(0)
     data = {k: np.zeros((2, 2, *f.shape), f.dtype) for k, f in fields.items()}
     data["step_mask"][:] = True
@@ -356,7 +358,10 @@ def test_experiments_that_require_a_key_are_exactly_the_rl_from_sft_ones():
 
 @pytest.fixture(scope="module")
 def sft_store(tmp_path_factory):
-    return _fake_sft_store(tmp_path_factory.mktemp("sft") / "demos.zarr")
+    """A ManiSkill demo store; its sibling `libero_demos.zarr` is a LIBERO one (close_positive gripper)."""
+    path = _fake_sft_store(tmp_path_factory.mktemp("sft") / "demos.zarr")
+    _fake_sft_store(path.with_name("libero_demos.zarr"), gripper_convention="close_positive")
+    return path
 
 
 TWO_GPUS = "cluster.num_gpu_workers=2"
@@ -592,7 +597,8 @@ EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "conf").glob("*.yaml"))
 
 def _required(name: str, sft_store) -> list[str]:
     """The keys an experiment requires on the command line (its `???` keys), as a test gives them."""
-    return ([f"sft.store={sft_store}"] if name.endswith("_sft") else []) + \
+    store = sft_store.with_name("libero_demos.zarr") if name.startswith("libero") else sft_store
+    return ([f"sft.store={store}"] if name.endswith("_sft") else []) + \
         ([NO_SFT] if name in NEEDS_SFT_CHECKPOINT else [])
 
 
@@ -646,7 +652,7 @@ def test_params_of_every_experiment_and_placement_reach_mlflow_intact(tmp_path, 
     cases = [[f"conf={n}", *_required(n, sft_store)] for n in EXPERIMENTS]
     cases += [["conf=smoke", *p] for p in PLACEMENTS]
     for overrides in cases:
-        cfg, _ = load_config(overrides, command="record" if "pushcube_record" in overrides[0] else "run",
+        cfg, _ = load_config(overrides, command="record" if overrides[0].endswith("_record") else "run",
                              require_teacher=False, notes=[])
         flat = flatten_config(to_dict(cfg))
         tracker = Tracker(uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="params")

@@ -1,0 +1,136 @@
+"""The scripted LIBERO expert (tasks/envs/libero_expert.py) and its recording (`record.teacher=scripted:libero`):
+offline checks of the teacher spec and of the tasks' goals; on the real simulator (one env, libero_object task 0)
+the expert succeeds by LIBERO's own check and its actions, replayed from the same init state, reach that goal at
+the same step; (slow) `pipelines.record conf=libero_record` writes a readable store whose per-task success is what
+LIBERO's check gives for the stored actions replayed."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tasks.config import ConfigError, EnvConfig
+from tasks.envs import check_scripted_teacher, is_scripted_teacher
+from tasks.envs import libero as L
+from tasks.envs import libero_expert as X
+
+
+def _cfg(suite="libero_object", tasks=(0,), obs_mode="state", **kw) -> EnvConfig:
+    return EnvConfig(simulator="libero", env_id=suite, obs_mode=obs_mode, image_size=32, control_mode="OSC_POSE",
+                     reward_mode="sparse", sim_backend="cpu", task_ids=list(tasks), **kw)
+
+
+# ----- offline -----
+
+def test_teacher_spec_names_a_known_expert_of_the_env_simulator():
+    assert is_scripted_teacher("scripted:libero") and not is_scripted_teacher("runs/x/y")
+    assert not is_scripted_teacher(None)
+    check_scripted_teacher("scripted:libero", _cfg(tasks=(0, 1)))  # no error
+    with pytest.raises(ConfigError, match="no scripted expert 'nope'"):
+        check_scripted_teacher("scripted:nope", _cfg())
+    with pytest.raises(ConfigError, match="drives env.simulator=libero"):
+        check_scripted_teacher("scripted:libero", EnvConfig())  # the default env: ManiSkill
+
+
+def test_only_tasks_with_one_in_or_on_goal_of_a_movable_object_are_accepted():
+    """libero_object and libero_spatial goals are all `in`/`on` of a movable object; libero_goal's tasks 'open the
+    middle drawer' style goals are not: read from each task's BDDL file."""
+    from libero.libero.envs.bddl_utils import robosuite_parse_problem  # noqa: F401 (LIBERO installed)
+    for suite in ("libero_object", "libero_spatial"):
+        X.check_tasks(_cfg(suite, tasks=range(10)))
+    goal = L.suite("libero_goal")
+    bad = [t for t in range(goal.n_tasks) if not goal.get_task(t).language.startswith(("put", "push"))]
+    assert bad  # 'open the ...', 'turn on the stove': not pick-and-place
+    with pytest.raises(ConfigError, match=r"env\.task_ids.*task\(s\) \[" + str(bad[0]) + r"\]"):
+        X.check_tasks(_cfg("libero_goal", tasks=[bad[0]]))
+
+
+def test_goal_of_refuses_goals_the_expert_does_not_handle():
+    class Env:
+        objects_dict = {"bowl_1": None}
+
+    for goal in ([["open", "drawer_1"]], [["on", "bowl_1", "plate_1"], ["on", "cup_1", "plate_1"]],
+                 [["on", "plate_1", "bowl_1"]]):  # a fixture / unknown object as the thing to move
+        Env.parsed_problem = {"goal_state": goal}
+        with pytest.raises(ValueError, match="one 'in'/'on' goal"):
+            X.goal_of(Env)
+    Env.parsed_problem = {"goal_state": [["On", "bowl_1", "plate_1"]]}
+    assert X.goal_of(Env) == ("on", "bowl_1", "plate_1")
+
+
+# ----- real simulator -----
+
+@pytest.fixture(scope="module")
+def env():
+    e = L.LiberoEnv(_cfg())
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def episode(env):
+    return X.expert_episode(env, 0, 0)
+
+
+def test_expert_succeeds_by_libero_check(env, episode):
+    """Init state 0 of 'pick up the alphabet soup and place it in the basket': the episode ends at LIBERO's success
+    (the env's terminated = check_success()) before the step limit, with actions in [-1, 1]."""
+    ep = episode
+    assert ep["success"] and env.check_success() and ep["steps"] < env.max_steps
+    assert ep["actions"].shape == (ep["steps"], 7) and np.abs(ep["actions"]).max() <= 1.0
+    assert set(np.unique(ep["actions"][:, 6])) <= {-1.0, 1.0}  # the gripper: open / closed only
+
+
+@pytest.mark.slow
+def test_expert_actions_replay_to_the_same_success(env, episode):
+    """The same actions from the same init state make check_success() false at every step before the episode's
+    last and true at it (LIBERO's check is a function of the action sequence here)."""
+    ep = episode
+    env.reset_to(0, 0)
+    checks = []
+    for a in ep["actions"]:
+        env.step(a)
+        checks.append(env.check_success())
+    assert checks[-1] and not any(checks[:-1])
+
+
+# ----- the recording (slow: a cluster, two env builds in its worker and two here) -----
+
+@pytest.mark.slow
+def test_record_cli_writes_a_store_whose_per_task_success_is_libero_check_of_the_stored_actions(tmp_path):
+    """`python -m pipelines.record conf=libero_record` (2 envs: task 0 and task 1, one round): the store opens with
+    the recording's layout (32 px images, chunks of C=5 actions, the close_positive gripper convention, the
+    episode index with task_id / trial_id), and replaying each episode's executed actions from its init state in
+    a fresh env gives LIBERO's check_success() first true exactly where the store's success is."""
+    from pipelines import record
+    from storage.trajectories import TrajectoryStore
+    out = tmp_path / "rec.zarr"
+    assert record.main(["conf=libero_record", "record.num_episodes=2", f"record.out={out}",
+                        "runner.progress=false"]) == 0
+    st = TrajectoryStore.open(str(out))
+    attrs = st.attrs
+    assert attrs["gripper_convention"] == "close_positive" and attrs["teacher_run"] == "scripted:libero"
+    assert attrs["libero"]["task_ids"] == [0, 1] and attrs["episodes"] == 2
+    index = attrs["episode_index"]
+    assert sorted(e["task_id"] for e in index) == [0, 1] and all(e["trial_id"] == 0 for e in index)
+    steps = st.complete_steps()
+    assert list(steps) == [0]
+    rgb, actions, mask, success = (st.read(k, steps)[0] for k in ("rgb", "actions", "step_mask", "success"))
+    suite = attrs["env_id"]
+    T = -(-L.SUITE_MAX_STEPS[suite] // 5)
+    assert rgb.shape == (T, 2, 32, 32, 3) and rgb.dtype == np.uint8 and actions.shape == (T, 2, 5, 7)
+    per_task_store, per_task_replay = {}, {}
+    for b, e in enumerate(sorted(index, key=lambda e: e["episode_id"])):
+        executed = actions[:, b][mask[:, b]]  # [L, 7] in time order
+        assert len(executed) == e["episode_len"]
+        env = L.LiberoEnv(_cfg(suite, tasks=[e["task_id"]]))
+        env.reset_to(e["task_id"], e["trial_id"])
+        checks = []
+        for a in executed:
+            env.step(a)
+            checks.append(env.check_success())
+        env.close()
+        per_task_replay[e["task_id"]] = any(checks)
+        per_task_store[e["task_id"]] = bool(success[:, b].any()) and e["success_once"]
+        if any(checks):  # the episode ended at LIBERO's first success
+            assert checks.index(True) == len(checks) - 1
+    assert per_task_store == per_task_replay
