@@ -228,7 +228,7 @@ def test_vla_confs_eval_200_fixed_episodes(conf, monkeypatch, tmp_path):
 
     monkeypatch.setattr(rollout, "make_shard", toy_shard)
     monkeypatch.setattr(rollout, "get_replica", lambda *a, **k: SimpleNamespace(module=None))
-    monkeypatch.setattr(rollout, "policy_obs", lambda module, state, rgb, instr: state)
+    monkeypatch.setattr(rollout, "policy_obs", lambda module, state, rgb, instr, task_id=None: state)
     for n in (200, 203):
         (tmp_path / "demos.zarr").mkdir(exist_ok=True)
         (tmp_path / "demos.zarr" / "zarr.json").write_text("{}")  # the SFT conf's store check only

@@ -113,6 +113,7 @@ def _train_batch(adv: torch.Tensor, loss_mask: torch.Tensor, ro: dict) -> dict[s
     step_mask [N, C] & loss_mask [N, 1] (the chunk steps that enter the loss)."""
     fields = {
         "obs": np.zeros((T, B, 3), np.float32),
+        "task_id": np.zeros((T, B), np.int64),  # one task: every sample prompted with instruction 0
         "actions": np.zeros((T, B, C, D), np.float32),
         "logprobs": ro["logprobs"].numpy(),
         "values": np.zeros((T, B, 1)),
