@@ -162,6 +162,39 @@ def _make_cpu_env(env_id: str, kwargs: dict, ignore_terminations: bool):
     return CPUGymWrapper(gym.make(env_id, **kwargs), ignore_terminations=ignore_terminations)
 
 
+def hand_written_ppo_update(a, policy, opt, obs, act, logp, adv, ret) -> int:
+    """System (b)'s PPO update on flattened samples: obs [N, O], act [N, 1, D], logp [N] (summed over the chunk),
+    adv / ret [N]; epochs x minibatches of the clipped surrogate + value loss, KL early stop on the joint ratio.
+    Leaves `policy` in train mode; returns the Adam steps taken."""
+    import torch
+    N = obs.shape[0]
+    if a.normalize_advantages:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    mb, updates = N // a.num_minibatches, 0
+    policy.train()
+    for _ in range(a.update_epochs):
+        perm = torch.randperm(N)
+        for i in range(a.num_minibatches):
+            idx = perm[i * mb:(i + 1) * mb]
+            ev = policy.evaluate({"state": obs[idx]}, act[idx])
+            logratio = ev["logprobs"].sum((1, 2)) - logp[idx]
+            ratio = logratio.exp()
+            clipped = ratio.clamp(1 - a.clip_ratio_low, 1 + a.clip_ratio_high)
+            pg = torch.max(-adv[idx] * ratio, -adv[idx] * clipped).mean()
+            v_loss = 0.5 * ((ev["values"].reshape(-1) - ret[idx]) ** 2).mean()
+            loss = pg + a.value_coef * v_loss - a.entropy_coef * ev["entropy"].sum((1, 2)).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), a.max_grad_norm)
+            opt.step()
+            updates += 1
+            with torch.no_grad():
+                kl = ((ratio - 1) - logratio).mean().item()
+            if a.target_kl is not None and kl > a.target_kl:
+                return updates
+    return updates
+
+
 def phase_baseline(args) -> dict:
     from functools import partial
 
@@ -232,33 +265,7 @@ def phase_baseline(args) -> dict:
         N = T * B
         f_obs, f_act, f_logp = b_obs.reshape(N, O), b_act.reshape(N, 1, D), b_logp.reshape(N)
         f_adv, f_ret = adv.reshape(N), ret.reshape(N)
-        if a.normalize_advantages:
-            f_adv = (f_adv - f_adv.mean()) / (f_adv.std() + 1e-8)
-        mb, stop, updates = N // a.num_minibatches, False, 0
-        policy.train()
-        for _ in range(a.update_epochs):
-            perm = torch.randperm(N)
-            for i in range(a.num_minibatches):
-                idx = perm[i * mb:(i + 1) * mb]
-                ev = policy.evaluate({"state": f_obs[idx]}, f_act[idx])
-                logratio = ev["logprobs"].sum((1, 2)) - f_logp[idx]
-                ratio = logratio.exp()
-                pg = torch.max(-f_adv[idx] * ratio,
-                               -f_adv[idx] * ratio.clamp(1 - a.clip_ratio_low, 1 + a.clip_ratio_high)).mean()
-                v_loss = 0.5 * ((ev["values"].reshape(-1) - f_ret[idx]) ** 2).mean()
-                loss = pg + a.value_coef * v_loss - a.entropy_coef * ev["entropy"].sum((1, 2)).mean()
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(policy.parameters(), a.max_grad_norm)
-                opt.step()
-                updates += 1
-                with torch.no_grad():
-                    kl = ((ratio - 1) - logratio).mean().item()
-                if a.target_kl is not None and kl > a.target_kl:
-                    stop = True
-                    break
-            if stop:
-                break
+        updates = hand_written_ppo_update(a, policy, opt, f_obs, f_act, f_logp, f_adv, f_ret)
         policy.eval()
         t_upd = time.perf_counter() - t1
         iters.append({"rollout": t_roll, "update": t_upd, "steps_per_s": N / (t_roll + t_upd),

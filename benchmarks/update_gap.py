@@ -8,7 +8,7 @@ T = rollout.chunk_steps chunk steps) stepped in this process with `tasks.rollout
 `tasks.update.advantages`. Both updates then run the config's epochs x minibatches with target_kl, from the same
 initial weights, each `--repeats` times (fresh optimizer and weights each time; the figure is the minimum, the
 least disturbed by other load). The hand-written loop is the one `benchmarks/throughput.py` times for system (b)
-(`baseline_update` below: the same formula on the same flattened tensors, no masks, no metrics).
+(`throughput.hand_written_ppo_update`: the same formula on the same flattened tensors, no masks, no metrics).
 
 Printed: seconds per update and per Adam step for each (threads, system), the machine's load average, and with
 `--profile` the top of a cProfile of one dagrl update (where the extra time goes).
@@ -47,40 +47,6 @@ def rollout(num_envs: int, overrides: list[str]):
     return cfg, w, advs
 
 
-def baseline_update(cfg, policy, opt, data: dict) -> int:
-    """benchmarks/throughput.py (b)'s PPO update on flattened tensors: returns the Adam steps taken."""
-    import torch
-    a = cfg.algorithm
-    N = data["actions"].shape[0]
-    obs, act = data["obs"], data["actions"]
-    logp = data["logprobs"].reshape(N, -1).sum(-1)
-    adv, ret = data["advantages"].reshape(N), data["returns"].reshape(N)
-    if a.normalize_advantages:
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    mb, updates = N // a.num_minibatches, 0
-    policy.train()
-    for _ in range(a.update_epochs):
-        perm = torch.randperm(N)
-        for i in range(a.num_minibatches):
-            idx = perm[i * mb:(i + 1) * mb]
-            ev = policy.evaluate({"state": obs[idx]}, act[idx])
-            logratio = ev["logprobs"].sum((1, 2)) - logp[idx]
-            ratio = logratio.exp()
-            pg = torch.max(-adv[idx] * ratio, -adv[idx] * ratio.clamp(1 - a.clip_ratio_low, 1 + a.clip_ratio_high)).mean()
-            v_loss = 0.5 * ((ev["values"].reshape(-1) - ret[idx]) ** 2).mean()
-            loss = pg + a.value_coef * v_loss - a.entropy_coef * ev["entropy"].sum((1, 2)).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(policy.parameters(), a.max_grad_norm)
-            opt.step()
-            updates += 1
-            with torch.no_grad():
-                kl = ((ratio - 1) - logratio).mean().item()
-            if a.target_kl is not None and kl > a.target_kl:
-                return updates
-    return updates
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--num-envs", type=int, default=16)
@@ -95,6 +61,7 @@ def main() -> None:
     from tasks import update
     from tasks.policies import make_policy
     from tasks.seeding import model_init_seed
+    from throughput import hand_written_ppo_update  # this folder is on sys.path when run as a script
     t0 = time.perf_counter()
     cfg, w, advs = rollout(args.num_envs, args.set)
     a = cfg.algorithm
@@ -116,7 +83,10 @@ def main() -> None:
         policy.load_state_dict(w["state_dict"])
         opt = torch.optim.Adam(policy.parameters(), lr=a.lr, eps=1e-5)
         t = time.perf_counter()
-        n = baseline_update(cfg, policy, opt, data)
+        N = data["actions"].shape[0]
+        logp = data["logprobs"].reshape(N, -1).sum(-1)  # the chunk's joint log-prob, as (b) stores it
+        n = hand_written_ppo_update(a, policy, opt, data["obs"], data["actions"], logp,
+                                    data["advantages"].reshape(N), data["returns"].reshape(N))
         return time.perf_counter() - t, n
 
     print(f"{'threads':>7} {'system':<28}{'update s (min)':>15}{'median':>8}{'Adam steps':>11}{'ms/step':>9}")

@@ -1,9 +1,7 @@
 """benchmarks/recipe.py: the table from fake eval records, and the stage logic (commands, record once per teacher,
 skipping complete stages, resume of a started one, refusing changed overrides) with a fake CLI launcher. No real
 runs, ~2 s."""
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,16 +9,11 @@ import pytest
 from storage.checkpoints import save_checkpoint
 from tasks.evalstats import compare_evals, episode_outcomes, fmt_gain, fmt_rate, wilson_interval, write_eval
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def recipe():
-    spec = importlib.util.spec_from_file_location("recipe_under_test", ROOT / "benchmarks" / "recipe.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+def recipe(load_benchmark):
+    return load_benchmark("recipe")
 
 
 def _outcomes(succ, base=1_000_000):

@@ -1,23 +1,14 @@
 """benchmarks/throughput.py's machine bound and actor-thread rule (the arithmetic its report prints), no runs."""
-import importlib.util
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
 from tasks.config import Config
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
-def tp():
-    spec = importlib.util.spec_from_file_location("throughput_under_test", ROOT / "benchmarks" / "throughput.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+def tp(load_benchmark):
+    return load_benchmark("throughput")
 
 
 def test_machine_bound_adds_the_update_cpu_to_the_raw_simulator(tp):
