@@ -13,7 +13,8 @@ SOURCE (the weights, and where the config comes from):
   RUN/checkpoints/global_step_N   that checkpoint (also `.../best`, or either's `hf/`)
       -> the config is the run's config.yaml; overrides may change only the evaluation and where it runs:
          env.eval.* (num_episodes, num_envs, seed, ...), env.task_ids / env.num_trials (a LIBERO subset: the
-         prompts are the suite's whatever the subset), runner.eval_videos, runner.eval_video_size,
+         prompts are the suite's whatever the subset), env.robot_visual_lod (the same episodes' dynamics, the
+         arm rendered from decimated meshes: tasks.envs.mesh_lod), runner.eval_videos, runner.eval_video_size,
          runner.progress, cluster.*, tracking.*, run_root (another key: exit 2, it would evaluate another policy
          or env than the run's)
   HF_DIR                       a `save_pretrained` directory elsewhere (config.json + model.safetensors): needs
@@ -56,8 +57,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # keys a run source's evaluation may override (prefixes end with "."): the rest is the run's policy and env
-EVAL_KEYS = ("env.eval.", "env.task_ids", "env.num_trials", "runner.eval_videos", "runner.eval_video_size",
-             "runner.progress", "cluster.", "tracking.", "run_root")
+EVAL_KEYS = ("env.eval.", "env.task_ids", "env.num_trials", "env.robot_visual_lod", "runner.eval_videos",
+             "runner.eval_video_size", "runner.progress", "cluster.", "tracking.", "run_root")
 EXTERNAL_DIR = "external_evals"
 
 
@@ -275,7 +276,7 @@ def log_to_mlflow(cfg, rec: dict, out: Path) -> str:
     ev = cfg.env.eval
     tr.log_params({"source": rec["source"], "checkpoint": rec["checkpoint"], "env.env_id": cfg.env.env_id,
                    "env.eval.seed": ev.seed, "env.eval.num_episodes": ev.num_episodes,
-                   "env.eval.num_envs": ev.num_envs,
+                   "env.eval.num_envs": ev.num_envs, "env.robot_visual_lod": cfg.env.robot_visual_lod,
                    **({"env.task_ids": str(list(map(int, rec["task_names"]))), "env.num_trials": cfg.env.num_trials}
                       if rec.get("task_names") else {})})
     m = {f"eval/{k}": float(v) for k, v in rec["summary"].items()}

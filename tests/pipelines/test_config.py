@@ -383,6 +383,7 @@ INERT = [
     ([GRPO, NO_SFT, "policy.value_detach=true"], "policy.value_detach", "does not train"),
     # env
     (["env.image_size=32"], "env.image_size", "obs_mode=rgb"),
+    (["conf=libero_smoke", "env.robot_visual_lod=0.1"], "env.robot_visual_lod", "does not read it"),
     # algorithm: keys of another algorithm, a switched-off option, a no-op device setting
     ([GRPO, NO_SFT, "algorithm.gamma=0.9"], "algorithm.gamma", "critic-free"),
     ([GRPO, NO_SFT, "algorithm.gae_lambda=0.9"], "algorithm.gae_lambda", "critic-free"),
