@@ -347,6 +347,13 @@ def check_sft_store(cfg: Config) -> None:
             raise ConfigError("sft.store", cfg.sft.store,
                               f"has {'no images' if rgb is None else f'{rgb.shape[0]} px images'}, the config wants "
                               f"env.image_size={cfg.env.image_size}")
+        stored_lod = float(st.attrs.get("robot_visual_lod", 1.0))  # stores before the key: the original meshes
+        if stored_lod != cfg.env.robot_visual_lod:
+            import warnings
+            warnings.warn(f"sft.store={cfg.sft.store}: its images show the arm at robot_visual_lod={stored_lod}, "
+                          f"this run renders env.robot_visual_lod={cfg.env.robot_visual_lod} (its evals see slightly "
+                          f"different images: README 'Rendering cost'); set env.robot_visual_lod={stored_lod} to match",
+                          stacklevel=2)
     try:
         sft_index(cfg.sft.store, cfg.sft.only_success)
     except ValueError as exc:

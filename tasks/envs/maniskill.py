@@ -51,6 +51,11 @@ def instruction(cfg: EnvConfig) -> str:
     return instruction_for(cfg.env_id)
 
 
+def store_attrs(cfg: EnvConfig) -> dict:
+    """Trajectory store attributes: `robot_visual_lod` of image stores (what the stored images show of the arm)."""
+    return {"robot_visual_lod": float(cfg.robot_visual_lod)} if cfg.obs_mode == "rgb" else {}
+
+
 def _registry():
     import mani_skill.envs  # noqa: F401  (registers the env tasks)
     from mani_skill.utils.registration import REGISTERED_ENVS

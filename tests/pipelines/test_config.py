@@ -767,3 +767,14 @@ def test_saved_configs_load_through_one_path(tmp_path):
         load_saved_config(run / "config.yaml")
     env, note = run_env_settings(run / "trajectories.zarr")  # replay falls back to the defaults, with a note
     assert env == {} and "is not a config this version reads" in note and "num_envz" in note
+
+
+def test_sft_store_of_another_robot_visual_lod_warns_naming_the_fix(sft_store):
+    """A store recorded with the original meshes (no robot_visual_lod attr: 1.0) and an SFT run rendering its evals
+    at 0.1: a warning with the matching setting; the same setting: none."""
+    import warnings
+    with pytest.warns(UserWarning, match=r"robot_visual_lod=1\.0.*env\.robot_visual_lod=0\.1.*set env\.robot_visual_lod=1\.0"):
+        load_config([SFT, f"sft.store={sft_store}", "env.robot_visual_lod=0.1"], notes=[])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        load_config([SFT, f"sft.store={sft_store}"], notes=[])
