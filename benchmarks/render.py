@@ -33,12 +33,11 @@ def _cpu_s() -> float:
 
 def measure(env_id: str, size: int, lod: float, n: int) -> dict:
     from tasks.envs.maniskill import ManiSkillEnv
-    from tasks.envs.mesh_lod import decimated_urdf, robot_agent_class
+    from tasks.envs.mesh_lod import decimated_urdf, robot_urdf
     build_s = 0.0
     if lod < 1:
-        from mani_skill import format_path
         t0 = time.perf_counter()
-        decimated_urdf(format_path(str(robot_agent_class(env_id).urdf_path)), lod)
+        decimated_urdf(robot_urdf(env_id), lod)
         build_s = time.perf_counter() - t0
     env = ManiSkillEnv(EnvConfig(env_id=env_id, obs_mode="rgb", image_size=size, robot_visual_lod=lod))
     env.reset(0)

@@ -85,9 +85,8 @@ def check_config(env: EnvConfig) -> None:
         raise ConfigError("env.env_id", env.env_id, f"not a ManiSkill env task; {hint + ' ' if hint else ''}"
                                                     f"(e.g. PushCube-v1, PickCube-v1)")
     if env.robot_visual_lod < 1:
-        from tasks.envs.mesh_lod import robot_agent_class
-        agent = robot_agent_class(env.env_id)
-        if agent is None or not getattr(agent, "urdf_path", None):
+        from tasks.envs.mesh_lod import robot_urdf
+        if robot_urdf(env.env_id) is None:
             raise ConfigError("env.robot_visual_lod", env.robot_visual_lod,
                               f"{env.env_id}'s robot has no URDF whose visual meshes could be decimated: use 1.0")
     from mani_skill.utils.assets.data import is_data_source_downloaded

@@ -3,7 +3,8 @@ whose visual meshes are decimated, its collision meshes untouched.
 
 Why: on a CPU (Mesa lavapipe) a camera capture costs about the same at 32 px as at 64 px because the cost is the
 vertex work, not the pixels: PushCube-v1's scene has ~157k visual triangles, ~136k of them on the Panda arm, and
-hiding the arm drops one 32 px capture from ~60 to ~6 ms of CPU (measured here, `benchmarks/render.py`). The VLA
+hiding the arm drops one 32 px capture from ~60 to ~6 ms of CPU (a one-off check here with the arm's render bodies
+hidden; `benchmarks/render.py` measures the decimated copies). The VLA
 recipe captures one image per chunk step per env, which makes rendering the largest part of its rollout.
 
 What changes: only what the cameras see. The URDF's <collision> elements point at the original collision meshes
@@ -36,6 +37,7 @@ from pathlib import Path
 FORMAT = 1  # bump when the build's output changes for the same inputs
 MIN_FACES = 12
 _PATCH_LOCK = threading.Lock()  # the agent-class patch of `robot_lod` is process-wide
+_BUILT: dict[tuple[str, float, str], Path] = {}  # (source URDF, fraction, cache root) -> copy: one key hash per process
 
 
 def cache_root() -> Path:
@@ -97,6 +99,15 @@ def decimated_urdf(urdf_path: str | os.PathLike, fraction: float, root: Path | N
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
     urdf = Path(urdf_path).resolve()
+    memo = (str(urdf), float(fraction), str(root or cache_root()))
+    if memo in _BUILT and _BUILT[memo].is_file():  # every env instance of a shard asks: hash the sources once
+        return _BUILT[memo]
+    _BUILT[memo] = _build(urdf, fraction, root)
+    return _BUILT[memo]
+
+
+def _build(urdf: Path, fraction: float, root: Path | None) -> Path:
+    """`decimated_urdf` without the per-process memo: the cached copy for the sources' key, built if missing."""
     text = urdf.read_text()
     visual = _mesh_refs(text, "visual")
     for rel in visual + _mesh_refs(text, "collision"):
@@ -147,6 +158,16 @@ def robot_agent_class(env_id: str):
     return REGISTERED_AGENTS[uid].agent_cls
 
 
+def robot_urdf(env_id: str) -> str | None:
+    """The URDF path of the env task's default robot (`robot_agent_class`), None when it has none (nothing to
+    decimate)."""
+    agent = robot_agent_class(env_id)
+    if agent is None or not getattr(agent, "urdf_path", None):
+        return None
+    from mani_skill import format_path
+    return format_path(str(agent.urdf_path))
+
+
 @contextlib.contextmanager
 def robot_lod(env_id: str, fraction: float):
     """While active, the env task's robot loads the decimated visual meshes of `decimated_urdf` (the agent class's
@@ -160,11 +181,11 @@ def robot_lod(env_id: str, fraction: float):
     if fraction >= 1.0:
         yield
         return
-    agent = robot_agent_class(env_id)
-    if agent is None or not getattr(agent, "urdf_path", None):
+    source = robot_urdf(env_id)
+    if source is None:
         raise ValueError(f"{env_id}'s robot has no URDF whose visual meshes could be decimated")
-    from mani_skill import format_path
-    path = str(decimated_urdf(format_path(str(agent.urdf_path)), fraction))
+    agent = robot_agent_class(env_id)
+    path = str(decimated_urdf(source, fraction))
     with _PATCH_LOCK:
         had = "urdf_path" in agent.__dict__
         old = agent.__dict__.get("urdf_path")
