@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/recipe.py --teachers runs/pushcube_ppo/<A> runs/pushcube_ppo/<B> --seeds 1 2 3 \
         --out runs/recipe [--family flow|token] [--sft-conf NAME] [--rl-conf NAME] \
         [--record "k=v ..."] [--sft "k=v ..."] [--rl "k=v ..."] [--sft-checkpoint latest|best] \
-        [--redo record|sft|rl] [--dry-run] [--table-only]
+        [--redo record|sft|rl] [--stop-after record|sft] [--dry-run] [--table-only]
 
 Per teacher (an existing PPO run dir, or a run id under the default run root), once:
     python -m pipelines.record conf=pushcube_record record.teacher=T record.out=OUT/<t>/demos.zarr ...
@@ -22,7 +22,8 @@ complete stages. A stage interrupted after its run started (the run line `dagrl:
 `<stage>.started.json`) continues with `runner.resume=ID` when that run has a checkpoint, else starts again; an
 incomplete record store is removed and recorded again. A complete stage whose command differs from the marker's
 (other overrides) is refused with one line: use another `--out`, or `--redo STAGE` (that stage and the ones after
-it are run again). Every CLI's output goes to `OUT/logs/`.
+it are run again). `--stop-after STAGE` runs the stages up to STAGE only (e.g. every SFT checkpoint first, the RL
+stages by a later call with the same `--out`). Every CLI's output goes to `OUT/logs/`.
 
 The table (printed, and written to OUT/recipe.md and OUT/recipe.json) reads each run's per-episode eval records
 (`<run dir>/evals/step_N.json`, pipelines.runner): per (teacher, seed) the SFT run's last eval, the RL run's eval at
@@ -221,6 +222,7 @@ class Recipe:
     rl_args: list[str] = field(default_factory=list)
     sft_checkpoint: str = "latest"
     redo: str | None = None
+    stop_after: str | None = None  # "record" | "sft": run the stages up to this one only
     dry_run: bool = False
     python: str = sys.executable
     launch: Callable = _launch
@@ -342,10 +344,14 @@ class Recipe:
         rows = []
         for i, name in enumerate(self.names):
             rec = self.record(i)
+            if self.stop_after == "record":
+                continue
             for seed in self.seeds:
                 sft_cmd = [self.python, "-m", "pipelines.run", f"conf={self.sft_conf}", f"sft.store={rec['store']}",
                            f"seed={seed}", *self._common(), *self.sft_args]
                 sft = self._run_stage("sft", i, seed, sft_cmd)
+                if self.stop_after == "sft":
+                    continue
                 hf = self.sft_hf(Path(sft["run_dir"])) if sft.get("run_dir") else "<SFT run>/checkpoints/global_step_N/hf"
                 rl_cmd = [self.python, "-m", "pipelines.run", f"conf={self.rl_conf}", f"policy.model_path={hf}",
                           f"seed={seed}", *self._common(), *self.rl_args]
@@ -425,6 +431,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rl", default="", help='extra overrides of the RL stage, "k=v k=v"')
     ap.add_argument("--sft-checkpoint", choices=("latest", "best"), default="latest")
     ap.add_argument("--redo", choices=STAGES, default=None, help="run this stage and the later ones again")
+    ap.add_argument("--stop-after", choices=STAGES[:-1], default=None,
+                    help="run the stages up to this one only (a later call with the same --out goes on)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands of the stages left; run nothing")
     ap.add_argument("--table-only", action="store_true", help="only the table of the complete (teacher, seed)s")
     return ap.parse_args(argv)
@@ -452,7 +460,7 @@ def make_recipe(a: argparse.Namespace, **kw) -> Recipe:
         raise RecipeError(f"--seeds {' '.join(map(str, a.seeds))}: a seed is repeated")
     return Recipe(teachers=teachers, seeds=list(a.seeds), out=a.out, sft_conf=sft_conf, rl_conf=rl_conf,
                   record_args=lists["record"], sft_args=lists["sft"], rl_args=lists["rl"],
-                  sft_checkpoint=a.sft_checkpoint, redo=a.redo, dry_run=a.dry_run, **kw)
+                  sft_checkpoint=a.sft_checkpoint, redo=a.redo, stop_after=a.stop_after, dry_run=a.dry_run, **kw)
 
 
 def main(argv: list[str] | None = None, **kw) -> int:

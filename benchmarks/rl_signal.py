@@ -21,7 +21,18 @@ In one process, no Dask (the same task functions the graph runs):
        rand:s   theta_0 + s * u / |u|, u ~ N(0, I) over the same parameters (a control of the same length)
    A negative s moves against the descent direction.
 
-Prints the eval success_once of theta_0 and of every step. Sizes: `--envs` x 10 chunk steps renders (~40-130 ms
+`--estimators` compares advantage estimators on the same rollouts by the agreement of their gradients across
+batches (an estimator whose batches agree more carries more signal per sample; the cosine is scale-free, so batch
+normalisation does not matter here): `grpo` (the pipeline's: (score - group mean) / group std), `rloo` (the
+pipeline's: score - leave-one-out group mean), `grpo_nostd` (score - group mean, no std: Dr. GRPO, Liu et al.
+2025), `rtg` (reward-to-go: A[t, b] = sum_{t' >= t} r[t', b] minus the leave-one-out group mean of the same sum
+at the same t: rewards before a chunk step are not credited to it, Williams 1992 / Sutton & Barto 13.3;
+the groups share reset seeds and, with ignore_terminations, run in lockstep) and `success` (score = the episode's
+success_once, 0/1, normalised as grpo). `--params trained` restricts the gradients to the parameters the
+update trains (`algorithm.lr_scale` factor > 0). With 4 or more batches it also prints the cosine of two sums of
+half the batches each: the agreement at twice the rollout size (1/cos - 1 halves if the noise is independent).
+
+Prints the eval success_once of theta_0 and of every step (no eval when `--steps` is empty). Sizes: `--envs` x 10 chunk steps renders (~40-130 ms
 each on lavapipe) per batch; 2 x 128 envs + 6 evals of 48 episodes take ~8 min on the 2-core machine.
 """
 from __future__ import annotations
@@ -39,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipelines.config import load_config  # noqa: E402
 from tasks.algorithms import grpo_advantages  # noqa: E402
+from tasks.algorithms.rloo import rloo_advantages  # noqa: E402
 from tasks.envs import make_shard  # noqa: E402
 from tasks.policies import make_policy  # noqa: E402
 from tasks.rollout import instruction, policy_obs  # noqa: E402
@@ -82,6 +94,37 @@ def surrogate_grad(policy, params: list[torch.nn.Parameter], batch: dict, adv: n
     return torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).reshape(-1) for p in params])
 
 
+def estimator_advantages(name: str, batch: dict[str, np.ndarray], G: int) -> np.ndarray:
+    """Advantages [T, B] of one estimator (module docstring) for one rollout (`rollout`'s fields, auto_reset off)."""
+    r = torch.from_numpy(batch["rewards"]).sum(-1)  # [T, B] chunk-level rewards
+    kw = dict(terminated=torch.from_numpy(batch["terminated"]), truncated=torch.from_numpy(batch["truncated"]),
+              step_mask=torch.from_numpy(batch["step_mask"]), group_size=G)
+    if name == "grpo":
+        return grpo_advantages(rewards=r, **kw)["advantages"].numpy()
+    if name == "rloo":
+        return rloo_advantages(rewards=r, **kw)["advantages"].numpy()
+    res = grpo_advantages(rewards=r, **kw)
+    mask = res["loss_mask"].numpy().astype(np.float32)  # [T, B]
+    T, B = mask.shape
+    if name == "grpo_nostd":
+        s = res["scores"].numpy().reshape(B // G, G)
+        return ((s - s.mean(1, keepdims=True)).reshape(B)[None] * mask).astype(np.float32)
+    if name == "success":
+        succ = torch.zeros_like(r)
+        succ[-1] = torch.from_numpy(batch["success"].any(0).astype(np.float32))  # score = success_once
+        return grpo_advantages(rewards=succ, **kw)["advantages"].numpy()
+    if name == "rtg":
+        rr = (r.numpy() * mask)[::-1].cumsum(0)[::-1]  # [T, B] reward-to-go within the scored episode
+        g = rr.reshape(T, B // G, G)
+        loo = (g.sum(-1, keepdims=True) - g) / max(G - 1, 1)  # leave-one-out group mean at the same t
+        return ((g - loo).reshape(T, B) * mask).astype(np.float32)
+    raise SystemExit(f"--estimators {name}: use grpo, rloo, grpo_nostd, rtg or success")
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(a @ b / (a.norm() * b.norm()))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model-path", required=True, help="a flow_vla save_pretrained directory (SFT checkpoint's hf/)")
@@ -91,6 +134,10 @@ def main(argv=None) -> None:
     ap.add_argument("--eval-episodes", type=int, default=48)
     ap.add_argument("--steps", nargs="*", default=["sign:1e-4", "sign:2e-4", "sign:5e-4", "sgd:0.03", "sgd:0.1",
                                                     "rand:0.3"])
+    ap.add_argument("--estimators", nargs="*", default=["grpo"],
+                    help="advantage estimators to compare: grpo rloo grpo_nostd rtg success (module docstring)")
+    ap.add_argument("--params", choices=("all", "trained"), default="all",
+                    help="gradients over all parameters the log-probs depend on, or only those the update trains")
     ap.add_argument("--set", nargs="*", default=[], help="extra config overrides KEY=VALUE")
     args = ap.parse_args(argv)
     cfg, _ = load_config([f"conf={args.conf}", f"policy.model_path={args.model_path}", *args.set], components=False)
@@ -104,8 +151,9 @@ def main(argv=None) -> None:
                          image_size=cfg.env.image_size).eval()
     probe.close()
 
-    grads, t0 = [], time.perf_counter()
+    grads, t0 = {e: [] for e in args.estimators}, time.perf_counter()
     params = None
+    frozen = [k for k, v in cfg.algorithm.lr_scale.items() if v == 0] if args.params == "trained" else []
     for i in range(args.batches):
         torch_seed, base_seed = rl_signal_batch_seeds(cfg.env.seed, i)
         torch.manual_seed(torch_seed)
@@ -113,29 +161,38 @@ def main(argv=None) -> None:
                            ignore_terminations=True, base_seed=base_seed, group_size=G)
         batch = rollout(policy, shard, instr, T)
         shard.close()
-        res = grpo_advantages(rewards=torch.from_numpy(batch["rewards"]).sum(-1),
-                              terminated=torch.from_numpy(batch["terminated"]),
-                              truncated=torch.from_numpy(batch["truncated"]),
-                              step_mask=torch.from_numpy(batch["step_mask"]), group_size=G)
         if params is None:  # the parameters the log-probs depend on (not the value head, not unused LM outputs)
             surrogate_grad(policy, list(policy.parameters()), {k: v[:1, :2] for k, v in batch.items()},
                            np.ones((1, 2), np.float32), instr)
-            params = [p for p in policy.parameters() if p.grad is not None]
-            names = [n for n, p in policy.named_parameters() if p.grad is not None]
-        grads.append(surrogate_grad(policy, params, batch, res["advantages"].numpy(), instr))
+            keep = [(n, p) for n, p in policy.named_parameters() if p.grad is not None
+                    and not any(n == k or n.startswith(k + ".") for k in frozen)]
+            params, names = [p for _, p in keep], [n for n, _ in keep]
+            print(f"gradients over {sum(p.numel() for p in params)} parameters ({args.params})", flush=True)
+        for e in args.estimators:
+            grads[e].append(surrogate_grad(policy, params, batch, estimator_advantages(e, batch, G), instr))
         print(f"batch {i}: {args.envs} envs, stochastic success_once {batch['success'].any(0).mean():.3f}, "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
-    for i in range(len(grads)):
-        for j in range(i + 1, len(grads)):
-            cos = float(grads[i] @ grads[j] / (grads[i].norm() * grads[j].norm()))
-            print(f"cos(g{i}, g{j}) = {cos:.3f}   |g{i}| = {float(grads[i].norm()):.4f}  |g{j}| = "
-                  f"{float(grads[j].norm()):.4f}")
-    g = torch.stack(grads).sum(0)
+    for e, gs in grads.items():
+        pairs = [(i, j) for i in range(len(gs)) for j in range(i + 1, len(gs))]
+        cos = [cosine(gs[i], gs[j]) for i, j in pairs]
+        m = float(np.mean(cos)) if cos else float("nan")
+        ratio = f"{1 / m - 1:.2f}" if m > 0 else "n/a: no agreement"  # nan (a zero gradient) or <= 0
+        line = f"{e:>10}: mean cos {m:.3f} over {len(cos)} pairs (noise/signal 1/cos-1 = {ratio})" if cos \
+            else f"{e:>10}: one batch"
+        if len(gs) >= 4:
+            h = len(gs) // 2
+            line += f"; two sums of {h} batches: cos {cosine(sum(gs[:h]), sum(gs[h:2 * h])):.3f}"
+        print(line, flush=True)
+        if len(gs) == 2:
+            print(f"            |g0| = {float(gs[0].norm()):.4f}  |g1| = {float(gs[1].norm()):.4f}")
+    g = torch.stack(grads[args.estimators[0]]).sum(0)
     sizes = [p.numel() for p in params]
     parts = torch.split(g, sizes)
     share = sorted(((float(x.norm() ** 2 / g.norm() ** 2), n, x.numel()) for x, n in zip(parts, names)), reverse=True)
     for s, n, k in share[:5]:
         print(f"  {100 * s:5.1f}% of |g|^2  {n} ({k} parameters)")
+    if not args.steps:
+        return
 
     ev = make_shard(cfg.env, shard=0, num_shards=1, num_envs=args.eval_episodes, auto_reset=False,
                     ignore_terminations=True, base_seed=0, seed_fn=lambda e, k: eval_episode_seed(cfg.env.eval.seed, e))

@@ -218,6 +218,20 @@ def test_recipe_resumes_an_interrupted_stage(recipe, tmp_path):
     assert [c[2] for c in fake.calls] == ["pipelines.record"]
 
 
+def test_recipe_stop_after_runs_the_earlier_stages_only(recipe, tmp_path):
+    fake = FakeCLI(tmp_path)
+    (tmp_path / "teachers" / "tA").mkdir(parents=True)
+    (tmp_path / "teachers" / "tB").mkdir(parents=True)
+    assert recipe.main(_argv(tmp_path, "--stop-after", "record"), launch=fake) == 0
+    assert [c[2] for c in fake.calls] == ["pipelines.record"] * 2
+    fake.calls.clear()
+    assert recipe.main(_argv(tmp_path, "--stop-after", "sft"), launch=fake) == 0
+    assert len(fake.calls) == 4 and all("conf=pushcube_flow_sft" in c for c in fake.calls)  # records kept
+    fake.calls.clear()
+    assert recipe.main(_argv(tmp_path), launch=fake) == 0  # the same --out goes on with the RL stages only
+    assert len(fake.calls) == 4 and all("conf=pushcube_flow_grpo" in c for c in fake.calls)
+
+
 def test_stage_wall_is_the_runs_elapsed_time_across_resumes(recipe, tmp_path):
     """A resumed stage's marker holds only its last invocation's wall; the table takes the runner's elapsed time
     from the latest checkpoint (summed over resumes), and the marker's wall when no checkpoint says."""
