@@ -8,7 +8,8 @@ the VLA recipe's RL settings (README, "VLA policies").
 In one process, no Dask (the same task functions the graph runs):
 1. Rollouts: `--batches` rollouts of `--envs` envs (one env shard, GRPO groups of `algorithm.group_size` sharing
    reset seeds, one episode per env, stochastic sampling), each from its own seeds; GRPO advantages
-   (tasks.algorithms.grpo_advantages on the chunk rewards).
+   (tasks.algorithms.grpo_advantages on the chunk rewards). Batch 0's reset seeds are also run with the ODE (the
+   eval's deterministic policy): success_once of both on the same episodes, the cost of the sampling noise.
 2. Gradients: for each batch, the gradient g_i of the PPO surrogate at ratio 1 with token-level log-probs,
    -mean over (chunk steps, C, D) of A * log pi (what the update's first minibatch step follows). Printed: the
    cosine between the batches' gradients (two independent estimates of the same expectation: cos ~ 1 means
@@ -56,7 +57,8 @@ from tasks.policies import make_policy  # noqa: E402
 from tasks.rollout import instruction, policy_obs  # noqa: E402
 from tasks.seeding import eval_episode_seed, rl_signal_batch_seeds  # noqa: E402
 
-FIELDS = ("obs", "rgb", "actions", "chain", "rewards", "terminated", "truncated", "step_mask", "success")
+FIELDS = ("obs", "rgb", "actions", "chain", "denoise_idx", "rewards", "terminated", "truncated", "step_mask",
+          "success")
 
 
 def rollout(policy, shard, instr: str, chunk_steps: int, deterministic: bool = False) -> dict[str, np.ndarray]:
@@ -69,7 +71,8 @@ def rollout(policy, shard, instr: str, chunk_steps: int, deterministic: bool = F
             out = policy.act(policy_obs(policy, o, rgb, instr), deterministic=deterministic)
         res = shard.chunk_step(out["actions"].numpy())
         for k, v in (("obs", o), ("rgb", rgb), ("actions", out["actions"].numpy()),
-                     ("chain", out["extras"]["chain"].numpy()), ("rewards", res.rewards),
+                     ("chain", out["extras"]["chain"].numpy()),
+                     ("denoise_idx", out["extras"]["denoise_idx"].numpy()), ("rewards", res.rewards),
                      ("terminated", res.terminated), ("truncated", res.truncated), ("step_mask", res.step_mask),
                      ("success", res.success)):
             rec[k].append(v)
@@ -81,14 +84,15 @@ def surrogate_grad(policy, params: list[torch.nn.Parameter], batch: dict, adv: n
     """Flat gradient (over `params`) of -mean(A * log pi) at ratio 1, token-level log-probs [N, C, D]."""
     T, B = adv.shape
     N = T * B
-    flat = {k: torch.from_numpy(batch[k].reshape(N, *batch[k].shape[2:])) for k in ("obs", "rgb", "actions", "chain")}
+    flat = {k: torch.from_numpy(batch[k].reshape(N, *batch[k].shape[2:]))
+            for k in ("obs", "rgb", "actions", "chain", "denoise_idx")}
     a = torch.from_numpy(adv.reshape(N))
     policy.zero_grad(set_to_none=True)
     for s in range(0, N, chunk):
         i = slice(s, s + chunk)
         n = len(a[i])
         out = policy.evaluate(policy_obs(policy, flat["obs"][i], flat["rgb"][i], instr), flat["actions"][i],
-                              {"chain": flat["chain"][i], "denoise_idx": torch.full((n,), -1)})
+                              {"chain": flat["chain"][i], "denoise_idx": flat["denoise_idx"][i]})
         lp = out["logprobs"]  # [n, C, D]
         (-(a[i][:, None, None] * lp).sum() / (N * lp[0].numel())).backward()
     return torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).reshape(-1) for p in params])
@@ -172,6 +176,15 @@ def main(argv=None) -> None:
             grads[e].append(surrogate_grad(policy, params, batch, estimator_advantages(e, batch, G), instr))
         print(f"batch {i}: {args.envs} envs, stochastic success_once {batch['success'].any(0).mean():.3f}, "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
+        if i == 0:  # the same reset seeds with the ODE (the eval's policy): the sampling noise's cost, paired
+            shard = make_shard(cfg.env, shard=0, num_shards=1, num_envs=args.envs, auto_reset=False,
+                               ignore_terminations=True, base_seed=base_seed, group_size=G)
+            det = rollout(policy, shard, instr, T, deterministic=True)["success"].any(0)
+            shard.close()
+            sto = batch["success"].any(0)
+            print(f"batch 0's reset seeds with the ODE: success_once {det.mean():.3f} (stochastic {sto.mean():.3f}; "
+                  f"both {np.mean(det & sto):.3f}, ODE only {np.mean(det & ~sto):.3f}, stochastic only "
+                  f"{np.mean(sto & ~det):.3f})", flush=True)
     for e, gs in grads.items():
         pairs = [(i, j) for i in range(len(gs)) for j in range(i + 1, len(gs))]
         cos = [cosine(gs[i], gs[j]) for i, j in pairs]
@@ -191,6 +204,12 @@ def main(argv=None) -> None:
     share = sorted(((float(x.norm() ** 2 / g.norm() ** 2), n, x.numel()) for x, n in zip(parts, names)), reverse=True)
     for s, n, k in share[:5]:
         print(f"  {100 * s:5.1f}% of |g|^2  {n} ({k} parameters)")
+    by_module: dict[str, list] = {}  # the same shares summed per top-level module (expert, noise_head, ...)
+    for s, n, k in share:
+        m = by_module.setdefault(n.split(".")[0], [0.0, 0])
+        m[0], m[1] = m[0] + s, m[1] + k
+    print("  per module: " + ", ".join(f"{n} {100 * s:.1f}% ({k})" for n, (s, k) in
+                                       sorted(by_module.items(), key=lambda x: -x[1][0])))
     if not args.steps:
         return
 

@@ -1,0 +1,55 @@
+"""benchmarks/rl_signal.py: the advantage estimators it compares, on a hand-computed rollout (no simulator)."""
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="module")
+def sig(load_benchmark):
+    return load_benchmark("rl_signal")
+
+
+def _batch(r):
+    """One rollout of T=3 chunk steps, B=4 envs (one group of 4 with G=4, two of 2 with G=2), C=2 actions each
+    holding half of the chunk's reward; every episode truncated at the last chunk step (ignore_terminations)."""
+    r = np.asarray(r, np.float32)  # [T, B] chunk rewards
+    T, B = r.shape
+    trunc = np.zeros((T, B), bool)
+    trunc[-1] = True
+    return {"rewards": np.repeat(r[..., None] / 2, 2, axis=-1), "terminated": np.zeros((T, B), bool),
+            "truncated": trunc, "step_mask": np.ones((T, B, 2), bool),
+            "success": np.array([[0, 0, 1, 0], [0, 1, 1, 0], [0, 0, 0, 0]], bool)}
+
+
+R = [[1, 0, 2, 0], [0, 1, 2, 3], [1, 1, 2, 1]]  # scores 2, 2, 6, 4
+
+
+def test_reward_to_go_minus_the_leave_one_out_mean_at_the_same_step(sig):
+    adv = sig.estimator_advantages("rtg", _batch(R), G=2)
+    # reward-to-go per env: t=0: 2, 2, 6, 4; t=1: 1, 2, 4, 4; t=2: 1, 1, 2, 1; groups (0, 1), (2, 3)
+    rtg = np.array([[2, 2, 6, 4], [1, 2, 4, 4], [1, 1, 2, 1]], np.float32)
+    other = rtg[:, [1, 0, 3, 2]]  # the one other member of each group of 2
+    np.testing.assert_allclose(adv, rtg - other)
+
+
+def test_dr_grpo_and_success_scores(sig):
+    b = _batch(R)
+    adv = sig.estimator_advantages("grpo_nostd", b, G=4)  # score - group mean (3.5), broadcast over the 3 steps
+    np.testing.assert_allclose(adv, np.tile(np.array([2, 2, 6, 4], np.float32) - 3.5, (3, 1)))
+    s = np.array([0, 1, 1, 0], np.float32)  # success_once of the 4 envs; mean 0.5, unbiased std 0.5774
+    adv = sig.estimator_advantages("success", b, G=4)
+    np.testing.assert_allclose(adv, np.tile((s - 0.5) / (np.std(s, ddof=1) + 1e-6), (3, 1)), rtol=1e-5)
+    g = sig.estimator_advantages("grpo", b, G=4)
+    sc = np.array([2, 2, 6, 4], np.float32)
+    np.testing.assert_allclose(g, np.tile((sc - sc.mean()) / (np.std(sc, ddof=1) + 1e-6), (3, 1)), rtol=1e-5)
+
+
+def test_cosine_of_two_noisy_estimates(sig):
+    import torch
+    rng = np.random.default_rng(0)
+    s = torch.zeros(20000)
+    s[0] = 1.0
+    n = [torch.from_numpy(rng.standard_normal(20000).astype(np.float32)) / np.sqrt(20000) for _ in range(2)]
+    # |n_i|^2 ~ |s|^2 (r = 1): the expected cosine of s + n_0 and s + n_1 is 1 / (1 + r) = 0.5
+    assert sig.cosine(s + n[0], s + n[1]) == pytest.approx(0.5, abs=0.03)
+    with pytest.raises(SystemExit, match="use grpo"):
+        sig.estimator_advantages("gae", _batch(R), G=2)
