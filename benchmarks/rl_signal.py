@@ -9,7 +9,8 @@ In one process, no Dask (the same task functions the graph runs):
 1. Rollouts: `--batches` rollouts of `--envs` envs (one env shard, GRPO groups of `algorithm.group_size` sharing
    reset seeds, one episode per env, stochastic sampling), each from its own seeds; GRPO advantages
    (tasks.algorithms.grpo_advantages on the chunk rewards). Batch 0's reset seeds are also run with the ODE (the
-   eval's deterministic policy): success_once of both on the same episodes, the cost of the sampling noise.
+   eval's policy: no noise in the denoising steps; its initial noise x_1 ~ N(0, I) is still drawn, from the
+   torch generator's state after that batch): success_once of both on the same env episodes.
 2. Gradients: for each batch, the gradient g_i of the PPO surrogate at ratio 1 with token-level log-probs,
    -mean over (chunk steps, C, D) of A * log pi (what the update's first minibatch step follows). Printed: the
    cosine between the batches' gradients (two independent estimates of the same expectation: cos ~ 1 means
