@@ -31,11 +31,13 @@ pipeline's: score - leave-one-out group mean), `grpo_nostd` (score - group mean,
 at the same t: rewards before a chunk step are not credited to it, Williams 1992 / Sutton & Barto 13.3;
 the groups share reset seeds and, with ignore_terminations, run in lockstep) and `success` (score = the episode's
 success_once, 0/1, normalised as grpo). `--params trained` restricts the gradients to the parameters the
-update trains (`algorithm.lr_scale` factor > 0). With 4 or more batches it also prints the cosine of two sums of
-half the batches each: the agreement at twice the rollout size (1/cos - 1 halves if the noise is independent).
+update trains (learning rate > 0 by `tasks.update.param_lr`, the optimizer's rule). With 4 or more batches it
+also prints the cosine of two sums of half the batches each: the agreement at twice the rollout size (1/cos - 1
+halves if the noise is independent).
 
-Prints the eval success_once of theta_0 and of every step (no eval when `--steps` is empty). Sizes: `--envs` x 10 chunk steps renders (~40-130 ms
-each on lavapipe) per batch; 2 x 128 envs + 6 evals of 48 episodes take ~8 min on the 2-core machine.
+Prints the eval success_once of theta_0 and of every step (no eval when `--steps` is empty). Sizes: `--envs` x 10
+chunk steps renders (~40-130 ms each on lavapipe) per batch; 2 x 128 envs + 6 evals of 48 episodes take ~8 min on
+the 2-core machine.
 """
 from __future__ import annotations
 
@@ -57,6 +59,7 @@ from tasks.envs import make_shard  # noqa: E402
 from tasks.policies import make_policy  # noqa: E402
 from tasks.rollout import instruction, policy_obs  # noqa: E402
 from tasks.seeding import eval_episode_seed, rl_signal_batch_seeds  # noqa: E402
+from tasks.update import param_lr  # noqa: E402
 
 FIELDS = ("obs", "rgb", "actions", "chain", "denoise_idx", "rewards", "terminated", "truncated", "step_mask",
           "success")
@@ -91,7 +94,6 @@ def surrogate_grad(policy, params: list[torch.nn.Parameter], batch: dict, adv: n
     policy.zero_grad(set_to_none=True)
     for s in range(0, N, chunk):
         i = slice(s, s + chunk)
-        n = len(a[i])
         out = policy.evaluate(policy_obs(policy, flat["obs"][i], flat["rgb"][i], instr), flat["actions"][i],
                               {"chain": flat["chain"][i], "denoise_idx": flat["denoise_idx"][i]})
         lp = out["logprobs"]  # [n, C, D]
@@ -139,7 +141,7 @@ def main(argv=None) -> None:
     ap.add_argument("--eval-episodes", type=int, default=48)
     ap.add_argument("--steps", nargs="*", default=["sign:1e-4", "sign:2e-4", "sign:5e-4", "sgd:0.03", "sgd:0.1",
                                                     "rand:0.3"])
-    ap.add_argument("--estimators", nargs="*", default=["grpo"],
+    ap.add_argument("--estimators", nargs="+", default=["grpo"],
                     help="advantage estimators to compare: grpo rloo grpo_nostd rtg success (module docstring)")
     ap.add_argument("--params", choices=("all", "trained"), default="all",
                     help="gradients over all parameters the log-probs depend on, or only those the update trains")
@@ -158,7 +160,6 @@ def main(argv=None) -> None:
 
     grads, t0 = {e: [] for e in args.estimators}, time.perf_counter()
     params = None
-    frozen = [k for k, v in cfg.algorithm.lr_scale.items() if v == 0] if args.params == "trained" else []
     for i in range(args.batches):
         torch_seed, base_seed = rl_signal_batch_seeds(cfg.env.seed, i)
         torch.manual_seed(torch_seed)
@@ -170,7 +171,7 @@ def main(argv=None) -> None:
             surrogate_grad(policy, list(policy.parameters()), {k: v[:1, :2] for k, v in batch.items()},
                            np.ones((1, 2), np.float32), instr)
             keep = [(n, p) for n, p in policy.named_parameters() if p.grad is not None
-                    and not any(n == k or n.startswith(k + ".") for k in frozen)]
+                    and (args.params == "all" or param_lr(cfg.algorithm, n) > 0)]  # the optimizer's rule
             params, names = [p for _, p in keep], [n for n, _ in keep]
             print(f"gradients over {sum(p.numel() for p in params)} parameters ({args.params})", flush=True)
         for e in args.estimators:
