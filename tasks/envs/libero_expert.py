@@ -7,11 +7,17 @@ black bowl ... and place it on the plate"). Each step it computes, from MuJoCo's
 position `sim.data.body_xpos`, region site position `sim.data.get_site_xpos`, end-effector site position), a 7-D
 OSC_POSE action in [-1, 1] (tasks.envs.libero: +1 closes the gripper) through these phases:
 
-    above  (object xy, hover height, open)  -> descend (grasp height, open) -> close (hold, +1 for CLOSE_STEPS)
-    -> lift (carry height, closed) -> carry (target xy, carry height) -> lower (release height) -> open (-1 for
-    OPEN_STEPS) -> retreat (up, open; held until the episode ends)
+    above  (object xy, hover height, open)  -> descend (grasp height, open) -> close (hold, +1 until the fingers
+    stop) -> lift (carry height, closed) -> carry (target xy, carry height) -> lower (release height) -> open (hold,
+    -1 until the fingers stop) -> retreat (up, open; held until the episode ends)
 
-A phase ends when the end-effector is within `tol` of its waypoint (or after its step budget). Position actions are
+A moving phase ends when the end-effector is within `tol` of its waypoint (or after its step budget); `close` and
+`open` end when the finger gap (robosuite's `gripper_qpos`, in the policy's 8-D state) changed by less than
+`FINGER_STILL` m over the last step (at least 2 steps, at most CLOSE_STEPS / OPEN_STEPS). Every phase change is
+therefore a function of what a clone observes (positions, finger gap), not of a hidden step count: with fixed-length
+holds (12 closing steps, then lift) the fingers had stopped a few steps before the lift, "closed on the bowl, keep
+holding" and "closed on the bowl, lift now" were the same observation, and the cloned flow VLA stalled there
+holding still for the rest of the episode (measured, README "Measured recipe on LIBERO"). Position actions are
 a P-controller on the waypoint: robosuite 1.4's OSC_POSE scales an action a in [-1, 1] to a delta of
 a * output_max (0.05 m for position, 0.5 rad for rotation, read from the controller) applied to the current
 end-effector pose, so a = gain * (waypoint - eef) / 0.05, clipped to +-`max_action`. Orientation: a P-controller that
@@ -28,7 +34,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 PHASES = ("above", "descend", "close", "lift", "carry", "lower", "open", "retreat")
-CLOSE_STEPS, OPEN_STEPS = 12, 8
+CLOSE_STEPS, OPEN_STEPS = 12, 8  # step budgets of the gripper phases (the fingers stop after ~5-9 steps)
+FINGER_STILL = 2e-4  # m: a finger gap change per step below this ends `close` / `open`
 
 
 @dataclass
@@ -87,11 +94,24 @@ class PickPlaceExpert:
         self._rot0 = np.array(env.sim.data.site_xmat[self._site]).reshape(3, 3)
         self.phase, self._count = PHASES[0], 0
         self._grasp_off = None
+        self._fingers = robot._ref_gripper_joint_pos_indexes  # qpos addresses of the two finger joints
+        self._gap = self._finger_gap(env)
         self._carry_z = self._obj_pos(env, self.obj)[2] + self.params.carry_dz
 
     # ----- geometry -----
     def _eef(self, env) -> np.ndarray:
         return np.array(env.sim.data.site_xpos[self._site])
+
+    def _finger_gap(self, env) -> float:
+        q = env.sim.data.qpos[self._fingers]
+        return float(q[0] - q[1])  # the Panda's fingers move in opposite directions
+
+    def _fingers_still(self, env) -> bool:
+        """The finger gap changed by less than FINGER_STILL since the previous call (updates the stored gap)."""
+        gap = self._finger_gap(env)
+        still = abs(gap - self._gap) < FINGER_STILL
+        self._gap = gap
+        return still
 
     def _obj_pos(self, env, name: str) -> np.ndarray:
         if name in env.obj_body_id:
@@ -129,6 +149,7 @@ class PickPlaceExpert:
         """The action for the env's current state (float32 [7]); advances the phase machine."""
         p = self.params
         eef = self._eef(env)
+        still = self._fingers_still(env)  # the gripper's motion over the last step
         ph = self.phase
         if ph in ("above", "descend"):
             g = self._grasp_point(env)
@@ -141,7 +162,7 @@ class PickPlaceExpert:
             return a
         if ph == "close":
             a = self._action(env, self._hold, 1.0)
-            self._advance(False, CLOSE_STEPS)
+            self._advance(self._count >= 2 and still, CLOSE_STEPS)
             if self.phase == "lift":
                 o = self._obj_pos(env, self.obj)
                 self._grasp_off = eef - o
@@ -170,7 +191,7 @@ class PickPlaceExpert:
             return a
         if ph == "open":
             a = self._action(env, self._hold, -1.0)
-            self._advance(False, OPEN_STEPS)
+            self._advance(self._count >= 2 and still, OPEN_STEPS)
             return a
         wp = np.array([eef[0], eef[1], self._carry_z])  # retreat
         return self._action(env, wp, -1.0)

@@ -80,6 +80,36 @@ def test_expert_succeeds_by_libero_check(env, episode):
     assert set(np.unique(ep["actions"][:, 6])) <= {-1.0, 1.0}  # the gripper: open / closed only
 
 
+def test_gripper_phases_end_when_the_fingers_stop_not_after_a_step_count(env):
+    """`close` and `open` end at the first step (from the 3rd on) whose finger-gap change since the previous step is
+    below FINGER_STILL, so the phase that follows is a function of the observed state: while the gap still moves the
+    expert holds, once it has stopped it lifts (or retreats) at once."""
+    env.reset_to(0, 0)
+    ex, sim = X.PickPlaceExpert(), X.problem_env(env)
+    ex.reset(sim)
+    phases, gaps = [], []
+    for _ in range(env.max_steps):
+        gaps.append(ex._finger_gap(sim))
+        phases.append(ex.phase)
+        a = ex.act(sim)
+        _, _, success, truncated, _ = env.step(a)
+        if success or truncated:
+            break
+    phases.append(ex.phase)
+    gaps.append(ex._finger_gap(sim))
+    moves = np.abs(np.diff(gaps))  # moves[i]: the gap change from step i to step i + 1
+    for name, nxt in (("close", "lift"), ("open", "retreat")):
+        idx = [i for i, p in enumerate(phases) if p == name]
+        if name == "open" and (not idx or phases[-1] == "open"):
+            continue  # the episode may end (success) while the fingers are still opening
+        assert idx, f"no {name} phase"
+        first, last = idx[0], idx[-1]
+        assert phases[last + 1] == nxt
+        assert 2 <= last - first < (X.CLOSE_STEPS if name == "close" else X.OPEN_STEPS)  # ended before its budget
+        assert moves[last - 1] < X.FINGER_STILL  # the decision at `last` saw fingers that had stopped
+        assert all(moves[i - 1] >= X.FINGER_STILL for i in range(first + 2, last))  # earlier: still moving
+
+
 @pytest.mark.slow
 def test_expert_actions_replay_to_the_same_success(env, episode):
     """The same actions from the same init state make check_success() false at every step before the episode's
