@@ -5,6 +5,9 @@ the VLA recipe's RL settings (README, "VLA policies").
         [--conf pushcube_flow_grpo] [--envs 128] [--batches 2] [--eval-episodes 48] \
         [--steps sign:1e-4 sign:2e-4 sign:5e-4 sgd:0.03 sgd:0.1 rand:0.3] [--set KEY=VALUE ...]
 
+Either VLA family: a token VLA's checkpoint with `--conf pushcube_token_grpo` (its log-probs are the tokens'; the
+flow VLA's the denoising chain's).
+
 In one process, no Dask (the same task functions the graph runs):
 1. Rollouts: `--batches` rollouts of `--envs` envs (one env shard, GRPO groups of `algorithm.group_size` sharing
    reset seeds, one episode per env, stochastic sampling), each from its own seeds; GRPO advantages
@@ -61,12 +64,13 @@ from tasks.rollout import instruction, policy_obs  # noqa: E402
 from tasks.seeding import eval_episode_seed, rl_signal_batch_seeds  # noqa: E402
 from tasks.update import param_lr  # noqa: E402
 
-FIELDS = ("obs", "rgb", "actions", "chain", "denoise_idx", "rewards", "terminated", "truncated", "step_mask",
-          "success")
+FIELDS = ("obs", "rgb", "actions", "rewards", "terminated", "truncated", "step_mask", "success")
+EXTRA = "extras/"  # rollout fields of the policy's `act` extras (flow VLA: chain, denoise_idx; token VLA: tokens)
 
 
 def rollout(policy, shard, instr: str, chunk_steps: int, deterministic: bool = False) -> dict[str, np.ndarray]:
-    """One episode per env from a reset: the fields [T, B, ...] of FIELDS (chain: the flow VLA's denoising chain)."""
+    """One episode per env from a reset: the fields [T, B, ...] of FIELDS and `extras/<name>` of each of the policy's
+    `act` extras (what its `evaluate` needs: the flow VLA's denoising chain and step index, the token VLA's tokens)."""
     shard.begin_rollout()  # auto_reset=False: every env starts a new episode (the eval shard's seeds ignore k)
     rec: dict[str, list] = {k: [] for k in FIELDS}
     for _ in range(chunk_steps):
@@ -74,12 +78,12 @@ def rollout(policy, shard, instr: str, chunk_steps: int, deterministic: bool = F
         with torch.no_grad():
             out = policy.act(policy_obs(policy, o, rgb, instr), deterministic=deterministic)
         res = shard.chunk_step(out["actions"].numpy())
-        for k, v in (("obs", o), ("rgb", rgb), ("actions", out["actions"].numpy()),
-                     ("chain", out["extras"]["chain"].numpy()),
-                     ("denoise_idx", out["extras"]["denoise_idx"].numpy()), ("rewards", res.rewards),
+        for k, v in (("obs", o), ("rgb", rgb), ("actions", out["actions"].numpy()), ("rewards", res.rewards),
                      ("terminated", res.terminated), ("truncated", res.truncated), ("step_mask", res.step_mask),
                      ("success", res.success)):
             rec[k].append(v)
+        for k, v in (out.get("extras") or {}).items():
+            rec.setdefault(EXTRA + k, []).append(v.numpy())
     return {k: np.stack(v) for k, v in rec.items()}
 
 
@@ -88,14 +92,15 @@ def surrogate_grad(policy, params: list[torch.nn.Parameter], batch: dict, adv: n
     """Flat gradient (over `params`) of -mean(A * log pi) at ratio 1, token-level log-probs [N, C, D]."""
     T, B = adv.shape
     N = T * B
-    flat = {k: torch.from_numpy(batch[k].reshape(N, *batch[k].shape[2:]))
-            for k in ("obs", "rgb", "actions", "chain", "denoise_idx")}
+    keys = ("obs", "rgb", "actions", *(k for k in batch if k.startswith(EXTRA)))
+    flat = {k: torch.from_numpy(batch[k].reshape(N, *batch[k].shape[2:])) for k in keys}
+    extras = {k[len(EXTRA):] for k in keys if k.startswith(EXTRA)}
     a = torch.from_numpy(adv.reshape(N))
     policy.zero_grad(set_to_none=True)
     for s in range(0, N, chunk):
         i = slice(s, s + chunk)
         out = policy.evaluate(policy_obs(policy, flat["obs"][i], flat["rgb"][i], instr), flat["actions"][i],
-                              {"chain": flat["chain"][i], "denoise_idx": flat["denoise_idx"][i]})
+                              {k: flat[EXTRA + k][i] for k in extras})
         lp = out["logprobs"]  # [n, C, D]
         (-(a[i][:, None, None] * lp).sum() / (N * lp[0].numel())).backward()
     return torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).reshape(-1) for p in params])
@@ -134,7 +139,8 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model-path", required=True, help="a flow_vla save_pretrained directory (SFT checkpoint's hf/)")
+    ap.add_argument("--model-path", required=True, help="a VLA's save_pretrained directory (an SFT checkpoint's hf/); "
+                    "--conf picks the family's RL conf (pushcube_token_grpo for a token VLA)")
     ap.add_argument("--conf", default="pushcube_flow_grpo")
     ap.add_argument("--envs", type=int, default=128)
     ap.add_argument("--batches", type=int, default=2)
@@ -148,8 +154,8 @@ def main(argv=None) -> None:
     ap.add_argument("--set", nargs="*", default=[], help="extra config overrides KEY=VALUE")
     args = ap.parse_args(argv)
     cfg, _ = load_config([f"conf={args.conf}", f"policy.model_path={args.model_path}", *args.set], components=False)
-    if cfg.policy.name != "flow_vla":
-        raise SystemExit(f"policy.name={cfg.policy.name}: this benchmark reads a flow_vla's denoising chain")
+    if cfg.policy.name not in ("flow_vla", "token_vla"):
+        raise SystemExit(f"policy.name={cfg.policy.name}: this benchmark measures a VLA (flow_vla or token_vla)")
     torch.set_num_threads(1)
     G, T, instr = cfg.algorithm.group_size, cfg.rollout.chunk_steps, instruction(cfg)
     probe = make_shard(cfg.env, shard=0, num_shards=1, num_envs=1, auto_reset=False, ignore_terminations=True,

@@ -53,3 +53,58 @@ def test_cosine_of_two_noisy_estimates(sig):
     assert sig.cosine(s + n[0], s + n[1]) == pytest.approx(0.5, abs=0.03)
     with pytest.raises(SystemExit, match="use grpo"):
         sig.estimator_advantages("gae", _batch(R), G=2)
+
+
+class _Shard:
+    """B envs with random state/rgb observations and zero rewards: what `rollout` reads of an EnvShard."""
+
+    def __init__(self, B, O, img, seed=0):
+        self.B, self.O, self.img, self.g = B, O, img, np.random.default_rng(seed)
+
+    def begin_rollout(self):
+        pass
+
+    def current_obs(self):
+        return self.g.standard_normal((self.B, self.O)).astype(np.float32)
+
+    def current_rgb(self):
+        return self.g.integers(0, 256, (self.B, self.img, self.img, 3), dtype=np.uint8)
+
+    def chunk_step(self, actions):
+        from types import SimpleNamespace
+        B, C = actions.shape[:2]
+        return SimpleNamespace(rewards=np.zeros((B, C), np.float32), terminated=np.zeros(B, bool),
+                               truncated=np.zeros(B, bool), step_mask=np.ones((B, C), bool), success=np.zeros(B, bool))
+
+
+@pytest.mark.parametrize("name", ["flow_vla", "token_vla"])
+def test_surrogate_gradient_of_either_vla_family_equals_the_per_sample_loop(sig, name):
+    """`rollout` keeps each family's `act` extras (flow: chain + denoise_idx, token: tokens) and `surrogate_grad`
+    (chunked) equals the gradient of -sum_n A_n sum_{c,d} log pi_n[c, d] / (N C D) computed sample by sample."""
+    import torch
+
+    from tasks.config import PolicyConfig
+    from tasks.policies import make_policy
+    from tasks.rollout import policy_obs
+    torch.manual_seed(0)
+    O, D, img, instr = 4, 3, 16, "push the cube"
+    pol = make_policy(PolicyConfig(name=name, num_action_chunks=2, max_prompt_len=8), obs_dim=O, action_dim=D,
+                      image_size=img).eval()
+    batch = sig.rollout(pol, _Shard(3, O, img), instr, chunk_steps=2)  # T=2, B=3
+    extras = sorted(k for k in batch if k.startswith(sig.EXTRA))
+    assert extras == (["extras/chain", "extras/denoise_idx"] if name == "flow_vla" else ["extras/tokens"])
+    adv = np.array([[1.0, -2.0, 0.5], [0.0, 1.5, -1.0]], np.float32)
+    params = [p for p in pol.parameters() if p.requires_grad]
+    got = sig.surrogate_grad(pol, params, batch, adv, instr, chunk=4)  # N=6: chunks of 4 and 2
+    pol.zero_grad(set_to_none=True)
+    total = 0.0
+    for t in range(2):
+        for b in range(3):
+            out = pol.evaluate(policy_obs(pol, batch["obs"][t, b:b + 1], batch["rgb"][t, b:b + 1], instr),
+                               torch.from_numpy(batch["actions"][t, b:b + 1]),
+                               {k[len(sig.EXTRA):]: torch.from_numpy(batch[k][t, b:b + 1]) for k in extras})
+            total = total - float(adv[t, b]) * out["logprobs"].sum() / (6 * 2 * D)
+    total.backward()
+    want = torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).reshape(-1) for p in params])
+    assert float(want.norm()) > 0
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-7)
