@@ -491,6 +491,17 @@ def from_command_line(where: str) -> bool:
     return where == COMMAND_LINE or where.endswith(f"(chosen on {COMMAND_LINE})")
 
 
+# Keys a group file sets for every use of its group, not refused where the experiment makes them do nothing: an env
+# file describes its env for every command and algorithm (the eval envs, auto_reset, ignore_terminations do nothing
+# in a recording or SFT); a policy file gives both noise methods' settings (an experiment selecting
+# policy.noise_method=flow_sde makes the file's flow_noise std bounds inert, and the other way round). The same keys
+# set by an experiment file or on the command line are still refused.
+GROUP_FILE_DEFAULTS = {
+    "conf/env/": ("env.eval", "env.auto_reset", "env.ignore_terminations"),
+    "conf/policy/": ("policy.noise_std_min", "policy.noise_std_max", "policy.noise_level"),
+}
+
+
 def check_given(cfg: Config, overrides: Sequence[str] = (), command: str = "run", cuda_count: int = 0,
                 notes: list[str] | None = None) -> None:
     """Refuse a SET key that does nothing (`tasks.config.inert_keys`; the rules: this module's docstring).
@@ -508,10 +519,8 @@ def check_given(cfg: Config, overrides: Sequence[str] = (), command: str = "run"
     file_inert = None
     for key, where in given.items():
         why = inert_reason(key, inert)
-        if why is None or (where.startswith("conf/env/") and key.split(".")[:2] in
-                           (["env", "eval"], ["env", "auto_reset"], ["env", "ignore_terminations"])):
-            # an env group file describes its env for every command and algorithm: its rollout keys (the eval
-            # envs, auto_reset, ignore_terminations) are not refused where they do nothing (a recording, SFT)
+        if why is None or any(where.startswith(src) and any(key == k or key.startswith(k + ".") for k in keys)
+                              for src, keys in GROUP_FILE_DEFAULTS.items()):
             continue
         try:
             value = config_value(cfg, key)

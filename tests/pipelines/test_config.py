@@ -15,7 +15,7 @@ from tasks.config import Config, ConfigError
 REPO = Path(__file__).resolve().parents[2]
 GRPO, PPO_VLA, SFT = "conf=pushcube_flow_grpo", "conf=pushcube_flow_ppo", "conf=pushcube_flow_sft"
 NO_SFT = "policy.model_path=null"  # the RL experiments require policy.model_path (a random init, explicitly)
-NEEDS_SFT_CHECKPOINT = ("pushcube_flow_grpo", "pushcube_flow_ppo", "pushcube_token_grpo")  # RL from an SFT run
+NEEDS_SFT_CHECKPOINT = ("pushcube_flow_grpo", "pushcube_flow_ppo", "pushcube_token_grpo", "libero_flow_grpo")  # RL from an SFT run
 
 
 @pytest.fixture(autouse=True)
@@ -472,8 +472,13 @@ def test_experiment_keys_switched_off_by_the_command_line_are_notes_not_silence(
     assert len(notes) == 1 and notes[0].startswith("note: rollout.chunk_steps_per_node=5 (set in "
                                                    "conf/conf/smoke.yaml) does nothing")
     notes.clear()
-    load_config([PPO_VLA, NO_SFT, "policy.noise_method=flow_sde"], notes=notes)  # the file's noise_std_min/max
-    assert [n.split("=")[0] for n in notes] == ["note: policy.noise_std_min", "note: policy.noise_std_max"]
+    # a policy group file's flow_noise std bounds are its defaults for that method, silent under flow_sde (from the
+    # command line or an experiment file: conf=libero_flow_grpo selects it); set explicitly they are still refused
+    load_config([PPO_VLA, NO_SFT, "policy.noise_method=flow_sde"], notes=notes)
+    cfg, _ = load_config(["conf=libero_flow_grpo", NO_SFT], notes=notes, components=False)
+    assert cfg.policy.noise_method == "flow_sde" and notes == []
+    with pytest.raises(ConfigError, match="policy.noise_std_min.*flow_sde uses policy.noise_level"):
+        load_config([PPO_VLA, NO_SFT, "policy.noise_method=flow_sde", "policy.noise_std_min=0.1"], notes=notes)
 
 
 def test_given_keys_are_the_command_line_and_the_experiment_file():
