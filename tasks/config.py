@@ -137,6 +137,10 @@ class PolicyConfig:
     preset: str = "tiny"  # model sizes: tiny (trains on CPU) or a real-size preset (see the policy module)
     sizes: dict[str, int] = field(default_factory=dict)  # per-key overrides of the preset's sizes
     use_state: bool = True  # condition on the env's state vector (pi0's proprio input)
+    # SFT from scratch standardises the state per dimension with the mean / std of sft.store's samples (kept in the
+    # checkpoint; std floored at 0.01): without it a linear projection of raw values sees the gripper's 0.035 m
+    # open/close swing next to ~1 m positions, and a LIBERO clone ignored the state (README "LIBERO")
+    normalize_state: bool = False
     max_prompt_len: int = 48  # instruction tokens (byte-level tokenizer), padded/truncated
     value_head: str = "mean_token"  # mean_token | first_token | last_token: pooling of prefix features
     value_detach: bool = False  # the critic's gradient stops at the prefix features (the VLA trunk is not
@@ -863,6 +867,10 @@ def inert_keys(cfg: Config, command: str = "run", cuda_count: int = 0) -> list[t
         if p.name != "mlp":
             off(["policy.hidden_sizes", "policy.activation", "policy.init_logstd"],
                 f"is read by policy.name=mlp only (policy.name={p.name}): drop it")
+        if p.name not in VLA_POLICIES or a.name != "sft" or p.model_path or not p.use_state:
+            off(["policy.normalize_state"], "sets a VLA's state statistics from sft.store when SFT trains it from "
+                                            "scratch (algorithm.name=sft, no policy.model_path, use_state); a loaded "
+                                            "checkpoint keeps its own: drop it")
         if p.name not in VLA_POLICIES:
             off(["policy.preset", "policy.sizes", "policy.use_state", "policy.max_prompt_len", "policy.value_head",
                  "policy.value_detach", "policy.critic_state"],

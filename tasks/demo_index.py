@@ -33,23 +33,37 @@ def sft_index(store_path: str, only_success: bool) -> np.ndarray:
     return rows.astype(np.int64)
 
 
+STATE_STD_FLOOR = 0.01  # units of the state (m, rad): a near-constant dimension is scaled by at most 100
+
+
 def set_demo_action_stats(cfg: Config, policy: torch.nn.Module) -> bool:
-    """Dataset statistics for a policy that un-normalises its actions (the token VLA's q01 / q99,
-    `set_action_stats`) trained from scratch by SFT (`algorithm.name=sft`, no `policy.model_path`): the 1st / 99th
-    percentiles per action dimension of the executed actions (step_mask) of the behaviour-cloning samples of
-    `sft.store` (`sft_index`), as OpenVLA computes its dataset statistics (`action_stats_from_data`). A loaded
-    policy keeps its own statistics (they came with its checkpoint). Returns whether they were set.
+    """Dataset statistics of a policy trained from scratch by SFT (`algorithm.name=sft`, no `policy.model_path`),
+    from the behaviour-cloning samples of `sft.store` (`sft_index`):
+    - a policy that un-normalises its actions (the token VLA's q01 / q99, `set_action_stats`): the 1st / 99th
+      percentiles per action dimension of the executed actions (step_mask), as OpenVLA computes its dataset
+      statistics (`action_stats_from_data`);
+    - with `policy.normalize_state` a VLA's state standardisation (`PrefixEncoder.set_state_stats`): the mean and
+      the std (floored at STATE_STD_FLOOR) per dimension of the samples' state vectors.
+    A loaded policy keeps its own statistics (they came with its checkpoint). Returns whether any were set.
 
     Raises:
         ValueError: no selectable chunk step in the store (`sft_index`).
     """
-    if cfg.algorithm.name != "sft" or cfg.policy.model_path or not hasattr(policy, "set_action_stats"):
+    if cfg.algorithm.name != "sft" or cfg.policy.model_path:
+        return False
+    state = getattr(cfg.policy, "normalize_state", False) and getattr(policy, "prefix", None) is not None \
+        and getattr(policy.prefix, "state_proj", None) is not None
+    if not (hasattr(policy, "set_action_stats") or state):
         return False
     from storage.trajectories import TrajectoryStore
-    from tasks.policies.token_vla import action_stats_from_data
     rows = sft_index(cfg.sft.store, cfg.sft.only_success)
     st = TrajectoryStore.open(cfg.sft.store)
     idx = (rows[:, 0], rows[:, 1], rows[:, 2])
-    actions, mask = st.read("actions")[idx], st.read("step_mask")[idx]  # [M, C, D], [M, C]
-    policy.set_action_stats(*action_stats_from_data(actions[mask]))  # [K, D] executed actions
+    if hasattr(policy, "set_action_stats"):
+        from tasks.policies.token_vla import action_stats_from_data
+        actions, mask = st.read("actions")[idx], st.read("step_mask")[idx]  # [M, C, D], [M, C]
+        policy.set_action_stats(*action_stats_from_data(actions[mask]))  # [K, D] executed actions
+    if state:  # policy.normalize_state: the samples' state at their chunk start, [M, O]
+        obs = st.read("obs")[idx].astype(np.float64)
+        policy.prefix.set_state_stats(obs.mean(0), np.maximum(obs.std(0), STATE_STD_FLOOR))
     return True

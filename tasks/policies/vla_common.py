@@ -189,6 +189,23 @@ class PrefixEncoder(nn.Module):
                                       mlp=sizes["lm_mlp"], vocab_size=sizes["vocab_size"])
         self.lm = GemmaModel(self.lm_config)
         self.state_proj = nn.Linear(obs_dim, self.width) if use_state else None
+        if use_state:  # the state's standardisation (identity unless set_state_stats; saved with the weights)
+            self.register_buffer("state_mean", torch.zeros(obs_dim))
+            self.register_buffer("state_std", torch.ones(obs_dim))
+
+    def set_state_stats(self, mean, std) -> None:
+        """Standardise the state as (state - mean) / std before its projection: mean, std array-like [O], std > 0.
+
+        Raises ValueError on another shape or a std that is not positive."""
+        mean = torch.as_tensor(mean, dtype=torch.float32).reshape(-1)
+        std = torch.as_tensor(std, dtype=torch.float32).reshape(-1)
+        O = self.state_mean.numel()
+        if mean.shape != (O,) or std.shape != (O,):
+            raise ValueError(f"state mean / std must be [O={O}], got {tuple(mean.shape)} / {tuple(std.shape)}")
+        if not bool((std > 0).all()):
+            raise ValueError(f"state std must be > 0 in every dimension, got {std.tolist()}")
+        self.state_mean.copy_(mean)
+        self.state_std.copy_(std)
 
     def image_tokens(self, rgb: torch.Tensor) -> torch.Tensor:
         """uint8 [B, H, W, 3] -> float [B, N_patches, W_lm] (pixels scaled to [-1, 1], as SigLIP/PaliGemma)."""
@@ -228,7 +245,8 @@ class PrefixEncoder(nn.Module):
             parts.insert(0, img)
             masks.insert(0, torch.ones(img.shape[:2], dtype=torch.bool, device=img.device))
         if self.state_proj is not None:
-            st = self.state_proj(obs["state"].to(self.state_proj.weight.dtype))[:, None]  # [B, 1, W]
+            state = (obs["state"].to(self.state_mean.dtype) - self.state_mean) / self.state_std
+            st = self.state_proj(state.to(self.state_proj.weight.dtype))[:, None]  # [B, 1, W]
             parts.append(st)
             masks.append(torch.ones(B, 1, dtype=torch.bool, device=st.device))
         x = torch.cat(parts, dim=1)  # [B, P, W]
@@ -365,8 +383,14 @@ class VLACheckpointMixin:
         if not (path / WEIGHTS_NAME).is_file():
             raise ConfigError("policy.model_path", model_path, f"expected {WEIGHTS_NAME} there (save_pretrained)")
         try:
-            load_model(self, str(path / WEIGHTS_NAME), strict=True)
+            missing, unexpected = load_model(self, str(path / WEIGHTS_NAME), strict=False)
         except RuntimeError as e:
             raise ConfigError("policy.model_path", model_path,
                               f"weights do not fit this policy's sizes ({str(e).splitlines()[0]})") from e
+        # checkpoints saved before the state standardisation lack its buffers: they keep the identity (unchanged)
+        missing = [k for k in missing if k not in ("prefix.state_mean", "prefix.state_std")]
+        if missing or unexpected:
+            raise ConfigError("policy.model_path", model_path,
+                              f"weights do not fit this policy's sizes (missing {missing[:3]}, unexpected "
+                              f"{unexpected[:3]})")
         self.tokenizer = ByteTokenizer.from_pretrained(path)

@@ -231,6 +231,17 @@ def test_record_rounds_follow_the_record_seed_rule(monkeypatch, length):
         assert ended == ([] if length > 6 else (100 + g + 4 * k).tolist())
 
 
+def _sft_cfg(name: str, C: int, store: str) -> Config:
+    """SFT from scratch of the tiny VLA `name` (C actions per chunk) on a state-only store."""
+    cfg = Config()
+    cfg.env.obs_mode = "state"
+    cfg.algorithm.name = "sft"
+    p = cfg.policy
+    p.name, p.preset, p.num_action_chunks, p.max_prompt_len = name, "tiny", C, 8
+    cfg.sft.store = store
+    return cfg
+
+
 def test_token_vla_sft_from_scratch_takes_q01_q99_of_the_executed_bc_actions(tmp_path):
     """OpenVLA's dataset statistics: q01 / q99 per dimension of the executed actions of the successful episodes
     only (the idle slot and the failed episode hold outliers that would move them), and only when SFT starts from
@@ -247,12 +258,8 @@ def test_token_vla_sft_from_scratch_takes_q01_q99_of_the_executed_bc_actions(tmp
     path = _one_step_store(tmp_path / "a.zarr", {
         "obs": r.standard_normal((T, B, 3)).astype(np.float32), "actions": actions, "step_mask": step_mask,
         "success": np.array([[False, False]] * 3 + [[True, False]]), "episode_id": np.array([[0, 1]] * T, np.int64)})
-    cfg = Config()
-    cfg.env.obs_mode = "state"
-    cfg.algorithm.name = "sft"
+    cfg = _sft_cfg("token_vla", C, path)
     p = cfg.policy
-    p.name, p.preset, p.num_action_chunks, p.max_prompt_len = "token_vla", "tiny", C, 8
-    cfg.sft.store = path
     policy = make_policy(p, obs_dim=3, action_dim=D, seed=0)
     try:
         assert set_demo_action_stats(cfg, policy)
@@ -268,5 +275,64 @@ def test_token_vla_sft_from_scratch_takes_q01_q99_of_the_executed_bc_actions(tmp
         cfg.policy.model_path, cfg.algorithm.name = None, "grpo"
         assert not set_demo_action_stats(cfg, fresh)
         assert torch.equal(fresh.action_q01, torch.full((D,), -1.0))
+    finally:
+        clear_cache()
+
+
+def test_flow_vla_sft_with_normalize_state_standardises_by_the_bc_samples_state(tmp_path):
+    """`policy.normalize_state`: SFT from scratch sets the prefix's state mean / std to those of the behaviour-
+    cloning samples' states (the successful episode's executed chunk steps only), the std floored at 0.01; the
+    prefix then sees (state - mean) / std, i.e. exactly what an identity-stats prefix sees for the standardised
+    state. Without the key, or with a loaded checkpoint, the identity stays."""
+    from tasks.demo_index import STATE_STD_FLOOR
+    from tasks.demos import set_demo_action_stats
+    from tasks.policies import make_policy
+    r = np.random.default_rng(1)
+    T, B, C, D, O = 4, 2, 2, 3, 3
+    obs = np.stack([r.normal(1.0, 0.2, (T, B)), r.normal(0.0, 0.001, (T, B)), r.normal(-3.0, 5.0, (T, B))],
+                   -1).astype(np.float32)
+    obs[:, 1] = 50.0  # env 1: a failed episode (not a BC sample)
+    step_mask = np.ones((T, B, C), bool)
+    step_mask[3, 0] = False  # env 0's episode ended before chunk step 3: not a sample
+    path = _one_step_store(tmp_path / "s.zarr", {
+        "obs": obs, "actions": np.zeros((T, B, C, D), np.float32), "step_mask": step_mask,
+        "success": np.array([[False, False]] * 2 + [[True, False]] * 2),
+        "episode_id": np.array([[0, 1]] * T, np.int64)})
+    cfg = _sft_cfg("flow_vla", C, path)
+    p = cfg.policy
+    try:
+        policy = make_policy(p, obs_dim=O, action_dim=D, seed=0)
+        assert not set_demo_action_stats(cfg, policy)  # normalize_state off: nothing to set for a flow VLA
+        assert torch.equal(policy.prefix.state_std, torch.ones(O))
+        p.normalize_state = True
+        assert set_demo_action_stats(cfg, policy)
+        samples = obs[:3, 0].astype(np.float64)  # env 0, chunk steps 0-2
+        assert samples.std(0)[1] < STATE_STD_FLOOR
+        torch.testing.assert_close(policy.prefix.state_mean, torch.tensor(samples.mean(0), dtype=torch.float32))
+        torch.testing.assert_close(policy.prefix.state_std, torch.tensor(
+            np.maximum(samples.std(0), STATE_STD_FLOOR), dtype=torch.float32))
+        # the standardisation is the prefix's input: stats (m, s) on x == identity stats on (x - m) / s
+        ident = make_policy(p, obs_dim=O, action_dim=D, seed=0)
+        prompt = ident.tokenize(["push"] * 2)
+        x = torch.from_numpy(obs[:2, 0])
+        z = (x - policy.prefix.state_mean) / policy.prefix.state_std
+        torch.testing.assert_close(policy.prefix({"prompt": prompt, "state": x}).hidden,
+                                   ident.prefix({"prompt": prompt, "state": z}).hidden)
+        # saved with the weights; a checkpoint from before the buffers loads with the identity
+        policy.save_pretrained(tmp_path / "hf")
+        loaded = type(policy).from_pretrained(tmp_path / "hf")
+        assert torch.equal(loaded.prefix.state_std, policy.prefix.state_std)
+        from safetensors.torch import load_file, save_file
+        w = load_file(str(tmp_path / "hf" / "model.safetensors"))
+        save_file({k: v for k, v in w.items() if not k.startswith("prefix.state_")} |
+                  {k: v for k, v in w.items() if k.startswith("prefix.state_proj")},
+                  str(tmp_path / "hf" / "model.safetensors"))
+        old = type(policy).from_pretrained(tmp_path / "hf")
+        assert torch.equal(old.prefix.state_std, torch.ones(O)) and torch.equal(old.prefix.state_mean, torch.zeros(O))
+        fresh = make_policy(p, obs_dim=O, action_dim=D, seed=0)
+        cfg.policy.model_path = str(tmp_path / "hf")  # a loaded policy keeps its own statistics
+        assert not set_demo_action_stats(cfg, fresh)
+        with pytest.raises(ValueError, match="std must be > 0"):
+            policy.prefix.set_state_stats(np.zeros(O), np.array([1.0, 0.0, 1.0]))
     finally:
         clear_cache()
