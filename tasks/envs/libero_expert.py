@@ -14,10 +14,10 @@ OSC_POSE action in [-1, 1] (tasks.envs.libero: +1 closes the gripper) through th
 A moving phase ends when the end-effector is within `tol` of its waypoint (or after its step budget); `close` and
 `open` end when the finger gap (robosuite's `gripper_qpos`, in the policy's 8-D state) changed by less than
 `FINGER_STILL` m over the last step (at least 2 steps, at most CLOSE_STEPS / OPEN_STEPS). Every phase change is
-therefore a function of what a clone observes (positions, finger gap), not of a hidden step count: with fixed-length
-holds (12 closing steps, then lift) the fingers had stopped a few steps before the lift, "closed on the bowl, keep
-holding" and "closed on the bowl, lift now" were the same observation, and the cloned flow VLA stalled there
-holding still for the rest of the episode (measured, README "Measured recipe on LIBERO"). Position actions are
+therefore a function of what a clone observes (positions, finger gap), not of a hidden step count (a fixed-length
+hold makes "keep holding" and "move on now" one observation once the fingers have stopped). For libero_spatial's
+bowls the fingers stop after 10-11 steps, so there the recording equals the old fixed 12-step hold's (measured:
+the identical store; README "Measured recipe on LIBERO"). Position actions are
 a P-controller on the waypoint: robosuite 1.4's OSC_POSE scales an action a in [-1, 1] to a delta of
 a * output_max (0.05 m for position, 0.5 rad for rotation, read from the controller) applied to the current
 end-effector pose, so a = gain * (waypoint - eef) / 0.05, clipped to +-`max_action`. Orientation: a P-controller that
