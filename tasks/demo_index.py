@@ -1,5 +1,5 @@
 """Which recorded samples SFT learns from, and the dataset statistics taken from them (no import of the update
-code: `tasks.update.actor_init` and `tasks.distributed.initial_weights` call `set_demo_action_stats`, `tasks.demos`
+code: `tasks.update.actor_init` and `tasks.distributed.initial_weights` call `set_demo_stats`, `tasks.demos`
 loads the samples)."""
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def sft_index(store_path: str, only_success: bool) -> np.ndarray:
 STATE_STD_FLOOR = 0.01  # units of the state (m, rad): a near-constant dimension is scaled by at most 100
 
 
-def set_demo_action_stats(cfg: Config, policy: torch.nn.Module) -> bool:
+def set_demo_stats(cfg: Config, policy: torch.nn.Module) -> bool:
     """Dataset statistics of a policy trained from scratch by SFT (`algorithm.name=sft`, no `policy.model_path`),
     from the behaviour-cloning samples of `sft.store` (`sft_index`):
     - a policy that un-normalises its actions (the token VLA's q01 / q99, `set_action_stats`): the 1st / 99th
@@ -51,8 +51,7 @@ def set_demo_action_stats(cfg: Config, policy: torch.nn.Module) -> bool:
     """
     if cfg.algorithm.name != "sft" or cfg.policy.model_path:
         return False
-    state = getattr(cfg.policy, "normalize_state", False) and getattr(policy, "prefix", None) is not None \
-        and getattr(policy.prefix, "state_proj", None) is not None
+    state = cfg.policy.normalize_state and getattr(getattr(policy, "prefix", None), "state_proj", None) is not None
     if not (hasattr(policy, "set_action_stats") or state):
         return False
     from storage.trajectories import TrajectoryStore

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from tasks import resident
-from tasks.demo_index import set_demo_action_stats, sft_index  # noqa: F401 (re-exported)
+from tasks.demo_index import set_demo_stats, sft_index  # noqa: F401 (re-exported)
 from tasks.config import Config
 from tasks.device import autocast, to_device
 from tasks.envs import make_shard

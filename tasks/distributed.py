@@ -307,6 +307,6 @@ def initial_weights(cfg: Config, dims: tuple[int, int], checkpoint: dict | None 
     torch.manual_seed(seeding.model_init_seed(cfg.seed))
     policy = make_policy(cfg.policy, obs_dim=dims[0], action_dim=dims[1], num_values=num_values(cfg),
                          seed=seeding.model_init_seed(cfg.seed), image_size=image_size(cfg), load=True)
-    from tasks.demo_index import set_demo_action_stats
-    set_demo_action_stats(cfg, policy)  # as tasks.update.actor_init
+    from tasks.demo_index import set_demo_stats
+    set_demo_stats(cfg, policy)  # as tasks.update.actor_init
     return {"version": 0, "state_dict": {k: v.detach().clone() for k, v in policy.state_dict().items()}}

@@ -238,8 +238,8 @@ def actor_init(cfg: Config, run_id: str, dims: tuple[int, int], checkpoint: dict
     torch.manual_seed(seeding.model_init_seed(cfg.seed))
     actor = _build_actor(cfg, *dims, load=checkpoint is None)  # a checkpoint overrides policy.model_path
     if checkpoint is None:
-        from tasks.demo_index import set_demo_action_stats
-        set_demo_action_stats(cfg, actor.policy)  # a token VLA's q01 / q99 from sft.store (SFT from scratch)
+        from tasks.demo_index import set_demo_stats
+        set_demo_stats(cfg, actor.policy)  # q01 / q99, state standardisation from sft.store (SFT from scratch)
     if checkpoint is not None:
         actor.policy.load_state_dict(checkpoint["policy"])
         load_optimizer_state(actor.policy, actor.optimizer, checkpoint["optimizer"])  # either format (1 or R ranks)

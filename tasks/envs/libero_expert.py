@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 PHASES = ("above", "descend", "close", "lift", "carry", "lower", "open", "retreat")
-CLOSE_STEPS, OPEN_STEPS = 12, 8  # step budgets of the gripper phases (the fingers stop after ~5-9 steps)
+CLOSE_STEPS, OPEN_STEPS = 12, 8  # step budgets of the gripper phases (a bowl's rim: the fingers stop after 10-11)
 FINGER_STILL = 2e-4  # m: a finger gap change per step below this ends `close` / `open`
 
 

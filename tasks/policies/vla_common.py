@@ -193,6 +193,14 @@ class PrefixEncoder(nn.Module):
             self.register_buffer("state_mean", torch.zeros(obs_dim))
             self.register_buffer("state_std", torch.ones(obs_dim))
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """Weights saved before the state standardisation existed (hf/ exports and run checkpoints alike) lack its
+        buffers: they load with the identity, the raw state those weights were trained on."""
+        if self.state_proj is not None:
+            for name, fill in (("state_mean", 0.0), ("state_std", 1.0)):
+                state_dict.setdefault(prefix + name, torch.full_like(getattr(self, name), fill))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def set_state_stats(self, mean, std) -> None:
         """Standardise the state as (state - mean) / std before its projection: mean, std array-like [O], std > 0.
 
@@ -383,14 +391,8 @@ class VLACheckpointMixin:
         if not (path / WEIGHTS_NAME).is_file():
             raise ConfigError("policy.model_path", model_path, f"expected {WEIGHTS_NAME} there (save_pretrained)")
         try:
-            missing, unexpected = load_model(self, str(path / WEIGHTS_NAME), strict=False)
+            load_model(self, str(path / WEIGHTS_NAME), strict=True)
         except RuntimeError as e:
             raise ConfigError("policy.model_path", model_path,
                               f"weights do not fit this policy's sizes ({str(e).splitlines()[0]})") from e
-        # checkpoints saved before the state standardisation lack its buffers: they keep the identity (unchanged)
-        missing = [k for k in missing if k not in ("prefix.state_mean", "prefix.state_std")]
-        if missing or unexpected:
-            raise ConfigError("policy.model_path", model_path,
-                              f"weights do not fit this policy's sizes (missing {missing[:3]}, unexpected "
-                              f"{unexpected[:3]})")
         self.tokenizer = ByteTokenizer.from_pretrained(path)

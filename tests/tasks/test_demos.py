@@ -246,7 +246,7 @@ def test_token_vla_sft_from_scratch_takes_q01_q99_of_the_executed_bc_actions(tmp
     """OpenVLA's dataset statistics: q01 / q99 per dimension of the executed actions of the successful episodes
     only (the idle slot and the failed episode hold outliers that would move them), and only when SFT starts from
     scratch with a policy that has the statistics."""
-    from tasks.demos import set_demo_action_stats
+    from tasks.demos import set_demo_stats
     from tasks.policies import make_policy
     r = np.random.default_rng(0)
     T, B, C, D = 4, 2, 2, 3
@@ -262,7 +262,7 @@ def test_token_vla_sft_from_scratch_takes_q01_q99_of_the_executed_bc_actions(tmp
     p = cfg.policy
     policy = make_policy(p, obs_dim=3, action_dim=D, seed=0)
     try:
-        assert set_demo_action_stats(cfg, policy)
+        assert set_demo_stats(cfg, policy)
         executed = actions[:, 0].reshape(-1, D)[step_mask[:, 0].reshape(-1)]  # [7, D]
         assert len(executed) == T * C - 1
         q01, q99 = np.percentile(executed.astype(np.float64), [1.0, 99.0], axis=0)
@@ -271,9 +271,9 @@ def test_token_vla_sft_from_scratch_takes_q01_q99_of_the_executed_bc_actions(tmp
         assert float(policy.action_q99.max()) < 0.5 and float(policy.action_q01.min()) > -0.3
         fresh = make_policy(p, obs_dim=3, action_dim=D, seed=0)
         cfg.policy.model_path = str(tmp_path)  # a loaded policy keeps its own statistics
-        assert not set_demo_action_stats(cfg, fresh)
+        assert not set_demo_stats(cfg, fresh)
         cfg.policy.model_path, cfg.algorithm.name = None, "grpo"
-        assert not set_demo_action_stats(cfg, fresh)
+        assert not set_demo_stats(cfg, fresh)
         assert torch.equal(fresh.action_q01, torch.full((D,), -1.0))
     finally:
         clear_cache()
@@ -285,7 +285,7 @@ def test_flow_vla_sft_with_normalize_state_standardises_by_the_bc_samples_state(
     prefix then sees (state - mean) / std, i.e. exactly what an identity-stats prefix sees for the standardised
     state. Without the key, or with a loaded checkpoint, the identity stays."""
     from tasks.demo_index import STATE_STD_FLOOR
-    from tasks.demos import set_demo_action_stats
+    from tasks.demos import set_demo_stats
     from tasks.policies import make_policy
     r = np.random.default_rng(1)
     T, B, C, D, O = 4, 2, 2, 3, 3
@@ -302,10 +302,10 @@ def test_flow_vla_sft_with_normalize_state_standardises_by_the_bc_samples_state(
     p = cfg.policy
     try:
         policy = make_policy(p, obs_dim=O, action_dim=D, seed=0)
-        assert not set_demo_action_stats(cfg, policy)  # normalize_state off: nothing to set for a flow VLA
+        assert not set_demo_stats(cfg, policy)  # normalize_state off: nothing to set for a flow VLA
         assert torch.equal(policy.prefix.state_std, torch.ones(O))
         p.normalize_state = True
-        assert set_demo_action_stats(cfg, policy)
+        assert set_demo_stats(cfg, policy)
         samples = obs[:3, 0].astype(np.float64)  # env 0, chunk steps 0-2
         assert samples.std(0)[1] < STATE_STD_FLOOR
         torch.testing.assert_close(policy.prefix.state_mean, torch.tensor(samples.mean(0), dtype=torch.float32))
@@ -329,9 +329,14 @@ def test_flow_vla_sft_with_normalize_state_standardises_by_the_bc_samples_state(
                   str(tmp_path / "hf" / "model.safetensors"))
         old = type(policy).from_pretrained(tmp_path / "hf")
         assert torch.equal(old.prefix.state_std, torch.ones(O)) and torch.equal(old.prefix.state_mean, torch.zeros(O))
+        # the same for a run checkpoint's state dict (resume, pipelines.eval of a run, FSDP initial weights)
+        sd = {k: v for k, v in policy.state_dict().items() if k not in ("prefix.state_mean", "prefix.state_std")}
+        policy.load_state_dict(sd)
+        assert torch.equal(policy.prefix.state_std, torch.ones(O)) and torch.equal(policy.prefix.state_mean,
+                                                                                    torch.zeros(O))
         fresh = make_policy(p, obs_dim=O, action_dim=D, seed=0)
         cfg.policy.model_path = str(tmp_path / "hf")  # a loaded policy keeps its own statistics
-        assert not set_demo_action_stats(cfg, fresh)
+        assert not set_demo_stats(cfg, fresh)
         with pytest.raises(ValueError, match="std must be > 0"):
             policy.prefix.set_state_stats(np.zeros(O), np.array([1.0, 0.0, 1.0]))
     finally:
