@@ -12,6 +12,12 @@ least disturbed by other load). The hand-written loop is the one `benchmarks/thr
 
 Printed: seconds per update and per Adam step for each (threads, system), the machine's load average, and with
 `--profile` the top of a cProfile of one dagrl update (where the extra time goes).
+
+`--dask`: also the same `actor_update` on the same samples inside the pipeline's actor worker: a one-worker
+cluster built by `pipelines.cluster.cluster_specs` from the same config (the GPU worker's Nanny, its environment
+variables and threads exactly as `python -m pipelines.run` starts it), the samples sent once and kept there.
+Shown: the function's own `time/update` (what the pipeline logs) for the worker as configured, and for the same
+worker with Dask's statistical profiler off (`distributed.worker.profile.enabled=False`).
 """
 from __future__ import annotations
 
@@ -47,6 +53,34 @@ def rollout(num_envs: int, overrides: list[str]):
     return cfg, w, advs
 
 
+def in_worker(cfg, w, advs, repeats: int, profiler: bool) -> tuple[list[float], int]:
+    """Sorted `time/update` of `repeats` (+1 warm-up) actor_update calls inside a fresh one-worker cluster that
+    `pipelines.cluster.cluster_specs` specifies for `cfg` (its GPU worker only), and the Adam steps per call."""
+    import logging
+    import dask
+    from distributed import Client, SpecCluster
+    from pipelines.cluster import cluster_specs
+    from tasks import resident, update
+    scheduler, workers = cluster_specs(cfg, [("gpu-0", None)])
+    workers = {k: v for k, v in workers.items() if k == "gpu-0"}
+    if not profiler:
+        env = workers["gpu-0"]["options"]["env"]
+        env["DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"] = "False"
+    with dask.config.set({"distributed.worker.profile.enabled": profiler}):
+        with SpecCluster(scheduler=scheduler, workers=workers, silence_logs=logging.ERROR) as cluster, \
+                Client(cluster) as client:
+            futs = client.scatter(list(advs), workers=["gpu-0"])
+            wf = client.scatter(w, workers=["gpu-0"])
+            out = []
+            for i in range(repeats + 1):
+                client.run(resident.release, "bench-gap/actor")
+                m = client.submit(update.actor_update, cfg, "bench-gap", wf, *futs, pure=False,
+                                  workers=["gpu-0"]).result()["metrics"]
+                if i:
+                    out.append((m["time/update"], int(m["train/minibatch_updates"])))
+    return sorted(t for t, _ in out), out[0][1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--num-envs", type=int, default=16)
@@ -54,6 +88,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--dask", action="store_true", help="also time actor_update inside the pipeline's actor worker")
     args = ap.parse_args()
 
     import torch
@@ -89,16 +124,30 @@ def main() -> None:
                                     data["advantages"].reshape(N), data["returns"].reshape(N))
         return time.perf_counter() - t, n
 
+    def thread_once() -> tuple[float, int]:  # the same call on a second thread of this process, as Dask runs tasks
+        import threading
+        box = []
+        th_ = threading.Thread(target=lambda: box.append(dagrl_once()))
+        th_.start()
+        th_.join()
+        return box[0]
+
     print(f"{'threads':>7} {'system':<28}{'update s (min)':>15}{'median':>8}{'Adam steps':>11}{'ms/step':>9}")
     for th in args.threads:
         torch.set_num_threads(th)
-        for name, fn in (("hand-written loop", base_once), ("dagrl actor_update", dagrl_once)):
+        for name, fn in (("hand-written loop", base_once), ("dagrl actor_update", dagrl_once),
+                         ("dagrl, another thread", thread_once)):
             fn()  # warm-up
             res = [fn() for _ in range(args.repeats)]
             ts = sorted(r[0] for r in res)
             n = res[0][1]
             print(f"{th:>7} {name:<28}{ts[0]:>15.3f}{ts[len(ts) // 2]:>8.3f}{n:>11}{1000 * ts[0] / max(n, 1):>9.2f}",
                   flush=True)
+    if args.dask:
+        for profiler in (True, False):
+            ts, n = in_worker(cfg, w, advs, args.repeats, profiler)
+            print(f"{'worker':>7} {'dagrl in the actor worker' + ('' if profiler else ', no profiler'):<28}"
+                  f"{ts[0]:>15.3f}{ts[len(ts) // 2]:>8.3f}{n:>11}{1000 * ts[0] / max(n, 1):>9.2f}", flush=True)
     if args.profile:
         torch.set_num_threads(1)
         pr = cProfile.Profile()

@@ -298,6 +298,10 @@ class AlgorithmConfig:
     value_coef: float = 0.5
     max_grad_norm: float = 0.5
     lr: float = 3e-4
+    # linear learning-rate decay over the updates (ManiSkill / CleanRL ppo.py `anneal_lr`, there over the run's
+    # iterations): the update from weight version v uses lr x max(0, 1 - v / lr_anneal_steps), every param group
+    # alike; None: constant. A function of the version, so a resumed run continues the same schedule
+    lr_anneal_steps: Optional[int] = None
     update_epochs: int = 8
     num_minibatches: int = 8
     normalize_advantages: bool = True
@@ -356,6 +360,8 @@ class AlgorithmConfig:
             ("algorithm.value_clip", a.value_clip, a.value_clip is None or a.value_clip > 0, "must be > 0 or null"),
             ("algorithm.target_kl", a.target_kl, a.target_kl is None or a.target_kl > 0, "must be > 0 or null"),
             ("algorithm.critic_lr", a.critic_lr, a.critic_lr is None or a.critic_lr > 0, "must be > 0 or null"),
+            ("algorithm.lr_anneal_steps", a.lr_anneal_steps, a.lr_anneal_steps is None or a.lr_anneal_steps >= 1,
+             "must be >= 1 (updates until the learning rate reaches 0) or null (constant)"),
             ("algorithm.critic_warmup_steps", a.critic_warmup_steps, a.critic_warmup_steps >= 0, "must be >= 0"),
             *((f"algorithm.lr_scale.{k}", v, v >= 0, "must be >= 0 (0 freezes those parameters)")
               for k, v in a.lr_scale.items()),
@@ -905,7 +911,7 @@ def inert_keys(cfg: Config, command: str = "run", cuda_count: int = 0) -> list[t
                                             "clip_ratio_low", "clip_ratio_high", "dual_clip", "value_clip",
                                             "entropy_coef", "value_coef", "update_epochs", "num_minibatches",
                                             "normalize_advantages", "target_kl", "critic_warmup_steps",
-                                            "global_batch_size", "micro_batch_size", "nonfinite")], why)
+                                            "lr_anneal_steps", "global_batch_size", "micro_batch_size", "nonfinite")], why)
             off(["rollout", "storage", "runner.max_env_steps", "env.num_envs", "env.auto_reset",
                  "env.ignore_terminations", "env.seed"],
                 "is not read by algorithm.name=sft: SFT steps roll nothing out (the samples come from sft.store; "

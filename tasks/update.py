@@ -218,6 +218,22 @@ def make_optimizer(cfg: Config, policy: torch.nn.Module) -> torch.optim.Optimize
     return torch.optim.Adam([{"params": ps, "lr": lr} for lr, ps in groups.items()], eps=1e-5)
 
 
+def lr_factor(a, version: int) -> float:
+    """The learning-rate factor of the update from weight version `version`: max(0, 1 - version /
+    algorithm.lr_anneal_steps), 1 when that is None (AlgorithmConfig.lr_anneal_steps)."""
+    if a.lr_anneal_steps is None:
+        return 1.0
+    return max(0.0, 1.0 - version / a.lr_anneal_steps)
+
+
+def set_annealed_lr(a, opt: torch.optim.Optimizer, version: int) -> None:
+    """Set every param group's lr to its `initial_lr` (make_optimizer's lr, kept in the group and in the optimizer's
+    state dict, as torch's LR schedulers do) times `lr_factor(a, version)`."""
+    f = lr_factor(a, version)
+    for g in opt.param_groups:
+        g["lr"] = g.setdefault("initial_lr", g["lr"]) * f
+
+
 def param_lr(a, name: str) -> float:
     """The learning rate of the parameter `name` under AlgorithmConfig `a` (make_optimizer's rule)."""
     base = a.critic_lr if a.critic_lr is not None and name.startswith("value_head.") else a.lr
@@ -590,6 +606,7 @@ def run_update(cfg: Config, policy: torch.nn.Module, opt: torch.optim.Optimizer,
         lp_stats = {"train/behaviour_logprob_mean": float(masked_mean(prep["old_lp"], prep["lp_mask"])),
                     "train/proximal_logprob_mean": float(masked_mean(
                         prep["old_lp"] if prep.get("prox_lp") is None else prep["prox_lp"], prep["lp_mask"]))}
+        set_annealed_lr(a, opt, int(version))
         gen = torch.Generator().manual_seed(permutation_seed(cfg, version))
         try:
             sums, counts = update_epochs(cfg, policy, opt, data, prep, instr, plan, gen, rank=rank, world=world,

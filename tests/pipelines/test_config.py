@@ -531,7 +531,7 @@ def test_experiments_resolve_as_before_the_groups(name):
     still wrote all its sections out; a key a group adds is validated by test_every_experiment_validates_without_notes;
     values changed on purpose since are changed in the file with them: 2026-12-01 the VLA recipe's 200-episode eval,
     its SFT eval interval and its GRPO step, issue 11; 2026-12-02 the new keys env.robot_visual_lod at its default 1.0
-    and policy.normalize_state at its default false)."""
+    and policy.normalize_state at its default false; algorithm.lr_anneal_steps at its default null)."""
     import json
     import tasks.config
     from omegaconf import OmegaConf

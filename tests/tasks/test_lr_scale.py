@@ -67,3 +67,31 @@ def test_unknown_prefix_and_negative_factor_are_refused():
         make_optimizer(cfg, policy)
     with pytest.raises(ConfigError, match="algorithm.lr_scale.critic"):
         load_config(["+algorithm.lr_scale={critic:-1}"])
+
+
+def test_lr_anneal_steps_decays_every_group_linearly_by_weight_version_and_survives_a_state_round_trip():
+    from tasks.update import lr_factor, set_annealed_lr
+    policy, cfg = _policy_and_cfg(["algorithm.lr=0.01", "algorithm.lr_anneal_steps=4",
+                                   "+algorithm.lr_scale={critic:0.1}"])
+    opt = make_optimizer(cfg, policy)
+    # ManiSkill/CleanRL anneal_lr: lr_v = lr * (1 - v / N), here N = 4 updates; 0 from version N on
+    for v, frac in [(0, 1.0), (1, 0.75), (3, 0.25), (4, 0.0), (9, 0.0)]:
+        assert lr_factor(cfg.algorithm, v) == pytest.approx(frac)
+    set_annealed_lr(cfg.algorithm, opt, 1)
+    set_annealed_lr(cfg.algorithm, opt, 2)  # from the group's initial lr, not compounding the previous factor
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.01 * 0.5, 0.001 * 0.5])
+    # a restored optimizer (resume) keeps the initial lr and continues the same schedule
+    saved = optimizer_state(policy, opt)
+    policy2, _ = _policy_and_cfg(["algorithm.lr=0.01", "+algorithm.lr_scale={critic:0.1}"])
+    opt2 = make_optimizer(cfg, policy2)
+    load_optimizer_state(policy2, opt2, saved)
+    set_annealed_lr(cfg.algorithm, opt2, 3)
+    assert [g["lr"] for g in opt2.param_groups] == pytest.approx([0.01 * 0.25, 0.001 * 0.25])
+    # constant without the key
+    _, cfg0 = _policy_and_cfg([])
+    assert lr_factor(cfg0.algorithm, 100) == 1.0
+
+
+def test_lr_anneal_steps_below_one_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match="algorithm.lr_anneal_steps"):
+        load_config(["algorithm.lr_anneal_steps=0"])
