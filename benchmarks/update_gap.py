@@ -16,8 +16,12 @@ Printed: seconds per update and per Adam step for each (threads, system), the ma
 `--dask`: also the same `actor_update` on the same samples inside the pipeline's actor worker: a one-worker
 cluster built by `pipelines.cluster.cluster_specs` from the same config (the GPU worker's Nanny, its environment
 variables and threads exactly as `python -m pipelines.run` starts it), the samples sent once and kept there.
-Shown: the function's own `time/update` (what the pipeline logs) for the worker as configured, and for the same
-worker with Dask's statistical profiler off (`distributed.worker.profile.enabled=False`).
+Shown: the function's own `time/update` (what the pipeline logs) for the worker as configured, for the same
+worker with Dask's statistical profiler off (`distributed.worker.profile.enabled=False`) and for it spawned
+with the `MALLOC_TRIM_THRESHOLD_=65536` that Dask's Nanny puts into every worker's environment by default
+(`distributed.nanny.pre-spawn-environ`; the pipeline spawns its workers without it since 2026-12-02:
+`pipelines.cluster.glibc_malloc_defaults`). The last column counts the process's minor page faults during one
+update (`getrusage`), a figure the machine's load does not change.
 """
 from __future__ import annotations
 
@@ -53,20 +57,35 @@ def rollout(num_envs: int, overrides: list[str]):
     return cfg, w, advs
 
 
-def in_worker(cfg, w, advs, repeats: int, profiler: bool) -> tuple[list[float], int]:
-    """Sorted `time/update` of `repeats` (+1 warm-up) actor_update calls inside a fresh one-worker cluster that
-    `pipelines.cluster.cluster_specs` specifies for `cfg` (its GPU worker only), and the Adam steps per call."""
+def _faulted_update(cfg, run_id, w, *advs):
+    """actor_update and the minor page faults of this process during it (resource.getrusage: ru_minflt)."""
+    import resource
+    from tasks import update
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    out = update.actor_update(cfg, run_id, w, *advs)
+    return out["metrics"], resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+
+
+def in_worker(cfg, w, advs, repeats: int, profiler: bool = True, trim: bool = False):
+    """(sorted `time/update` of `repeats` (+1 warm-up) actor_update calls, Adam steps per call, median minor page
+    faults per call) inside a fresh one-worker cluster that `pipelines.cluster.cluster_specs` specifies for `cfg`
+    (its GPU worker only, spawned as `pipelines.cluster.start_cluster` spawns it: glibc_malloc_defaults).
+    profiler=False: Dask's statistical profiler off in the worker; trim=True: the worker spawned with Dask's own
+    MALLOC_TRIM_THRESHOLD_=65536 (what the pipeline did before)."""
     import logging
     import dask
     from distributed import Client, SpecCluster
-    from pipelines.cluster import cluster_specs
-    from tasks import resident, update
-    scheduler, workers = cluster_specs(cfg, [("gpu-0", None)])
-    workers = {k: v for k, v in workers.items() if k == "gpu-0"}
-    if not profiler:
-        env = workers["gpu-0"]["options"]["env"]
-        env["DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"] = "False"
-    with dask.config.set({"distributed.worker.profile.enabled": profiler}):
+    from pipelines.cluster import MALLOC_TRIM, cluster_specs, glibc_malloc_defaults
+    from tasks import resident
+    glibc_malloc_defaults()  # as pipelines.cluster.start_cluster
+    settings = {"distributed.worker.profile.enabled": profiler}
+    if trim:  # Dask's own default
+        settings[f"distributed.nanny.pre-spawn-environ.{MALLOC_TRIM}"] = 65536
+    with dask.config.set(settings):
+        scheduler, workers = cluster_specs(cfg, [("gpu-0", None)])
+        workers = {k: v for k, v in workers.items() if k == "gpu-0"}
+        if not profiler:
+            workers["gpu-0"]["options"]["env"]["DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"] = "False"
         with SpecCluster(scheduler=scheduler, workers=workers, silence_logs=logging.ERROR) as cluster, \
                 Client(cluster) as client:
             futs = client.scatter(list(advs), workers=["gpu-0"])
@@ -74,11 +93,11 @@ def in_worker(cfg, w, advs, repeats: int, profiler: bool) -> tuple[list[float], 
             out = []
             for i in range(repeats + 1):
                 client.run(resident.release, "bench-gap/actor")
-                m = client.submit(update.actor_update, cfg, "bench-gap", wf, *futs, pure=False,
-                                  workers=["gpu-0"]).result()["metrics"]
+                m, faults = client.submit(_faulted_update, cfg, "bench-gap", wf, *futs, pure=False,
+                                          workers=["gpu-0"]).result()
                 if i:
-                    out.append((m["time/update"], int(m["train/minibatch_updates"])))
-    return sorted(t for t, _ in out), out[0][1]
+                    out.append((m["time/update"], int(m["train/minibatch_updates"]), faults))
+    return sorted(t for t, _, _ in out), out[0][1], sorted(f for _, _, f in out)[len(out) // 2]
 
 
 def main() -> None:
@@ -110,8 +129,11 @@ def main() -> None:
     def dagrl_once() -> tuple[float, int]:
         resident.release("bench-gap/actor")  # a fresh actor (weights w, new optimizer) each time
         t = time.perf_counter()
-        out = update.actor_update(cfg, "bench-gap", w, *advs)
-        return time.perf_counter() - t, int(out["metrics"]["train/minibatch_updates"])
+        m, faults = _faulted_update(cfg, "bench-gap", w, *advs)
+        last_faults[0] = faults
+        return time.perf_counter() - t, int(m["train/minibatch_updates"])
+
+    last_faults = [0]
 
     def base_once() -> tuple[float, int]:
         policy = make_policy(cfg.policy, obs_dim=O, action_dim=D, seed=model_init_seed(cfg.seed))
@@ -132,7 +154,7 @@ def main() -> None:
         th_.join()
         return box[0]
 
-    print(f"{'threads':>7} {'system':<28}{'update s (min)':>15}{'median':>8}{'Adam steps':>11}{'ms/step':>9}")
+    print(f"{'threads':>7} {'system':<28}{'update s (min)':>15}{'median':>8}{'Adam steps':>11}{'ms/step':>9}{'page faults':>13}")
     for th in args.threads:
         torch.set_num_threads(th)
         for name, fn in (("hand-written loop", base_once), ("dagrl actor_update", dagrl_once),
@@ -141,13 +163,15 @@ def main() -> None:
             res = [fn() for _ in range(args.repeats)]
             ts = sorted(r[0] for r in res)
             n = res[0][1]
-            print(f"{th:>7} {name:<28}{ts[0]:>15.3f}{ts[len(ts) // 2]:>8.3f}{n:>11}{1000 * ts[0] / max(n, 1):>9.2f}",
-                  flush=True)
+            faults = last_faults[0] if name != "hand-written loop" else ""
+            print(f"{th:>7} {name:<28}{ts[0]:>15.3f}{ts[len(ts) // 2]:>8.3f}{n:>11}{1000 * ts[0] / max(n, 1):>9.2f}"
+                  f"{faults:>13}", flush=True)
     if args.dask:
-        for profiler in (True, False):
-            ts, n = in_worker(cfg, w, advs, args.repeats, profiler)
-            print(f"{'worker':>7} {'dagrl in the actor worker' + ('' if profiler else ', no profiler'):<28}"
-                  f"{ts[0]:>15.3f}{ts[len(ts) // 2]:>8.3f}{n:>11}{1000 * ts[0] / max(n, 1):>9.2f}", flush=True)
+        for name, kw in (("actor worker (as run)", {}), ("  worker, no Dask profiler", {"profiler": False}),
+                         ("  worker, Dask's MALLOC_TRIM", {"trim": True})):
+            ts, n, faults = in_worker(cfg, w, advs, args.repeats, **kw)
+            print(f"{'worker':>7} {name:<28}{ts[0]:>15.3f}{ts[len(ts) // 2]:>8.3f}{n:>11}"
+                  f"{1000 * ts[0] / max(n, 1):>9.2f}{faults:>13}", flush=True)
     if args.profile:
         torch.set_num_threads(1)
         pr = cProfile.Profile()

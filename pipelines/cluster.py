@@ -422,6 +422,27 @@ def security(cfg: Config):
     return Security(require_encryption=True, **files)
 
 
+MALLOC_TRIM = "MALLOC_TRIM_THRESHOLD_"
+_USER_MALLOC_TRIM = os.environ.get(MALLOC_TRIM)  # a value the user exported before dagrl started (kept)
+
+
+def glibc_malloc_defaults() -> None:
+    """Spawn the embedded cluster's worker processes with glibc's default malloc thresholds, not with the
+    `MALLOC_TRIM_THRESHOLD_=65536` a Dask Nanny puts into every worker's environment
+    (`distributed.nanny.pre-spawn-environ`; it also leaves it in this process's `os.environ`, where later spawns
+    would inherit it): call before the Nannies are built.
+
+    Why: setting the trim threshold at all switches off glibc's dynamic mmap threshold (mallopt(3)), so every
+    tensor above 128 KiB (a 400 x 256 float32 activation is 400 KiB) is mmapped and unmapped again on each
+    allocation, and each of its pages faults on first touch. Measured (`benchmarks/update_gap.py --dask`): the
+    default PPO update inside the actor worker took ~130 000 minor page faults per update with it and none in a
+    plain process. A value the user exported before dagrl started is left as it is."""
+    import dask
+    dask.config.set({f"distributed.nanny.pre-spawn-environ.{MALLOC_TRIM}": None})
+    if _USER_MALLOC_TRIM is None:
+        os.environ.pop(MALLOC_TRIM, None)
+
+
 def cluster_specs(cfg: Config, gpus: list[tuple[str, int | None]], sec=None) -> tuple[dict, dict]:
     """(scheduler spec, worker specs by name) of the embedded cluster for `SpecCluster`: the scheduler on
     `cluster.host` (127.0.0.1 unless configured) with its dashboard on `cluster.dashboard_address`
@@ -474,6 +495,7 @@ def start_cluster(cfg: Config) -> ClusterHandle:
         return ClusterHandle(client, None, client.dashboard_link)
     gpus = gpu_worker_specs(cfg, _cuda_device_count())
     from distributed import SpecCluster
+    glibc_malloc_defaults()
     scheduler, workers = cluster_specs(cfg, gpus, sec)
     fix = (f"raise cluster.start_timeout_s (now {c.start_timeout_s:g}) on a loaded machine, or start fewer workers "
            f"(cluster.num_env_workers)")

@@ -1,6 +1,7 @@
 """Component placement (RLinf's `cluster.component_placement`): the parser, the modes, the rejections a config or a
 cluster gets before anything is submitted (each with the numbers), and `plan_placement` on fake `scheduler_info`
-dicts (no cluster is started)."""
+dicts (no cluster is started), and the environment the embedded cluster spawns its workers with (the one test
+that starts a cluster: the smoke config's two workers)."""
 from __future__ import annotations
 
 import os
@@ -452,3 +453,26 @@ def test_actor_worker_threads_and_wait_policy(monkeypatch):
     cfg.cluster.actor_threads = 0
     with pytest.raises(ConfigError, match="cluster.actor_threads"):
         cfg.cluster.check()
+
+
+def test_embedded_cluster_workers_keep_glibc_malloc_defaults(monkeypatch):
+    """Dask's Nanny spawns workers with MALLOC_TRIM_THRESHOLD_=65536 (and leaves it in the driver's os.environ);
+    that switches off glibc's dynamic mmap threshold, and the actor's update then faulted ~130k pages per update
+    (benchmarks/update_gap.py --dask). The embedded cluster spawns every worker without it, also after a Nanny of
+    another cluster left it in os.environ; a value the user exported before dagrl started is kept."""
+    import pipelines.cluster as pc
+    from pipelines.config import load_config
+    cfg, _ = load_config(["conf=smoke", "cluster.num_env_workers=1"])
+    monkeypatch.setattr(pc, "_USER_MALLOC_TRIM", None)
+    monkeypatch.setenv(pc.MALLOC_TRIM, "65536")  # what an earlier Nanny in this process leaves behind
+    handle = pc.start_cluster(cfg)
+    try:
+        seen = handle.client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_"))
+        assert len(seen) == 2 and set(seen.values()) == {None}, seen
+    finally:
+        handle.close()
+    assert pc.MALLOC_TRIM not in os.environ
+    monkeypatch.setattr(pc, "_USER_MALLOC_TRIM", "1048576")  # the user's own setting: left to them
+    monkeypatch.setenv(pc.MALLOC_TRIM, "1048576")
+    pc.glibc_malloc_defaults()
+    assert os.environ[pc.MALLOC_TRIM] == "1048576"
