@@ -20,6 +20,7 @@ active run therefore holds exactly one value per step per key.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -52,6 +53,29 @@ def _sqlite_artifact_location(uri: str) -> str | None:
     db = Path(uri[len(prefix):].split("?", 1)[0])
     db.parent.mkdir(parents=True, exist_ok=True)
     return (db.resolve().parent / "mlartifacts").as_uri()
+
+
+@contextlib.contextmanager
+def _store_init_lock(uri: str):
+    """For ``sqlite:///`` uris, an exclusive ``fcntl`` lock on ``<db>.lock`` while held; a no-op otherwise.
+
+    MLflow creates and migrates a new sqlite database's schema when a process first touches it, without a lock:
+    two runs started at the same instant on a new store both migrate it and the second one dies
+    (``sqlite3.OperationalError: duplicate column name: step``). Holding this lock around the first use makes
+    the second process wait and find the schema complete."""
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix):
+        yield
+        return
+    import fcntl
+    db = Path(uri[len(prefix):].split("?", 1)[0])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _plain(value: Any) -> Any:
@@ -154,11 +178,12 @@ class Tracker:
         run_id: str | None = None,
         artifact_location: str | None = None,
     ):
-        self._client = MlflowClient(tracking_uri=uri)
         self.uri = uri
         self.experiment = experiment
         self.nonfinite_logged = 0  # NaN / inf metric values logged (log_metrics logs them as they are)
-        experiment_id = self._experiment_id(experiment, artifact_location or _sqlite_artifact_location(uri))
+        with _store_init_lock(uri):  # the first use of a new sqlite store creates its schema
+            self._client = MlflowClient(tracking_uri=uri)
+            experiment_id = self._experiment_id(experiment, artifact_location or _sqlite_artifact_location(uri))
         if run_id is None:
             run = self._client.create_run(experiment_id, run_name=run_name,
                                           tags={RUN_ID_TAG: run_name} if run_name else None)

@@ -140,3 +140,33 @@ def test_continue_from_a_checkpoints_run_supersedes_every_run_of_that_dagrl_run(
     assert [r.info.run_id for r in active] == [c.run_id]
     assert _hist(client, c.run_id, "m") == [(1, 1.0), (2, 2.0), (3, 300.0)]
     assert client.get_run(b.run_id).data.tags["dagrl.superseded_by"] == c.run_id
+
+
+def _open_tracker_at_barrier(uri, barrier, name, errors):
+    barrier.wait()  # every process touches the new store at the same instant
+    try:
+        Tracker(uri=uri, experiment="race", run_name=name).set_terminated()
+    except Exception as exc:  # reported to the parent; the test names the error
+        errors.put(f"{name}: {type(exc).__name__}: {exc}"[:300])
+
+
+def test_runs_started_at_once_on_a_new_sqlite_store_all_open(tmp_path):
+    """MLflow migrates a new sqlite store's schema on first use without a lock; without Tracker's lock, runs
+    started together on a new `tracking.uri` died with `duplicate column name: step` (seen with two
+    `python -m pipelines.run` started in the same second). All of them must start, each with its own run."""
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    uri = f"sqlite:///{tmp_path}/new/mlflow.db"
+    n = 3
+    barrier, errors = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_open_tracker_at_barrier, args=(uri, barrier, f"r{i}", errors)) for i in range(n)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=180)
+    failed = []
+    while not errors.empty():
+        failed.append(errors.get())
+    assert failed == [] and [p.exitcode for p in procs] == [0] * n, failed
+    runs = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("race").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == [f"r{i}" for i in range(n)]
