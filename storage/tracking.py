@@ -45,14 +45,20 @@ def default_tracking_uri(path: str | Path) -> str:
     return f"sqlite:///{Path(path).resolve() / 'mlflow.db'}"
 
 
-def _sqlite_artifact_location(uri: str) -> str | None:
-    """``<db dir>/mlartifacts`` as a file uri for ``sqlite:///`` tracking uris, else None."""
+def _sqlite_db(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` tracking uri (its folder created), else None."""
     prefix = "sqlite:///"
     if not uri.startswith(prefix):
         return None
     db = Path(uri[len(prefix):].split("?", 1)[0])
     db.parent.mkdir(parents=True, exist_ok=True)
-    return (db.resolve().parent / "mlartifacts").as_uri()
+    return db
+
+
+def _sqlite_artifact_location(uri: str) -> str | None:
+    """``<db dir>/mlartifacts`` as a file uri for ``sqlite:///`` tracking uris, else None."""
+    db = _sqlite_db(uri)
+    return None if db is None else (db.resolve().parent / "mlartifacts").as_uri()
 
 
 @contextlib.contextmanager
@@ -63,13 +69,11 @@ def _store_init_lock(uri: str):
     two runs started at the same instant on a new store both migrate it and the second one dies
     (``sqlite3.OperationalError: duplicate column name: step``). Holding this lock around the first use makes
     the second process wait and find the schema complete."""
-    prefix = "sqlite:///"
-    if not uri.startswith(prefix):
+    db = _sqlite_db(uri)
+    if db is None:
         yield
         return
     import fcntl
-    db = Path(uri[len(prefix):].split("?", 1)[0])
-    db.parent.mkdir(parents=True, exist_ok=True)
     with open(db.with_name(db.name + ".lock"), "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:

@@ -105,8 +105,8 @@ def load_optimizer_state(policy: torch.nn.Module, opt: torch.optim.Optimizer, st
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
     for g, saved_g in zip(opt.param_groups, state["param_groups"]):
-        # torch's loader maps only the keys this optimizer's groups already have: a saved key they lack (set_annealed_lr's
-        # "initial_lr") raises KeyError there, so the groups get the saved hyper-parameters first
+        # torch's loader maps only the keys the live groups already have: a saved key they lack
+        # (set_annealed_lr's "initial_lr") raised KeyError there, so the groups take the saved hyper-parameters first
         g.update({k: v for k, v in saved_g.items() if k != "params"})
     set_optimizer_state_dict(policy, opt, optim_state_dict=state,
                              options=StateDictOptions(full_state_dict=True, strict=False))
