@@ -4,7 +4,8 @@
     .venv/bin/python benchmarks/throughput.py --scaling [--scaling-envs 16 32 64 128] [--scaling-workers 1 2]
 
 All three systems read one config: the default PushCube-v1 experiment (conf/conf/pushcube_ppo.yaml) through
-`pipelines.config.load_config` with `env.num_envs=16` (`--num-envs`; the yaml's own default is 32 since e8d8e1a)
+`pipelines.config.load_config` with `env.num_envs=16` (`--num-envs`; the yaml's own default is 64 x 50 chunk steps
+since 2026-12-03), `rollout.chunk_steps=100` (the 1 600 samples per step every earlier figure was measured with)
 and `rollout.inference=colocated`, plus any `--set KEY=VALUE`: state obs, pd_joint_delta_pos, normalized_dense
 reward, physx_cpu, MLP 3x256 policy, T=100 chunk steps (1 action per chunk) per training step, PPO with 8 epochs x
 8 minibatches, target_kl 0.1, episodes of 50 steps (terminations ignored as the yaml says).
@@ -70,7 +71,7 @@ def _quiet() -> None:
 
 def bench_overrides(args) -> list[str]:
     """Config overrides every system is measured with (on top of conf/conf/pushcube_ppo.yaml)."""
-    return [f"env.num_envs={args.num_envs}", "rollout.inference=colocated", *args.set]
+    return [f"env.num_envs={args.num_envs}", "rollout.chunk_steps=100", "rollout.inference=colocated", *args.set]
 
 
 def _config(overrides: list[str], components: bool = True):

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/update_gap.py [--num-envs 16] [--repeats 5] [--threads 1 2] [--profile]
 
 The rollout is real: the default experiment (conf/conf/pushcube_ppo.yaml, `env.num_envs` envs in 2 shards,
-T = rollout.chunk_steps chunk steps) stepped in this process with `tasks.rollout.env_step`, its GAE by
+T = 100 chunk steps, as throughput.py pins it) stepped in this process with `tasks.rollout.env_step`, its GAE by
 `tasks.update.advantages`. Both updates then run the config's epochs x minibatches with target_kl, from the same
 initial weights, each `--repeats` times (fresh optimizer and weights each time; the figure is the minimum, the
 least disturbed by other load). The hand-written loop is the one `benchmarks/throughput.py` times for system (b)
@@ -47,7 +47,8 @@ def rollout(num_envs: int, overrides: list[str]):
     from tasks.envs.vulkan import ensure_vulkan
     ensure_vulkan()
     torch.set_num_threads(1)
-    cfg, _ = load_config([f"env.num_envs={num_envs}", "rollout.inference=colocated", *overrides])
+    cfg, _ = load_config([f"env.num_envs={num_envs}", "rollout.chunk_steps=100", "rollout.inference=colocated",
+                          *overrides])
     dims = ro.env_dims(cfg)
     w = update.actor_init(cfg, "bench-gap", dims)
     advs = []

@@ -29,11 +29,11 @@ def test_default_config_composes():
     cfg, dcfg = load_config([])
     assert isinstance(cfg, Config)
     assert cfg.experiment == "pushcube_ppo" and dcfg.experiment == "pushcube_ppo"
-    assert (cfg.env.env_id, cfg.env.num_envs, cfg.env.num_shards) == ("PushCube-v1", 32, 2)
+    assert (cfg.env.env_id, cfg.env.num_envs, cfg.env.num_shards) == ("PushCube-v1", 64, 2)
     assert cfg.policy.hidden_sizes == [256, 256, 256]
     # derived values
-    assert cfg.env.shard_size == 16 and cfg.batch_size == 3200 and cfg.minibatch_size == 400
-    assert cfg.num_segments == 2
+    assert cfg.env.shard_size == 32 and cfg.batch_size == 3200 and cfg.minibatch_size == 400
+    assert cfg.num_segments == 1
 
 
 def test_conf_smoke_selects_the_smoke_experiment():
@@ -59,7 +59,7 @@ def test_overrides_are_typed():
     (["conf=nope"], "conf", f"available: {sorted(p.stem for p in (REPO / 'conf' / 'conf').glob('*.yaml'))}"),
     (["env.num_envs=5"], "env.num_envs", "divisible by env.num_shards=2"),
     (["algorithm.num_minibatches=7"], "algorithm.num_minibatches", "must divide"),
-    (["rollout.chunk_steps_per_node=7"], "rollout.chunk_steps_per_node", "must divide rollout.chunk_steps=100"),
+    (["rollout.chunk_steps_per_node=7"], "rollout.chunk_steps_per_node", "must divide rollout.chunk_steps=50"),
     (["algorithm.reward_type=action_level", "algorithm.logprob_type=chunk_level"], "algorithm.logprob_type",
      "per-action log-probs"),
     (["env.env_id=NotAnEnv-v1"], "env.env_id", "not a ManiSkill env task"),
@@ -504,7 +504,7 @@ def test_group_chosen_on_the_command_line_replaces_the_experiments():
     assert "policy.hidden_sizes" not in g  # conf/policy/mlp.yaml is not composed any more
     cfg, _ = load_config(ov, components=False)
     assert (cfg.env.env_id, cfg.policy.name, cfg.policy.num_action_chunks) == ("PickCube-v1", "flow_vla", 5)
-    assert cfg.env.num_envs == 32 and cfg.algorithm.name == "ppo"  # the rest is still conf=pushcube_ppo's
+    assert cfg.env.num_envs == 64 and cfg.algorithm.name == "ppo"  # the rest is still conf=pushcube_ppo's
     # a key of a group file chosen on the command line that does nothing is an error, naming the file
     with pytest.raises(ConfigError, match=r"policy.value_head=.*conf/policy/flow_vla_tiny_critic.yaml \(chosen on "
                                           r"the command line\).*critic-free"):
@@ -531,7 +531,8 @@ def test_experiments_resolve_as_before_the_groups(name):
     still wrote all its sections out; a key a group adds is validated by test_every_experiment_validates_without_notes;
     values changed on purpose since are changed in the file with them: 2026-12-01 the VLA recipe's 200-episode eval,
     its SFT eval interval and its GRPO step, issue 11; 2026-12-02 the new keys env.robot_visual_lod at its default 1.0
-    and policy.normalize_state at its default false; algorithm.lr_anneal_steps at its default null)."""
+    and policy.normalize_state at its default false; algorithm.lr_anneal_steps at its default null; 2026-12-03 the
+    default job's 64 envs x 50 chunk steps, init_logstd -1.5, lr anneal over 150 steps and 64-episode eval, issue 13)."""
     import json
     import tasks.config
     from omegaconf import OmegaConf
