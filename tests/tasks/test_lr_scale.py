@@ -87,9 +87,9 @@ def test_lr_anneal_steps_decays_every_group_linearly_by_weight_version_and_survi
     load_optimizer_state(policy2, opt2, saved)
     set_annealed_lr(cfg.algorithm, opt2, 3)
     assert [g["lr"] for g in opt2.param_groups] == pytest.approx([0.01 * 0.25, 0.001 * 0.25])
-    # constant without the key
-    _, cfg0 = _policy_and_cfg([])
-    assert lr_factor(cfg0.algorithm, 100) == 1.0
+    # constant without the key (the default job sets it: null it)
+    _, cfg0 = _policy_and_cfg(["algorithm.lr_anneal_steps=null"])
+    assert lr_factor(cfg0.algorithm, 100) == 1.0 and lr_factor(cfg0.algorithm, 10_000) == 1.0
 
 
 def test_lr_anneal_steps_below_one_is_refused_naming_the_key():
