@@ -7,7 +7,7 @@ Without --run-id it takes the latest active run of the experiment. Per run it pr
 curve) and the first step, env steps and training wall time at which eval/success_once reached --threshold; with
 --hold, also the lowest eval at every later evaluation and whether it stayed >= --hold (issue 13's check: >= 0.9
 once, never below 0.8 after). With several run ids (e.g. one per seed) it ends with one summary table. --png plots
-the first run.
+every run's eval curve against env steps.
 
 One timeline: a resumed or rolled-back run continues in a new MLflow run and the superseded one is soft-deleted
 (storage.tracking); a --run-id of a superseded run is followed (tag `dagrl.superseded_by`) to the run that holds
@@ -148,28 +148,35 @@ def main() -> None:
                   f"{'' if n is None else f'{n:.0f}'} | {'' if w is None else f'{w:.0f}'} | "
                   f"{'' if low is None else f'{low:.3f}'} |")
     if args.png:
-        plot(curve(client, runs[0]), f"{args.experiment}: {runs[0].info.run_name}", args.png)
+        plot([(f"seed {r.data.params.get('seed', '?')}", curve(client, r)) for r in runs],
+             f"{args.experiment}: eval on {runs[0].data.params.get('env.eval.num_episodes', '?')} episodes", args.png)
 
 
-def plot(c: dict, title: str, png: str) -> None:
-    """Eval success_once / success_at_end and train success against training wall time (minutes), to `png`."""
+def plot(curves: list[tuple[str, dict]], title: str, png: str) -> None:
+    """Eval success_once (solid) and success_at_end (dashed) of each run against env steps, to `png`.
+
+    Env steps, not wall time, on the x axis: the eval numbers per step do not depend on the machine's load.
+
+    Args:
+        curves: (label, curve(...) output) per run.
+        title: the plot's title.
+        png: output path (parents are created)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    ev, wall = c["evals"], c["wall"]
-    xs = sorted(ev["success_once"])
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([wall.get(s, 0) / 60 for s in xs], [ev["success_once"][s] for s in xs], "o-", label="eval success_once")
-    ax.plot([wall.get(s, 0) / 60 for s in xs], [ev["success_at_end"][s] for s in xs], "s--",
-            label="eval success_at_end")
-    tr = c["train"]
-    ax.plot([wall.get(s, 0) / 60 for s in sorted(tr)], [tr[s] for s in sorted(tr)], alpha=0.4,
-            label="train episodes success_once")
-    ax.set_xlabel("training wall time (min)")
-    ax.set_ylabel("success rate")
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for i, (label, c) in enumerate(curves):
+        ev, env_steps = c["evals"], c["env_steps"]
+        xs = sorted(ev["success_once"])
+        x = [env_steps.get(s, 0) / 1000 for s in xs]
+        line, = ax.plot(x, [ev["success_once"][s] for s in xs], "o-", ms=3, label=f"{label} success_once")
+        ax.plot(x, [ev["success_at_end"].get(s, float("nan")) for s in xs], "--", color=line.get_color(), alpha=0.5,
+                label=f"{label} success_at_end")
+    ax.set_xlabel("env steps (thousands)")
+    ax.set_ylabel("eval success rate")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="lower right", fontsize=7)
     ax.set_title(title)
     fig.tight_layout()
     Path(png).parent.mkdir(parents=True, exist_ok=True)

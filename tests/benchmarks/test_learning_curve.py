@@ -18,3 +18,32 @@ def test_never_reached_and_reached_at_the_last_eval(lc):
     assert lc.first_and_hold({10: 0.5, 20: 0.89}, 0.9) == (None, None)
     assert lc.first_and_hold({10: 0.5, 20: 0.9}, 0.9) == (20, None)  # reached (>=) at the last eval: nothing to hold
     assert lc.first_and_hold({}, 0.9) == (None, None)
+
+
+def test_runs_found_by_dagrl_name_or_mlflow_id_and_plotted_together(lc, tmp_path):
+    """Two seeds in a scratch MLflow store: each found by its run name and by its id, its eval curve read back
+    per step against env steps, and both drawn into one png; an unknown name is a clear error."""
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.create_experiment("pushcube_ppo", artifact_location=(tmp_path / "art").as_uri())
+    made = {}
+    for seed, evals in ((1, {10: 0.2, 20: 0.95}), (2, {10: 0.1, 20: 0.5})):
+        run = client.create_run(exp, run_name=f"20261204-000000-000{seed}")
+        client.log_param(run.info.run_id, "seed", seed)
+        for step, v in evals.items():
+            client.log_metric(run.info.run_id, "eval/success_once", v, step=step)
+            client.log_metric(run.info.run_id, "eval/success_at_end", v / 2, step=step)
+            client.log_metric(run.info.run_id, "rollout/env_steps_total", step * 3200, step=step)
+        made[seed] = run.info.run_id
+    for seed, run_id in made.items():
+        assert lc.find_run(client, f"20261204-000000-000{seed}").info.run_id == run_id
+        assert lc.find_run(client, run_id).info.run_id == run_id
+    c = lc.curve(client, client.get_run(made[1]))
+    assert c["evals"]["success_once"] == {10: 0.2, 20: 0.95}
+    assert c["env_steps"] == {10: 32000, 20: 64000}
+    assert lc.first_and_hold(c["evals"]["success_once"], 0.9) == (20, None)
+    png = tmp_path / "out" / "curve.png"
+    lc.plot([(f"seed {s}", lc.curve(client, client.get_run(i))) for s, i in made.items()], "t", str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit, match="no MLflow run with id or name '20261204-nope'"):
+        lc.find_run(client, "20261204-nope")
