@@ -480,7 +480,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None,
                     help=f"measured training steps per system, after {WARMUP_STEPS} warm-up steps (default 8)")
     ap.add_argument("--quick", action="store_true", help="smoke check: 1 measured step, short raw run")
-    ap.add_argument("--num-envs", type=int, default=16, help="envs per system (default 16; the yaml says 32)")
+    ap.add_argument("--num-envs", type=int, default=16, help="envs per system (default 16; the default job trains 64)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="extra config override for all three systems (repeatable), e.g. --set env.num_shards=4")
     ap.add_argument("--scaling", action="store_true",
