@@ -165,7 +165,7 @@ def plot(curves: list[tuple[str, dict]], title: str, png: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    for i, (label, c) in enumerate(curves):
+    for label, c in curves:
         ev, env_steps = c["evals"], c["env_steps"]
         xs = sorted(ev["success_once"])
         x = [env_steps.get(s, 0) / 1000 for s in xs]
