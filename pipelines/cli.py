@@ -139,7 +139,11 @@ def preflight(cfg, *, tracking: bool = True, writes=None) -> bool:
 
 class signal_handlers:
     """A context manager (main thread only) that routes SIGINT and SIGTERM to `self.handler(signum, frame)` while
-    active and restores the previous handlers on exit; subclasses define `handler`."""
+    active and restores the previous handlers on exit; subclasses define `handler`.
+
+    A SIGINT ignored when the context is entered stays ignored: a shell starts the background jobs of a script
+    (`cmd &` without job control) with SIGINT ignored so that a Ctrl-C meant for the script's foreground does not
+    stop them, and Python keeps that too (no KeyboardInterrupt). Such a run stops on SIGTERM (`kill PID`)."""
 
     SIGNALS = ("SIGINT", "SIGTERM")
 
@@ -151,6 +155,8 @@ class signal_handlers:
         self._old = {}
         for name in self.SIGNALS:
             sig = getattr(signal, name)
+            if sig == signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN:
+                continue
             self._old[sig] = signal.signal(sig, self.handler)
         return self
 

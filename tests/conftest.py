@@ -6,13 +6,21 @@
 - `reused_clusters` (a context manager, given as a fixture): inside it, `pipelines.cluster.start_cluster` starts each embedded-cluster layout once and
   hands the same workers to every later run of that layout (what a user does with `cluster.address`), with every
   resident object of the earlier runs dropped first, as a fresh cluster would have none.
+
+A test session started with SIGINT ignored (a background job of a script: `pytest ... &`) gets Python's default
+SIGINT handler back first: the interruption tests send real SIGINTs, to this process and to the runs they start
+(which inherit an ignored SIGINT and keep ignoring it, `pipelines.cli.signal_handlers`).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import signal
 
 import pytest
+
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @contextlib.contextmanager

@@ -193,6 +193,39 @@ def test_second_signal_exits_at_once_first_only_requests_a_stop():
     assert signal.getsignal(signal.SIGINT) == before
 
 
+def test_an_ignored_sigint_stays_ignored_sigterm_still_stops():
+    """A run started with SIGINT ignored (a script's background job: `python -m pipelines.run ... &`) keeps ignoring
+    it while training, as it did before training started; SIGTERM still asks for the checkpointed stop. Real
+    signals to this process."""
+    import io
+    import os
+    import signal
+    import time
+
+    from pipelines.run import graceful_stop
+
+    class FakeRunner:
+        stop_requested = None
+
+        def request_stop(self, reason):
+            self.stop_requested = reason
+    runner = FakeRunner()
+    old_int, old_term = signal.signal(signal.SIGINT, signal.SIG_IGN), signal.getsignal(signal.SIGTERM)
+    try:
+        with graceful_stop(runner, out=io.StringIO()):
+            assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            assert runner.stop_requested is None
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            assert runner.stop_requested == "SIGTERM"
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN and signal.getsignal(signal.SIGTERM) == old_term
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+
+
 def test_sigint_checkpoints_the_step_and_resume_latest_continues_that_run(tmp_path):
     """Issue 9 item 7: an older run with a checkpoint (its dir touched last, as the old mtime rule would prefer),
     then a run of max_steps=3 / save_interval=4 gets SIGINT after step 1 (a runner hook, a real signal to this
