@@ -102,8 +102,23 @@ def _schema_default(key: str):
         return None
 
 
+def _expected(default) -> str | None:
+    """'an int', 'a float', ... for a scalar schema default (None for lists, dicts, None and strings)."""
+    for kind, name in ((bool, "true or false"), (int, "an integer"), (float, "a number")):
+        if isinstance(default, kind):
+            return name
+    return None
+
+
+def _yaml(value) -> str:
+    """A scalar as an override writes it (true, not True)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def _comma_fix(key: str, value: str) -> str:
     default = _schema_default(key)
+    if _expected(default) is not None:  # a number (or bool) key: a comma is no part of its value
+        return f"{key} takes one value, {_expected(default)} (e.g. {key}={_yaml(default)}); no commas"
     if isinstance(default, list):
         return f"Hydra reads unbracketed commas as a sweep of runs; write the list in brackets: {key}=[{value}]"
     if isinstance(default, dict):
@@ -188,7 +203,9 @@ def _from_omegaconf(key, value, detail: str, overrides: Sequence[str] = ()) -> C
         return ConfigError(full or "config", _value_for(full, overrides) if full != key else value,
                            unknown_key_fix(full) if full else "unknown key")
     if "could not be converted" in detail or "is not a valid" in detail or "Unsupported value type" in detail:
-        return ConfigError(key or "config", value, f"wrong type: {detail}")
+        default = _schema_default(key) if key else None
+        fix = f"; give {_expected(default)} (e.g. {key}={_yaml(default)})" if _expected(default) else ""
+        return ConfigError(key or "config", value, f"wrong type: {detail}{fix}")
     return ConfigError(key or "config", value, detail[:300])
 
 

@@ -79,4 +79,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pipelines.cli import entry
+    sys.exit(entry(main))

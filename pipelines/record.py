@@ -130,4 +130,5 @@ def main(argv: list[str] | None = None) -> int:
     return with_cluster(cfg, body)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pipelines.cli import entry
+    sys.exit(entry(main))

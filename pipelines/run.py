@@ -100,4 +100,5 @@ def _train(cfg, handle) -> int:
     return 0
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pipelines.cli import entry
+    sys.exit(entry(main))

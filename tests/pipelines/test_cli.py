@@ -286,3 +286,19 @@ def test_ctrl_c_on_a_real_run_prints_one_line(tmp_path):
     reader.join(10)
     err = [ln for ln in err if ln.strip() and " INFO mlflow" not in ln]  # a new store's migrations log lines
     assert rc == 130 and err == ["interrupted\n"], err
+
+
+def test_an_interrupt_before_the_commands_handlers_is_one_line_and_exit_130(capsys):
+    """A Ctrl-C while a command still imports or loads its config (no handler of its own yet) reaches
+    `pipelines.cli.entry`: one line `interrupted`, exit 130, no traceback; every command's __main__ goes through it."""
+    from pipelines.cli import entry
+
+    def main():
+        raise KeyboardInterrupt
+    assert entry(main) == 130
+    err = capsys.readouterr().err
+    assert err == "interrupted\n"
+    assert entry(lambda: 3) == 3
+    for name in ("compare", "eval", "perf", "record", "replay", "run", "validate"):
+        src = (REPO / "pipelines" / f"{name}.py").read_text()
+        assert "sys.exit(entry(main))" in src, name
