@@ -106,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg, _ = load_config(overrides, command=command, require_teacher=False)
         from pipelines.cluster import check_placement
         placement = check_placement(cfg, command=command)
+        if command == "run" and cfg.runner.resume is not None:  # pipelines.run's offline resume check, too
+            from pipelines.runner.setup import resolve_resume
+            resolve_resume(cfg)
         workers = None
         if "--connect" in flags:
             if not cfg.cluster.address:

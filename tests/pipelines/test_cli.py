@@ -302,3 +302,16 @@ def test_an_interrupt_before_the_commands_handlers_is_one_line_and_exit_130(caps
     for name in ("compare", "eval", "perf", "record", "replay", "run", "validate"):
         src = (REPO / "pipelines" / f"{name}.py").read_text()
         assert "sys.exit(entry(main))" in src, name
+
+
+def test_validate_answers_runner_resume_as_run_does(tmp_path, capsys):
+    """`pipelines.validate` refuses a `runner.resume` that `pipelines.run` would refuse before its cluster starts
+    (the same `resolve_resume`), with the same one-line error."""
+    from pipelines import validate
+    (tmp_path / "smoke").mkdir()
+    assert validate.main(["conf=smoke", f"run_root={tmp_path}", "runner.resume=doesnotexist"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: runner.resume='doesnotexist'") and err.count("\n") == 1, err
+    assert validate.main(["conf=smoke", f"run_root={tmp_path}", "runner.resume=latest"]) == 2
+    assert "no run of experiment smoke" in capsys.readouterr().err
+    assert validate.main(["conf=smoke", f"run_root={tmp_path}"]) == 0
