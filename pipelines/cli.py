@@ -233,6 +233,7 @@ def with_cluster(cfg, body) -> int:
     finally:
         signal.signal(signal.SIGTERM, old_term)
 
+
 def entry(main) -> int:
     """`main()` as a command's process entry (`sys.exit(entry(main))`): a Ctrl-C (KeyboardInterrupt) that reaches
     it — while modules import or the config loads, before any handler of the command is in place — is one line

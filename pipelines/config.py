@@ -103,7 +103,7 @@ def _schema_default(key: str):
 
 
 def _expected(default) -> str | None:
-    """'an int', 'a float', ... for a scalar schema default (None for lists, dicts, None and strings)."""
+    """'true or false', 'an integer' or 'a number' for a bool, int or float schema default (None otherwise)."""
     for kind, name in ((bool, "true or false"), (int, "an integer"), (float, "a number")):
         if isinstance(default, kind):
             return name
