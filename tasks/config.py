@@ -274,6 +274,9 @@ def estimator_spec(name: str) -> EstimatorSpec:
                                                   f"sft.store, no estimator)") from None
 
 
+ACTOR_LOSSES = ("ppo", "filtered_bc")  # algorithm.actor_loss (tasks.update.minibatch_loss)
+
+
 @dataclass
 class AlgorithmConfig:
     """PPO with GAE (ManiSkill's PPO baseline defaults for state-based tasks)."""
@@ -322,6 +325,11 @@ class AlgorithmConfig:
     # ----- non-finite values reaching the advantages (tasks.update docstring; owner: the update) -----
     nonfinite: str = "error"  # error: a NaN/inf in a rollout field the update reads stops the step with one line
     # naming field, shard, env, chunk step; mask: those samples leave the loss mask, counted as rollout/nonfinite_*
+    # ----- the actor's loss (tasks.update.minibatch_loss) -----
+    actor_loss: str = "ppo"  # ppo: the clipped surrogate on the rollout's log-probs. filtered_bc: behaviour cloning
+    # (the policy's sft_loss) on the rollout's own chunk steps whose advantage is > 0 (the binary filter of CRR,
+    # Wang et al. 2020; with GRPO: the episodes above their group's mean score), no log-prob ratio; a critic, if the
+    # estimator has one, is trained as with ppo
 
     @property
     def spec(self) -> Optional[EstimatorSpec]:
@@ -338,6 +346,8 @@ class AlgorithmConfig:
                               ("chunk_level", "action_level", "token_level"))]:
             if val not in ok:
                 raise ConfigError(key, val, f"use one of {list(ok)}")
+        if a.actor_loss not in ACTOR_LOSSES:
+            raise ConfigError("algorithm.actor_loss", a.actor_loss, f"use one of {list(ACTOR_LOSSES)}")
         if a.reward_type == "action_level" and a.logprob_type == "chunk_level":
             raise ConfigError("algorithm.logprob_type", a.logprob_type,
                               "action_level rewards need per-action log-probs: set algorithm.logprob_type="
@@ -393,6 +403,8 @@ class RolloutConfig:
     inference: str = "colocated"  # colocated: policy replica inside env_step nodes; disaggregated: policy_infer nodes
     pipeline_stage_num: int = 1  # disaggregated: each env shard's envs in p stage groups, one policy_infer node per
     # stage per chunk step, so inference for one stage overlaps env stepping of another (RLinf pipeline_stage_num)
+    deterministic: bool = False  # act in the policy's deterministic mode (a flow VLA: the ODE from a random initial
+    # noise, as its eval does); its log-probs are 0, so only with algorithm.actor_loss=filtered_bc
 
     def check(self) -> None:
         """This section's own values. Raises ConfigError (rollout.*)."""
@@ -710,6 +722,10 @@ class Config:
         steps and stages, CUDA on this machine, whole episodes for group estimators). Raises ConfigError."""
         e, a, r, p = self.env, self.algorithm, self.rollout, self.policy
         rl = a.name != "sft"  # SFT rolls nothing out: the training envs' and the rollout's shapes are unread
+        if rl and r.deterministic and a.actor_loss != "filtered_bc":
+            raise ConfigError("rollout.deterministic", r.deterministic,
+                              f"deterministic actions carry no log-probs, which algorithm.actor_loss={a.actor_loss} "
+                              "needs: set algorithm.actor_loss=filtered_bc or rollout.deterministic=false")
         if rl and e.num_envs % e.num_shards:
             raise ConfigError("env.num_envs", e.num_envs,
                               f"must be divisible by env.num_shards={e.num_shards} (each env shard holds the same "

@@ -276,7 +276,7 @@ def _env_step(cfg: Config, run_id: str, sh: EnvShard, rep: Replica, weights: dic
     state, rgb, task = sh.current_obs(), sh.current_rgb(), sh.current_tasks()[0]
     for _ in range(num_chunk_steps):
         ti = time.perf_counter()
-        out = _act(rep, policy_obs(rep.module, state, rgb, instr, task))
+        out = _act(rep, policy_obs(rep.module, state, rgb, instr, task), cfg.rollout.deterministic)
         te = time.perf_counter()
         res = sh.chunk_step(out["actions"])
         tf = time.perf_counter()
@@ -425,7 +425,7 @@ def policy_infer(cfg: Config, run_id: str, weights: dict, dims: tuple[int, int],
     if sample:
         devs = _cuda_index(module_device(rep.module))
         with seeding.forked(seeding.infer_seed(cfg.seed, [o.get("rng_key", ()) for o in env_outs]), devs):
-            acts = _act(rep, obs)
+            acts = _act(rep, obs, cfg.rollout.deterministic)
     else:
         acts = {"values": _values_np(rep, obs, len(state))}
     if not sample and cfg.algorithm.offload:  # the bootstrap: this group's last inference of the step

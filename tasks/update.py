@@ -342,6 +342,7 @@ def batch_extras(data: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, 
 
 LOSS_METRICS = ("actor_loss", "critic_loss", "entropy", "approx_kl", "clipfrac", "ratio_mean", "explained_variance",
                 "loss")
+VALUE_METRICS = ("critic_loss", "explained_variance")  # weighted by the value mask's share, the rest by lp_mask's
 
 
 def prepare_update(cfg: Config, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | bool]:
@@ -351,7 +352,9 @@ def prepare_update(cfg: Config, data: dict[str, torch.Tensor]) -> dict[str, torc
     `logprob_type`: [N], [N, C] or [N, C, D]), `lp_mask` (same shape, bool), `adv` (normalised over the whole batch
     when the estimator's normalisation is "batch" and algorithm.normalize_advantages, expanded to the log-prob
     shape), `returns` and `old_values` ([N] or [N, C]), `v_mask` (same shape, bool) and `critic` (the estimator
-    trains a critic: EstimatorSpec.critic).
+    trains a critic: EstimatorSpec.critic). With algorithm.actor_loss=filtered_bc also `bc_mask` [N, C] bool (the
+    executed actions of the samples whose advantage, normalised as above, is > 0), and `lp_mask` is that mask at the
+    log-probs' granularity (the shares of `update_epochs` then count the imitated actions).
 
     Raises:
         ValueError: a non-finite advantage inside the loss mask (normalize_advantages; `advantages` drops them
@@ -367,10 +370,16 @@ def prepare_update(cfg: Config, data: dict[str, torch.Tensor]) -> dict[str, torc
     adv_mask = step_mask.any(-1) if adv.dim() == 1 else step_mask
     if a.normalize_advantages and spec.normalisation == "batch":  # global ("group": normalised by the estimator)
         adv = normalize_advantages(adv, adv_mask)
+    pos = (adv > 0)[:, None] if adv.dim() == 1 else adv > 0  # [N, 1] or [N, C]: filtered_bc's filter
     adv = expand_advantages(adv, logprob_type=a.logprob_type, num_action_chunks=C, action_dim=D)
     old_values = data["values"] if num_values(cfg) > 1 else data["values"][:, 0]  # [N, V] -> [N] or [N, C]
-    return {"step_mask": step_mask, "old_lp": old_lp, "lp_mask": lp_mask, "adv": adv, "returns": data["returns"],
+    prep = {"step_mask": step_mask, "old_lp": old_lp, "lp_mask": lp_mask, "adv": adv, "returns": data["returns"],
             "old_values": old_values, "v_mask": adv_mask, "critic": spec.critic}
+    if a.actor_loss == "filtered_bc":  # the executed actions whose advantage (as the ppo loss weights it) is > 0
+        prep["bc_mask"] = step_mask & pos  # [N, C]
+        # the shares of update_epochs count the BC mask's entries (at the log-probs' granularity)
+        prep["lp_mask"] = loss_mask_for(prep["bc_mask"], logprob_type=a.logprob_type, action_dim=D)
+    return prep
 
 
 def minibatch_loss(cfg: Config, policy: torch.nn.Module, data: dict[str, torch.Tensor], prep: dict,
@@ -387,6 +396,8 @@ def minibatch_loss(cfg: Config, policy: torch.nn.Module, data: dict[str, torch.T
     """
     a = cfg.algorithm
     step_mask, lp_mask = prep["step_mask"], prep["lp_mask"]
+    if a.actor_loss == "filtered_bc":
+        return _filtered_bc_loss(cfg, policy, data, prep, idx, instr)
     out = policy.evaluate(batch_obs(policy, data, idx, instr), data["actions"][idx], batch_extras(data, idx))
     new_lp = reduce_logprobs(out["logprobs"], step_mask=step_mask[idx], logprob_type=a.logprob_type)
     if prep.get("prox_lp") is None:  # on-policy: proximal = behaviour log-probs, plain PPO
@@ -410,6 +421,29 @@ def minibatch_loss(cfg: Config, policy: torch.nn.Module, data: dict[str, torch.T
     return {"actor_loss": pl["loss"], "critic_loss": vl["loss"], "entropy": ent, "approx_kl": pl["approx_kl"],
             "clipfrac": pl["clipfrac"], "ratio_mean": pl["ratio_mean"],
             "explained_variance": vl["explained_variance"], "loss": loss}
+
+
+def _filtered_bc_loss(cfg: Config, policy: torch.nn.Module, data: dict[str, torch.Tensor], prep: dict,
+                      idx: torch.Tensor, instr) -> dict[str, torch.Tensor]:
+    """`minibatch_loss` for algorithm.actor_loss=filtered_bc: `policy.sft_loss` on the samples' stored actions over
+    `prep["bc_mask"][idx]` (executed actions of chunk steps with advantage > 0) as `actor_loss`, plus the critic's
+    loss as with ppo. No log-prob ratio is formed, so `approx_kl`, `clipfrac` and `ratio_mean` are 0 and the
+    entropy term is 0 (not computed)."""
+    a = cfg.algorithm
+    rows = idx[prep["bc_mask"][idx].any(-1)]  # only the samples with an imitated action go through the policy
+    zero = torch.zeros((), device=data["obs"].device)
+    bc = policy.sft_loss(batch_obs(policy, data, rows, instr), data["actions"][rows],
+                         mask=prep["bc_mask"][rows]) if len(rows) else zero
+    if prep["critic"]:
+        obs = batch_obs(policy, data, idx, instr)
+        old_values = prep["old_values"][idx]  # [n] or [n, C]
+        vl = critic_loss(values=policy.values(obs).reshape(old_values.shape), returns=prep["returns"][idx],
+                         loss_mask=prep["v_mask"][idx], value_clip=a.value_clip, old_values=old_values)
+    else:
+        vl = {"loss": zero, "explained_variance": zero}
+    loss = a.value_coef * vl["loss"] if prep.get("critic_only") else bc + a.value_coef * vl["loss"]
+    return {"actor_loss": bc, "critic_loss": vl["loss"], "entropy": zero, "approx_kl": zero, "clipfrac": zero,
+            "ratio_mean": zero, "explained_variance": vl["explained_variance"], "loss": loss}
 
 
 def proximal_logprobs(cfg: Config, policy: torch.nn.Module, data: dict[str, torch.Tensor], prep: dict,
@@ -542,12 +576,15 @@ def update_epochs(cfg: Config, policy: torch.nn.Module, opt: torch.optim.Optimiz
                     share_loss = (s_lp * terms["actor_loss"] + a.value_coef * s_v * terms["critic_loss"]
                                   - a.entropy_coef * s_lp * terms["entropy"])
                 (share_loss * world).backward()  # FSDP averages over ranks; x world makes it the minibatch's sum
-                with torch.no_grad():
-                    for k, name in enumerate(LOSS_METRICS):
-                        s = s_v if name in ("critic_loss", "explained_variance") else s_lp
-                        val = share_loss if name == "loss" else s * torch.as_tensor(terms[name]).to(device)
-                        local[k] += val.detach().to(torch.float64)
-                    local[K] += (~torch.isfinite(share_loss.detach())).to(torch.float64)
+                with torch.no_grad():  # one stacked add: the share-weighted metrics, then a non-finite count
+                    sl = share_loss.detach().to(torch.float64)
+                    terms_ = [sl if name == "loss" else torch.as_tensor(terms[name]).to(device, torch.float64)
+                              for name in LOSS_METRICS]
+                    one = torch.ones((), dtype=torch.float64, device=device)
+                    share = [one if name == "loss" else s_v if name in VALUE_METRICS else s_lp
+                             for name in LOSS_METRICS]
+                    local += torch.stack([*terms_, (~torch.isfinite(sl)).to(torch.float64)]) * torch.stack(
+                        [*(x.to(torch.float64) for x in share), one])
             all_reduce(local)  # SUM over ranks: the minibatch's token-means, identical on all ranks
             applied, (gn,) = optimizer_step(opt, [list(policy.parameters())], a.max_grad_norm,
                                             loss_finite=float(local[K]) == 0)  # on every rank alike
@@ -601,7 +638,7 @@ def run_update(cfg: Config, policy: torch.nn.Module, opt: torch.optim.Optimizer,
         # critic warm-up (PPO): the first `critic_warmup_steps` updates train the value head only
         prep["critic_only"] = prep["critic"] and int(version) < a.critic_warmup_steps
         policy.train()
-        if behaviour < int(version):
+        if behaviour < int(version) and a.actor_loss == "ppo":  # filtered_bc forms no ratio: nothing to centre
             prep["prox_lp"] = proximal_logprobs(cfg, policy, data, prep, instr)
         lp_stats = {"train/behaviour_logprob_mean": float(masked_mean(prep["old_lp"], prep["lp_mask"])),
                     "train/proximal_logprob_mean": float(masked_mean(
@@ -620,6 +657,8 @@ def run_update(cfg: Config, policy: torch.nn.Module, opt: torch.optim.Optimizer,
                     "train/empty_minibatches": float(counts["empty"]),
                     "train/critic_only": float(prep["critic_only"]), "train/lr": opt.param_groups[0]["lr"],
                     **lp_stats})
+    if "bc_mask" in prep:  # filtered_bc: the share of the executed actions it imitates
+        metrics["train/bc_kept_fraction"] = float(prep["bc_mask"].sum() / prep["step_mask"].sum().clamp(min=1))
     return metrics
 
 

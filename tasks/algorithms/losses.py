@@ -62,12 +62,13 @@ def masked_mean(
         sum(x * mask) / sum(mask) over ``dim``; 0 where sum(mask) == 0 (never NaN).
     """
     _check_same_shape(x=x, mask=mask)
-    if mask.dtype == torch.bool:
-        keep = mask
-        weights = mask.to(x.dtype)
-    else:
-        keep = mask != 0
-        weights = mask.to(x.dtype)
+    if mask.dtype == torch.bool:  # the common case, in 4 ops (it runs ~10x per minibatch): a count clamped to 1
+        # equals the general path's safe denominator, and the numerator is 0 wherever the count is 0
+        num = torch.where(mask, x, 0.0).sum() if dim is None else torch.where(mask, x, 0.0).sum(dim=dim)
+        den = mask.sum() if dim is None else mask.sum(dim=dim)
+        return num / den.clamp(min=1).to(num.dtype)
+    keep = mask != 0
+    weights = mask.to(x.dtype)
     weighted = torch.where(keep, x * weights, torch.zeros_like(x))
     if dim is None:
         num, den = weighted.sum(), weights.sum()

@@ -51,6 +51,7 @@ import math
 import torch
 from torch import nn
 
+from tasks.algorithms.losses import masked_mean
 from tasks.config import ConfigError, PolicyConfig
 from tasks.policies.vla_common import (ByteTokenizer, PrefixEncoder, VLACheckpointMixin, ValueHead, additive_mask,
                                        check_common_config, gemma_config)
@@ -337,13 +338,16 @@ class FlowVLAPolicy(VLACheckpointMixin, nn.Module):
         return {"logprobs": logp[..., :self.D], "entropy": ent[..., :self.D],
                 "values": self._values(pre.hidden, pre.mask, obs)}
 
-    def sft_loss(self, obs: dict[str, torch.Tensor], actions: torch.Tensor) -> torch.Tensor:
+    def sft_loss(self, obs: dict[str, torch.Tensor], actions: torch.Tensor,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
         """Flow-matching behaviour-cloning loss (pi0): mean over [N, C, A] of (v(x_t, t) - (noise - a))^2.
 
         Args:
             obs: batch N. actions: float [N, C, D] demonstrations (zero-padded to A here).
+            mask: optional bool [N, C]: the actions that count (the mean over A of each, then the mean over the
+                set entries; 0 when none is set). None: every action, as in SFT.
         Returns:
-            scalar float32 loss. Raises ValueError on an action shape mismatch.
+            scalar float32 loss. Raises ValueError on an action or mask shape mismatch.
         """
         if actions.shape[1:] != (self.C, self.D):
             raise ValueError(f"actions {tuple(actions.shape)}: expected [N, {self.C}, {self.D}]")
@@ -354,4 +358,5 @@ class FlowVLAPolicy(VLACheckpointMixin, nn.Module):
         x_t = t[:, None, None] * noise + (1.0 - t[:, None, None]) * a
         pre = self.prefix(obs, with_kv=True)
         v, _ = self._velocity(pre.kv, pre.mask, x_t, t)
-        return ((v - (noise - a)) ** 2).mean()
+        err = ((v - (noise - a)) ** 2).mean(-1)  # [N, C]
+        return err.mean() if mask is None else masked_mean(err, mask)

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.distributions import Normal
 
+from tasks.algorithms.losses import masked_mean
 from tasks.config import PolicyConfig
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
@@ -93,6 +94,12 @@ class MLPPolicy(nn.Module):
         dist = self._dist(obs["state"])
         return {"logprobs": dist.log_prob(actions), "entropy": dist.entropy(), "values": self.values(obs)}
 
-    def sft_loss(self, obs: dict[str, torch.Tensor], actions: torch.Tensor) -> torch.Tensor:
-        """Behaviour cloning: mean negative log-likelihood of demonstrated actions [N, C, D] (scalar)."""
-        return -self._dist(obs["state"]).log_prob(actions).sum((-2, -1)).mean()
+    def sft_loss(self, obs: dict[str, torch.Tensor], actions: torch.Tensor,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Behaviour cloning: negative log-likelihood of demonstrated actions [N, C, D], summed over the chunk's
+        actions (with `mask` [N, C] bool: the set ones) and averaged over the samples (with a mask: those with one
+        set; 0 if none) (scalar)."""
+        nll = -self._dist(obs["state"]).log_prob(actions).sum(-1)  # [N, C]
+        if mask is None:
+            return nll.sum(-1).mean()
+        return masked_mean(torch.where(mask, nll, 0.0).sum(-1), mask.any(-1))

@@ -49,6 +49,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from tasks.algorithms.losses import masked_mean
 from tasks.config import ConfigError, PolicyConfig
 from tasks.policies.vla_common import (ByteTokenizer, PrefixEncoder, VLACheckpointMixin, ValueHead, additive_mask,
                                        check_common_config)
@@ -322,19 +323,25 @@ class TokenVLAPolicy(VLACheckpointMixin, nn.Module):
         entropy = -(logp.exp() * logp).sum(-1)  # [N, C, D]
         return {"logprobs": token_lp, "entropy": entropy, "values": values}
 
-    def sft_loss(self, obs: dict[str, torch.Tensor], actions: torch.Tensor) -> torch.Tensor:
+    def sft_loss(self, obs: dict[str, torch.Tensor], actions: torch.Tensor,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
         """Behaviour cloning: mean token cross-entropy (raw logits) of the binned demonstrations.
 
         Args:
             obs: batch N. actions: float env actions [N, C, D] (normalised with the stats, then binned).
+            mask: optional bool [N, C]: the actions that count (the mean over each action's D tokens, then over the
+                set entries; 0 when none is set). None: every token.
         Returns:
-            scalar float32 loss (mean over N*C*D tokens). Raises ValueError on an action shape mismatch.
+            scalar float32 loss (mean over N*C*D tokens). Raises ValueError on an action or mask shape mismatch.
         """
         if actions.dim() != 3 or actions.shape[1:] != (self.C, self.D):
             raise ValueError(f"actions {tuple(actions.shape)}: expected [N, {self.C}, {self.D}]")
         logits, _ = self.forward_tokens(obs)
         targets = self.actions_to_bins(actions.to(logits.device))  # [N, C, D]
-        return nn.functional.cross_entropy(logits.reshape(-1, self.bins), targets.reshape(-1))
+        if mask is None:
+            return nn.functional.cross_entropy(logits.reshape(-1, self.bins), targets.reshape(-1))
+        ce = nn.functional.cross_entropy(logits.reshape(-1, self.bins), targets.reshape(-1), reduction="none")
+        return masked_mean(ce.reshape(targets.shape).mean(-1), mask)  # [N, C, D] -> [N, C] -> scalar
 
     # ------------------------------------------------------------------------------------------- checkpoint
     def _checkpoint_config(self) -> dict:
