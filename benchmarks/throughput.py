@@ -566,20 +566,26 @@ def main() -> None:
     per_step = cfg.env.num_envs * cfg.rollout.chunk_steps * cfg.policy.num_action_chunks
     print(f"    pipeline step {p['step_s']:.2f}s (median; trajectory store {p['store_s']:.2f}s inside); full loop "
           f"iteration incl. MLflow logging {p['loop_s']:.2f}s -> {per_step / p['loop_s']:.0f} env steps/s end to end")
+    overlapped = cfg.runner.max_staleness > 0  # the update of step n runs beside the rollout of step n + 1
     print(f"    while rolling out, the pipeline steps {per_step / p['rollout_s']:.0f} env steps/s "
           f"({100 * per_step / p['rollout_s'] / r['steps_per_s']:.0f}% of raw); the update ({p['update_s']:.2f}s) "
-          f"follows the rollout, {100 * p['update_s'] / p['step_s']:.0f}% of the step")
+          + (f"overlaps the next rollout (runner.max_staleness={cfg.runner.max_staleness})" if overlapped else
+             f"follows the rollout, {100 * p['update_s'] / p['step_s']:.0f}% of the step"))
     ratios = [("pipeline / hand-written", p["steps_per_s"] / b["steps_per_s"], f">= {TARGETS['pipeline/baseline']}x",
                p["steps_per_s"] / b["steps_per_s"] >= TARGETS["pipeline/baseline"]),
               ("pipeline / raw", p["steps_per_s"] / r["steps_per_s"], f">= {TARGETS['pipeline/raw']}x",
-               p["steps_per_s"] / r["steps_per_s"] >= TARGETS["pipeline/raw"]),
-              ("overhead share", 100 * p["overhead_share"], f"< {100 * TARGETS['overhead']:.0f} %",
-               p["overhead_share"] < TARGETS["overhead"])]
+               p["steps_per_s"] / r["steps_per_s"] >= TARGETS["pipeline/raw"])]
+    if not overlapped:  # time/overhead_share = 1 - (rollout + update) / step: meaningless once the two overlap
+        ratios.append(("overhead share", 100 * p["overhead_share"], f"< {100 * TARGETS['overhead']:.0f} %",
+                       p["overhead_share"] < TARGETS["overhead"]))
     print()
     print(f"{'ratio':<26}{'value':>9}  {'target':<10}")
     for name, val, tgt, ok in ratios:
         unit = " %" if name.startswith("overhead") else "x"
         print(f"{name:<26}{val:>8.2f}{unit:<2} {tgt:<10} {'PASS' if ok else 'FAIL'}")
+    if overlapped:
+        print("overhead share: not measured per step with overlapped updates (the run's end-of-run summary has "
+              "`scheduling_overhead`)")
     bound = machine_bound(per_step, r["steps_per_s"], p["update_s"] * actor_threads(cfg), cores)
     print(f"machine bound {bound:.0f} env steps/s (raw on all {cores} cores + the update's "
           f"{p['update_s'] * actor_threads(cfg):.2f} CPU-s per step, nothing idle): the pipeline reaches "
