@@ -96,8 +96,8 @@ def resolve_resume(cfg: Config) -> Resume:
     newest complete checkpoint (`latest`: the most recently STARTED run of the experiment, never an older one).
 
     Raises:
-        ConfigError: `runner.resume` names no run, the run has no complete checkpoint, `env.num_shards` differs
-            from the checkpoint's, the checkpoint's MLflow run is not in `tracking.uri`'s store, or a key that
+        ConfigError: `runner.resume` names no run, the run has no complete checkpoint, its step is above
+            `runner.max_steps`, `env.num_shards` differs from the checkpoint's, the checkpoint's MLflow run is not in `tracking.uri`'s store, or a key that
             shapes training differs from the resumed run's MLflow params (`run_params`).
     """
     resume = cfg.runner.resume
@@ -128,6 +128,11 @@ def resolve_resume(cfg: Config) -> Resume:
     if len(state.cursors) != cfg.env.num_shards:
         raise ConfigError("env.num_shards", cfg.env.num_shards,
                           f"the checkpoint has {len(state.cursors)} shards; resume with the same env layout")
+    if state.step > cfg.runner.max_steps:  # training cannot go back: the loop would only eval and re-save step N
+        raise ConfigError("runner.max_steps", cfg.runner.max_steps,
+                          f"the checkpoint of run {state.run_id} is at step {state.step} already ({ckpt_path}); "
+                          f"set runner.max_steps above {state.step} to train on, or evaluate that checkpoint with "
+                          f"python -m pipelines.eval {ckpt_path}")
     params, changed = run_params(cfg, state.mlflow_run_id, tracking_uri(cfg))
     return Resume(state, Path(ckpt_path), params, changed)
 
@@ -168,6 +173,9 @@ class Setup:
         if res.checkpoint is None:
             return res.state, None, res
         self.echo(f"resuming run {res.state.run_id} from {res.checkpoint} (step {res.state.step})")
+        if res.state.step >= self.cfg.runner.max_steps:
+            self.echo(f"the checkpoint is at runner.max_steps={self.cfg.runner.max_steps} already: no training "
+                      f"step; only the final eval and checkpoint run again (raise runner.max_steps to train on)")
         return res.state, {"path": str(res.checkpoint)}, res
 
     def _params(self, uri: str) -> tuple[dict, dict]:

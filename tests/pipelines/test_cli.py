@@ -315,3 +315,22 @@ def test_validate_answers_runner_resume_as_run_does(tmp_path, capsys):
     assert validate.main(["conf=smoke", f"run_root={tmp_path}", "runner.resume=latest"]) == 2
     assert "no run of experiment smoke" in capsys.readouterr().err
     assert validate.main(["conf=smoke", f"run_root={tmp_path}"]) == 0
+
+
+def test_resume_refuses_a_checkpoint_past_runner_max_steps(tmp_path, capsys):
+    """Resuming a run whose checkpoint is beyond `runner.max_steps` is refused offline (run and validate alike),
+    naming the step and both fixes; at exactly max_steps the resume is allowed (the final eval and checkpoint)."""
+    import dataclasses
+
+    from pipelines import validate
+    from pipelines.runner.setup import RunState
+    from storage.checkpoints import save_checkpoint
+    run_dir = tmp_path / "smoke" / "20261204-000000-abcd"
+    state = dataclasses.asdict(RunState(run_id=run_dir.name, cursors=[None]))
+    state["step"] = 5
+    save_checkpoint(run_dir, 5, {"run": {"runner": state}})
+    assert validate.main(["conf=smoke", f"run_root={tmp_path}", f"runner.resume={run_dir.name}",
+                          "runner.max_steps=3", "env.num_shards=1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: runner.max_steps=3") and "at step 5 already" in err and "above 5" in err, err
+    assert "pipelines.eval" in err and err.count("\n") == 1
