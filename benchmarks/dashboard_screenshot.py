@@ -144,4 +144,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pipelines.cli import entry
+    sys.exit(entry(main))  # Ctrl-C: one line `interrupted`, exit 130

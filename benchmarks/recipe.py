@@ -485,4 +485,5 @@ def main(argv: list[str] | None = None, **kw) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pipelines.cli import entry
+    sys.exit(entry(main))  # Ctrl-C: one line `interrupted`, exit 130
