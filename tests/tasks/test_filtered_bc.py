@@ -9,7 +9,6 @@ import torch
 
 from tasks import resident
 from tasks.config import Config, ConfigError, PolicyConfig
-from tasks.policies.flow_vla import FlowVLAPolicy
 from tasks.update import _flatten, actor_init, actor_update, advantages, minibatch_loss, prepare_update
 
 T, B, C, D, O = 3, 4, 2, 2, 3  # 4 envs in 2 GRPO groups of 2, chunks of 2 actions
@@ -149,39 +148,6 @@ def test_config_refuses_unknown_actor_loss_and_deterministic_rollouts_under_ppo(
     cfg.algorithm.actor_loss = "filtered_bc"
     cfg.algorithm.check()
     cfg.check_across()
-
-
-def test_filtered_bc_moves_the_flow_policy_toward_the_rewarded_action_from_ode_samples():
-    """The flow VLA's ODE actions (random initial noise, no log-probs), reward -||a - target||^2 in groups of 8
-    sharing one observation: imitating the above-mean half must move the ODE's actions toward the target."""
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    cfg = PolicyConfig(name="flow_vla", num_action_chunks=1, num_denoise_steps=4, max_prompt_len=8)
-    pol = FlowVLAPolicy(cfg, obs_dim=3, action_dim=2, num_values=1, image_size=None)
-    N = 64
-    obs = {"state": torch.zeros(N, 3), "prompt": pol.tokenize(["reach"] * N)}
-    target = torch.tensor([0.6, -0.4])
-
-    def distance() -> float:
-        with torch.no_grad():
-            torch.manual_seed(123)
-            a = pol.act(obs, deterministic=True)["actions"][:, 0]
-        return float((a - target).norm(dim=-1).mean())
-
-    opt = torch.optim.Adam(pol.parameters(), lr=3e-3)
-    start = distance()
-    for _ in range(30):
-        with torch.no_grad():
-            acts = pol.act(obs, deterministic=True)["actions"]  # [N, 1, 2]
-        score = -((acts[:, 0] - target) ** 2).sum(-1).reshape(8, 8)  # 8 groups of 8
-        keep = (score > score.mean(1, keepdim=True)).reshape(N, 1)  # GRPO's advantage > 0
-        for _ in range(8):
-            loss = pol.sft_loss(obs, acts, keep)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    end = distance()
-    assert end < 0.5 * start, (start, end)
 
 
 def test_with_a_critic_the_loss_adds_the_value_loss_as_ppo_does(run_id):
