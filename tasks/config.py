@@ -404,7 +404,8 @@ class RolloutConfig:
     pipeline_stage_num: int = 1  # disaggregated: each env shard's envs in p stage groups, one policy_infer node per
     # stage per chunk step, so inference for one stage overlaps env stepping of another (RLinf pipeline_stage_num)
     deterministic: bool = False  # act in the policy's deterministic mode (a flow VLA: the ODE from a random initial
-    # noise, as its eval does); its log-probs are 0, so only with algorithm.actor_loss=filtered_bc
+    # noise, as its eval does; the MLP: its mean); those log-probs are no sampling density (the flow VLA's are 0),
+    # so only with algorithm.actor_loss=filtered_bc
 
     def check(self) -> None:
         """This section's own values. Raises ConfigError (rollout.*)."""

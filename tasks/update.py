@@ -342,6 +342,7 @@ def batch_extras(data: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, 
 
 LOSS_METRICS = ("actor_loss", "critic_loss", "entropy", "approx_kl", "clipfrac", "ratio_mean", "explained_variance",
                 "loss")
+TERM_METRICS = LOSS_METRICS[:-1]  # the loss terms; "loss" (last) is the micro-batch's share-weighted loss itself
 VALUE_METRICS = ("critic_loss", "explained_variance")  # weighted by the value mask's share, the rest by lp_mask's
 
 
@@ -576,15 +577,11 @@ def update_epochs(cfg: Config, policy: torch.nn.Module, opt: torch.optim.Optimiz
                     share_loss = (s_lp * terms["actor_loss"] + a.value_coef * s_v * terms["critic_loss"]
                                   - a.entropy_coef * s_lp * terms["entropy"])
                 (share_loss * world).backward()  # FSDP averages over ranks; x world makes it the minibatch's sum
-                with torch.no_grad():  # one stacked add: the share-weighted metrics, then a non-finite count
+                with torch.no_grad():  # one add: the share-weighted terms, the share loss, a non-finite count
                     sl = share_loss.detach().to(torch.float64)
-                    terms_ = [sl if name == "loss" else torch.as_tensor(terms[name]).to(device, torch.float64)
-                              for name in LOSS_METRICS]
-                    one = torch.ones((), dtype=torch.float64, device=device)
-                    share = [one if name == "loss" else s_v if name in VALUE_METRICS else s_lp
-                             for name in LOSS_METRICS]
-                    local += torch.stack([*terms_, (~torch.isfinite(sl)).to(torch.float64)]) * torch.stack(
-                        [*(x.to(torch.float64) for x in share), one])
+                    vals = torch.stack([torch.as_tensor(terms[n]).to(device, torch.float64) for n in TERM_METRICS])
+                    shares = torch.stack([s_v if n in VALUE_METRICS else s_lp for n in TERM_METRICS])
+                    local += torch.cat([vals * shares.to(torch.float64), sl[None], (~torch.isfinite(sl)).to(sl.dtype)[None]])
             all_reduce(local)  # SUM over ranks: the minibatch's token-means, identical on all ranks
             applied, (gn,) = optimizer_step(opt, [list(policy.parameters())], a.max_grad_norm,
                                             loss_finite=float(local[K]) == 0)  # on every rank alike

@@ -97,8 +97,9 @@ def resolve_resume(cfg: Config) -> Resume:
 
     Raises:
         ConfigError: `runner.resume` names no run, the run has no complete checkpoint, its step is above
-            `runner.max_steps`, `env.num_shards` differs from the checkpoint's, the checkpoint's MLflow run is not in `tracking.uri`'s store, or a key that
-            shapes training differs from the resumed run's MLflow params (`run_params`).
+            `runner.max_steps`, `env.num_shards` differs from the checkpoint's, the checkpoint's MLflow run is not
+            in `tracking.uri`'s store, or a key that shapes training differs from the resumed run's MLflow params
+            (`run_params`).
     """
     resume = cfg.runner.resume
     if resume is None:

@@ -358,5 +358,5 @@ class FlowVLAPolicy(VLACheckpointMixin, nn.Module):
         x_t = t[:, None, None] * noise + (1.0 - t[:, None, None]) * a
         pre = self.prefix(obs, with_kv=True)
         v, _ = self._velocity(pre.kv, pre.mask, x_t, t)
-        err = ((v - (noise - a)) ** 2).mean(-1)  # [N, C]
-        return err.mean() if mask is None else masked_mean(err, mask)
+        err = (v - (noise - a)) ** 2  # [N, C, A]
+        return err.mean() if mask is None else masked_mean(err.mean(-1), mask)

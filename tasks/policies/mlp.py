@@ -99,7 +99,7 @@ class MLPPolicy(nn.Module):
         """Behaviour cloning: negative log-likelihood of demonstrated actions [N, C, D], summed over the chunk's
         actions (with `mask` [N, C] bool: the set ones) and averaged over the samples (with a mask: those with one
         set; 0 if none) (scalar)."""
-        nll = -self._dist(obs["state"]).log_prob(actions).sum(-1)  # [N, C]
+        lp = self._dist(obs["state"]).log_prob(actions)  # [N, C, D]
         if mask is None:
-            return nll.sum(-1).mean()
-        return masked_mean(torch.where(mask, nll, 0.0).sum(-1), mask.any(-1))
+            return -lp.sum((-2, -1)).mean()
+        return masked_mean(torch.where(mask, -lp.sum(-1), 0.0).sum(-1), mask.any(-1))
