@@ -1,8 +1,9 @@
 """VLA policy families side by side: parameter counts of the real-size presets (built on the meta device, nothing
-allocated or downloaded) and measured CPU latencies of the tiny presets.
+allocated or downloaded) and measured CPU latencies of the tiny presets; with `--device cuda`, every preset (the
+real-size ones too, randomly initialised on the GPU) is timed there.
 
     .venv/bin/python benchmarks/policies.py [--batch 8] [--n-eval N] [--repeats 5] [--threads 1]
-        [--families flow_vla token_vla] [--set noise_method=flow_noise ...]
+        [--families flow_vla token_vla] [--set noise_method=flow_noise ...] [--device cuda [--dtype bfloat16]]
 
 Columns
   params            parameters of the preset (tasks.policies.<family>.PRESETS), obs_dim 9, action_dim 7, 224 px
@@ -10,11 +11,14 @@ Columns
   bf16 weights      params * 2 bytes.
   full FT (Adam)    params * 16 bytes: bf16 weights and gradients + fp32 master weights and two Adam moments
                     (Rajbhandari et al. 2020, ZeRO, Sec. 3.1); activations not included.
-  act / update ms   tiny preset only: median wall time of `act` on a batch and of `evaluate` + backward on
-                    --n-eval samples (default: the same batch; the PPO update's per-minibatch work), after one
-                    warm-up call.
+  act / update ms   tiny preset only (every preset with --device cuda): median wall time of `act` on a batch and
+                    of `evaluate` + backward on --n-eval samples (default: the same batch; the PPO update's
+                    per-minibatch work), after one warm-up call; on CUDA each call ends with a synchronize.
+                    --dtype bfloat16: under tasks.device.autocast (fp32 weights, bf16 matmuls), as
+                    policy.dtype=bfloat16 runs.
   peak RSS          the process's maximum resident set size after the row (cumulative over the rows run before
                     it in this process; includes torch/transformers themselves).
+  peak CUDA         --device cuda: torch.cuda.max_memory_allocated during the row (reset before it).
   --set KEY=VALUE   PolicyConfig overrides for every row (e.g. noise_method=flow_noise, num_denoise_steps=10).
 
 Add a family by adding a row to FAMILIES (its module must expose the class with the uniform constructor
@@ -32,6 +36,7 @@ import time
 import torch
 
 from tasks.config import PolicyConfig
+from tasks.device import autocast, to_device
 
 OBS_DIM, ACTION_DIM = 9, 7
 
@@ -55,33 +60,48 @@ def build(family: str, preset: str, device: str = "cpu", overrides: dict | None 
         return cls(cfg, OBS_DIM, ACTION_DIM, 1, images[preset])
 
 
-def _median_ms(fn, repeats: int) -> float:
-    fn()  # warm-up
+def _median_ms(fn, repeats: int, device: torch.device) -> float:
+    def call():
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    call()  # warm-up
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        fn()
+        call()
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
 
-def timings(policy: torch.nn.Module, image_size: int, batch: int, repeats: int,
-            n_eval: int | None = None) -> tuple[float, float]:
-    """(act ms on `batch`, evaluate + backward ms on `n_eval` (default `batch`) samples) on random inputs."""
+def timings(policy: torch.nn.Module, image_size: int, batch: int, repeats: int, n_eval: int | None = None,
+            device: str = "cpu", dtype: str = "float32") -> tuple[float, float]:
+    """(act ms on `batch`, evaluate + backward ms on `n_eval` (default `batch`) samples) on random inputs, on
+    `device` (where the policy's parameters are) under `dtype`'s autocast."""
+    dev = torch.device(device)
+
     def obs_of(n: int) -> dict:
-        return {"prompt": policy.tokenize(["push the cube to the goal"] * n), "state": torch.randn(n, OBS_DIM),
-                "rgb": torch.randint(0, 256, (n, image_size, image_size, 3), dtype=torch.uint8)}
+        return to_device({"prompt": policy.tokenize(["push the cube to the goal"] * n),
+                          "state": torch.randn(n, OBS_DIM),
+                          "rgb": torch.randint(0, 256, (n, image_size, image_size, 3), dtype=torch.uint8)}, dev)
 
     obs = obs_of(batch)
     big = obs if not n_eval or n_eval == batch else obs_of(n_eval)
-    out = policy.act(big)
+    with autocast(dtype, dev):
+        out = policy.act(big)
+
+    def act():
+        with autocast(dtype, dev):
+            policy.act(obs)
 
     def update():
-        ev = policy.evaluate(big, out["actions"], out["extras"])
-        (ev["logprobs"].sum() + ev["values"].sum()).backward()
+        with autocast(dtype, dev):
+            ev = policy.evaluate(big, out["actions"], out["extras"])
+        (ev["logprobs"].float().sum() + ev["values"].float().sum()).backward()
         policy.zero_grad(set_to_none=True)
 
-    return _median_ms(lambda: policy.act(obs), repeats), _median_ms(update, repeats)
+    return _median_ms(act, repeats, dev), _median_ms(update, repeats, dev)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -92,7 +112,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--families", nargs="*", default=list(FAMILIES))
     ap.add_argument("--n-eval", type=int, default=None, help="samples per evaluate+backward (default: --batch)")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="PolicyConfig overrides")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: time every preset (real-size ones too) on the GPU")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="autocast dtype")
     args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch.cuda.is_available() is False on this machine")
+    if args.dtype == "bfloat16" and args.device != "cuda":
+        ap.error("--dtype bfloat16 is the CUDA autocast (policy.dtype=bfloat16 needs policy.device=cuda)")
     overrides = {}
     for item in args.set:
         key, _, value = item.partition("=")
@@ -103,23 +130,33 @@ def main(argv: list[str] | None = None) -> None:
     n_eval = args.n_eval or args.batch
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    cuda = args.device == "cuda"
+    if cuda:
+        print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, autocast {args.dtype}")
     print(f"| family | preset | params | bf16 weights | full FT (Adam) | act ms (B={args.batch}) | "
-          f"update ms (N={n_eval}) | peak RSS |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+          f"update ms (N={n_eval}) | peak RSS |" + (" peak CUDA |" if cuda else ""))
+    print("|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if cuda else ""))
     for family in args.families:
         _, _, presets, images = FAMILIES[family]
         for preset in presets:
-            real = preset != "tiny"
-            policy = build(family, preset, "meta" if real else "cpu", overrides)
+            timed = cuda or preset == "tiny"
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            policy = build(family, preset, args.device if timed else "meta", overrides)
             n = sum(p.numel() for p in policy.parameters())
             size = f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
             act_ms = upd_ms = "-"
-            if not real:
-                a, u = timings(policy, images[preset], args.batch, args.repeats, n_eval)
+            if timed:
+                a, u = timings(policy, images[preset], args.batch, args.repeats, n_eval, args.device, args.dtype)
                 act_ms, upd_ms = f"{a:.1f}", f"{u:.1f}"
-            print(f"| {family} | {preset} | {size} | {n * 2 / 2**30:.2f} GiB | {n * 16 / 2**30:.1f} GiB | "
-                  f"{act_ms} | {upd_ms} | {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB |",
-                  flush=True)
+            row = (f"| {family} | {preset} | {size} | {n * 2 / 2**30:.2f} GiB | {n * 16 / 2**30:.1f} GiB | "
+                   f"{act_ms} | {upd_ms} | {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB |")
+            if cuda:
+                row += f" {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB |"
+            print(row, flush=True)
+            del policy
+            if cuda:
+                torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -172,15 +172,15 @@ def render_video(cfg, rows: list[dict], path: Path, size: int | None) -> dict:
     captions (`tasks.video.caption`: episode, seed; action index, return so far, success so far).
 
     Raises:
-        ReplayInputError: a simulator whose adapter renders no frames, or no usable Vulkan driver.
+        ReplayInputError: a simulator whose adapter renders no frames, no usable Vulkan driver, or no
+            imageio-ffmpeg.
     """
-    import imageio.v2 as imageio
     from tqdm import tqdm
 
     from tasks.config import ConfigError
     from tasks.envs import make_single_env
     from tasks.envs.vulkan import VulkanMissingError
-    from tasks.video import caption
+    from tasks.video import caption, mp4_writer
 
     t0 = time.perf_counter()
     print("replay: creating the render env (the first camera env in a process compiles shaders: 15-30 s on "
@@ -194,8 +194,11 @@ def render_video(cfg, rows: list[dict], path: Path, size: int | None) -> dict:
     total = sum(len(r["_actions"]) + 1 for r in rows)
     d_obs = 0.0
     path.parent.mkdir(parents=True, exist_ok=True)
-    writer = imageio.get_writer(str(path), fps=fps, codec="libx264", quality=8, macro_block_size=1,
-                                ffmpeg_log_level="error")
+    try:
+        writer = mp4_writer(path, fps, quality=8)
+    except RuntimeError as exc:  # imageio-ffmpeg missing
+        env.close()
+        raise ReplayInputError(f"--video: {exc}; drop --video") from None
     try:
         with tqdm(total=total, desc="render", unit="frame", file=sys.stderr, dynamic_ncols=True) as bar:
             for r in rows:

@@ -57,6 +57,24 @@ def caption(frame: np.ndarray, lines: list[str]) -> np.ndarray:
     return np.asarray(im)
 
 
+def mp4_writer(path: Path, fps: float, quality: int):
+    """imageio's writer of an H.264 mp4 at `path` (`fps` frames per second, imageio's `quality` 0-10), through the
+    ffmpeg plugin named explicitly: without imageio-ffmpeg imageio would pick another plugin by the extension
+    (seen on a machine without it: tifffile's writer, "unexpected keyword argument 'fps'").
+
+    Raises:
+        RuntimeError: imageio-ffmpeg is not installed (the message names the package).
+    """
+    import imageio.v2 as imageio
+    try:
+        import imageio_ffmpeg  # noqa: F401  (the ffmpeg binary ships in its wheel)
+    except ImportError:
+        raise RuntimeError("mp4 videos need the package imageio-ffmpeg (a dependency of this project: "
+                           "pip install imageio-ffmpeg, or rerun scripts/setup.sh)") from None
+    return imageio.get_writer(str(path), format="FFMPEG", fps=fps, codec="libx264", quality=quality,
+                              macro_block_size=1, ffmpeg_log_level="error")
+
+
 def write_episode_video(env, episode: dict, path: Path, title: str) -> dict:
     """Replay one episode on `env` (made with `render_size`) and write its mp4.
 
@@ -71,8 +89,6 @@ def write_episode_video(env, episode: dict, path: Path, title: str) -> dict:
         {"path", "episode_id", "seed", "frames" (`frame_steps`), "fps", "return" (the replay's), "eval_return",
         "return_matches" (|replay - eval| <= 1e-4 * max(1, |eval|)), "success_once" (the replay's)}.
     """
-    import imageio.v2 as imageio
-
     actions = np.asarray(episode["actions"], np.float32)
     steps, fps = frame_steps(len(actions), float(getattr(env, "fps", 20.0)))
     wanted = set(steps)
@@ -80,8 +96,7 @@ def write_episode_video(env, episode: dict, path: Path, title: str) -> dict:
     head = f"{title} | episode {episode['episode_id']} (seed {episode['seed']})"
     env.reset(int(episode["seed"]))
     ret, success = 0.0, False
-    writer = imageio.get_writer(str(path), fps=fps, codec="libx264", quality=7, macro_block_size=1,
-                                ffmpeg_log_level="error")
+    writer = mp4_writer(path, fps, quality=7)
     try:
         writer.append_data(caption(env.render_frame(), [head, f"t 0/{len(actions)}"]))
         for t, a in enumerate(actions, start=1):

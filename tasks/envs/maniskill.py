@@ -32,6 +32,8 @@ Imports of mani_skill/sapien happen inside functions: importing this module is c
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from tasks.config import ConfigError, EnvConfig, did_you_mean
@@ -62,11 +64,22 @@ def _registry():
     return REGISTERED_ENVS
 
 
+def physx_gpu_library() -> tuple[Path, str]:
+    """(the file SAPIEN's GPU PhysX loads, the zip it comes in): `~/.sapien/physx/<version>/libPhysXGpu_64.so` and
+    sapien-sim/physx-precompiled's release zip (SAPIEN 3.0's `sapien.physx.enable_gpu` downloads it there when
+    the file is missing; x86-64 Linux)."""
+    from sapien import physx
+    version = physx.version()
+    return (Path.home() / ".sapien" / "physx" / version / "libPhysXGpu_64.so",
+            f"https://github.com/sapien-sim/physx-precompiled/releases/download/{version}/linux-so.zip")
+
+
 def check_config(env: EnvConfig) -> None:
     """Offline checks of an env config against ManiSkill's registry.
 
     Raises:
-        ConfigError: unknown env id, an env task that needs downloaded assets, an unsupported obs mode or backend.
+        ConfigError: unknown env id, an env task that needs downloaded assets, an unsupported obs mode or backend,
+            GPU simulation without CUDA or without SAPIEN's GPU PhysX library (`physx_gpu_library`).
     """
     if env.obs_mode not in OBS_MODES:
         raise ConfigError("env.obs_mode", env.obs_mode, f"supported: {list(OBS_MODES)}")
@@ -79,7 +92,14 @@ def check_config(env: EnvConfig) -> None:
                               "none (torch.cuda.is_available() is False): use env.sim_backend=physx_cpu")
     if env.reward_mode not in REWARD_MODES:
         raise ConfigError("env.reward_mode", env.reward_mode, f"use one of {list(REWARD_MODES)}")
-    reg = _registry()
+    reg = _registry()  # SAPIEN imported (with a Vulkan driver found) from here on
+    if env.sim_backend in BATCHED_BACKENDS:
+        lib, url = physx_gpu_library()
+        if not lib.is_file():
+            raise ConfigError("env.sim_backend", env.sim_backend,
+                              f"SAPIEN's GPU PhysX needs {lib}, which SAPIEN would download at run time (no downloads "
+                              f"at run time): fetch {url} on a machine with network and unzip it into {lib.parent}, "
+                              f"or use env.sim_backend=physx_cpu")
     if env.env_id not in reg:
         hint = did_you_mean(env.env_id, reg)
         raise ConfigError("env.env_id", env.env_id, f"not a ManiSkill env task; {hint + ' ' if hint else ''}"
@@ -189,17 +209,18 @@ class ManiSkillEnv:
 
     def reset(self, seed: int) -> np.ndarray:
         obs, _ = self.env.reset(seed=seed)
-        return obs.reshape(-1).numpy().astype(np.float32, copy=False)
+        return obs.reshape(-1).cpu().numpy().astype(np.float32, copy=False)
 
     def step(self, action: np.ndarray):
         import torch
         obs, r, term, trunc, info = self.env.step(torch.from_numpy(action).reshape(1, -1))
-        return (obs.reshape(-1).numpy().astype(np.float32, copy=False), float(r.reshape(-1)[0]),
+        return (obs.reshape(-1).cpu().numpy().astype(np.float32, copy=False), float(r.reshape(-1)[0]),
                 bool(term.reshape(-1)[0]), bool(trunc.reshape(-1)[0]), bool(info["success"].reshape(-1)[0]))
 
     def render_rgb(self) -> np.ndarray:
-        """The camera image of the current state, uint8 [H, W, 3] (obs_mode=rgb only; `capture_rgb`)."""
-        return capture_rgb(self.env.unwrapped).reshape(self.image_shape).numpy()
+        """The camera image of the current state, uint8 [H, W, 3] (obs_mode=rgb only; `capture_rgb`), on the host:
+        with a CUDA render device (SAPIEN picks one on a GPU machine) the camera's tensor is on the GPU."""
+        return capture_rgb(self.env.unwrapped).reshape(self.image_shape).cpu().numpy()
 
     def render_frame(self) -> np.ndarray:
         """The human render camera's view of the current state, uint8 [S, S, 3] with S = `render_size`.

@@ -3,6 +3,8 @@ errors coming back as one line instead of failing the evaluation. The real ManiS
 eval episode, replay reproducing the eval's return) is tests/test_end_to_end.py::test_smoke_run_films_its_eval_episode."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -108,3 +110,24 @@ def test_eval_video_keys_are_checked_and_counted():
     assert eval_video_count(cfg) == 0
     cfg.runner.eval_videos, cfg.env.sim_backend = 2, "physx_cuda"
     assert eval_video_count(cfg) == 0  # no action log to replay
+
+
+def test_mp4_writer_writes_h264_through_ffmpeg_and_names_the_missing_package(tmp_path, monkeypatch):
+    """tasks.video.mp4_writer: frames written are read back at the fps asked for; without imageio-ffmpeg a clear
+    error names the package (imageio would otherwise pick a plugin by the extension; a TIFF writer was seen)."""
+    import imageio.v3 as iio
+
+    from tasks.video import mp4_writer
+    frames = np.zeros((3, 32, 48, 3), np.uint8)
+    frames[1, :, :16] = 255
+    with mp4_writer(tmp_path / "a.mp4", 12.5, quality=7) as w:
+        for f in frames:
+            w.append_data(f)
+    meta = iio.immeta(tmp_path / "a.mp4", plugin="FFMPEG")
+    assert meta["fps"] == 12.5 and meta["codec"] == "h264"
+    back = iio.imread(tmp_path / "a.mp4", plugin="FFMPEG")
+    assert back.shape == (3, 32, 48, 3) and back[1, :, :16].mean() > 200 and back[0].mean() < 20
+    monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)  # an import of it raises ImportError
+    with pytest.raises(RuntimeError, match="imageio-ffmpeg"):
+        mp4_writer(tmp_path / "b.mp4", 20.0, quality=7)
+    assert not (tmp_path / "b.mp4").exists()

@@ -83,6 +83,26 @@ def test_check_config_errors():
     check_config(EnvConfig(env_id="PickCube-v1"))  # ships with ManiSkill: no error
 
 
+def test_gpu_simulation_without_sapiens_gpu_physx_library_is_refused_offline(monkeypatch, tmp_path):
+    """physx_cuda on a CUDA machine whose ~/.sapien/physx/<version>/ lacks libPhysXGpu_64.so: SAPIEN would download
+    it at run time; the check refuses it first, naming the file, the zip and the folder; with the file there it
+    passes."""
+    import torch
+
+    from tasks.envs.maniskill import physx_gpu_library
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    lib, url = physx_gpu_library()
+    assert lib.parent.parent == tmp_path / ".sapien" / "physx" and lib.name == "libPhysXGpu_64.so"
+    with pytest.raises(ConfigError) as info:
+        check_config(EnvConfig(sim_backend="physx_cuda"))
+    assert info.value.key == "env.sim_backend" and str(lib) in info.value.fix and url in info.value.fix
+    assert url.endswith("/linux-so.zip") and "physx_cpu" in info.value.fix
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"")
+    check_config(EnvConfig(sim_backend="physx_cuda"))
+
+
 def test_check_config_rejects_env_tasks_that_need_downloads():
     from mani_skill.utils.assets.data import is_data_source_downloaded
     if is_data_source_downloaded("ycb"):
@@ -115,3 +135,41 @@ def test_rgb_images_are_rendered_once_per_chunk_step_and_are_deterministic():
     assert res[1].truncated.all() and res[1].final_rgb.std() > 5
     assert (res[0].final_rgb == 0).all()
     assert not np.array_equal(res[1].final_rgb, res[1].rgb)  # the new episode's first image
+
+
+def test_images_and_observations_reach_numpy_from_a_cuda_render_device(monkeypatch):
+    """On a GPU machine SAPIEN renders on CUDA (seen on an H200, 2026-12-04: `can't convert cuda:0 device type
+    tensor to numpy`): render_rgb, reset and step copy to the host before numpy. A tensor that refuses .numpy()
+    until .cpu() stands in for the CUDA one."""
+    import types
+
+    import torch
+
+    import tasks.envs.maniskill as ms
+
+    class OnDevice:
+        def __init__(self, t):
+            self.t = t
+
+        def reshape(self, *shape):
+            return OnDevice(self.t.reshape(*shape))
+
+        def numpy(self):
+            raise TypeError("can't convert cuda:0 device type tensor to numpy")
+
+        def cpu(self):
+            return self.t
+
+    img = torch.arange(2 * 2 * 3, dtype=torch.uint8).reshape(1, 2, 2, 3)
+    monkeypatch.setattr(ms, "capture_rgb", lambda base: OnDevice(img))
+    obs = torch.tensor([[1.0, 2.0, 3.0]])
+    fake_env = types.SimpleNamespace(
+        unwrapped=None, reset=lambda seed: (OnDevice(obs), {}),
+        step=lambda a: (OnDevice(obs), torch.tensor([0.5]), torch.tensor([False]), torch.tensor([True]),
+                        {"success": torch.tensor([False])}))
+    env = types.SimpleNamespace(env=fake_env, image_shape=(2, 2, 3))
+    np.testing.assert_array_equal(ms.ManiSkillEnv.render_rgb(env), img[0].numpy())
+    np.testing.assert_array_equal(ms.ManiSkillEnv.reset(env, 0), [1.0, 2.0, 3.0])
+    o, r, term, trunc, succ = ms.ManiSkillEnv.step(env, np.zeros(2, np.float32))
+    np.testing.assert_array_equal(o, [1.0, 2.0, 3.0])
+    assert (r, term, trunc, succ) == (0.5, False, True, False)
