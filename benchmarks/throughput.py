@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -315,7 +316,8 @@ def read_pipeline_metrics(run_root: str) -> dict:
     loop = [per[s]["_ts"] - per[s - 1]["_ts"] for s in steps if s > WARMUP_STEPS and s - 1 in per]
     return {"steps": {s: {k: v for k, v in per[s].items()} for s in steps},
             "steps_per_s": statistics.median(x["rollout/env_steps_per_s"] for x in m),
-            "overhead_share": statistics.median(x["time/overhead_share"] for x in m),
+            # logged by synchronous runs only (with steps ahead the update overlaps the next rollout): nan
+            "overhead_share": statistics.median(x.get("time/overhead_share", float("nan")) for x in m),
             "step_s": statistics.median(x["time/step"] for x in m),
             "rollout_s": statistics.median(x["time/rollout_total_max"] for x in m),
             "update_s": statistics.median(x["time/update"] for x in m),
@@ -545,8 +547,9 @@ def main() -> None:
     results["pipeline"] = p = {**read_pipeline_metrics(str(run_root)), **tree}
     p["cpu_s"], p["env_steps"] = pipeline_cpu(p)
     p["steps_per_cpu_s"] = p["env_steps"] / p["cpu_s"]
+    share = "-" if math.isnan(p["overhead_share"]) else f"{100 * p['overhead_share']:.1f}%"
     print(f"[{time.perf_counter() - t_all:5.0f}s] {label}: {p['steps_per_s']:.0f} env steps/s, overhead "
-          f"{100 * p['overhead_share']:.1f}%, peak {tree['peak_gib']:.2f} GiB, phase {tree['phase_s']:.0f}s, "
+          f"{share}, peak {tree['peak_gib']:.2f} GiB, phase {tree['phase_s']:.0f}s, "
           f"other CPU load {100 * tree['other_load']:.0f}%", flush=True)
 
     # ---- report ----

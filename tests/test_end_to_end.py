@@ -48,7 +48,7 @@ def test_smoke_run_logs_params_and_metrics(smoke):
     assert p["rollout.chunk_steps"] == "10" and p["policy.hidden_sizes"] == "[256, 256, 256]"
     rid = run.info.run_id
     for key in ("train/actor_loss", "train/critic_loss", "rollout/env_steps_per_s", "time/step",
-                "env/num_episodes", "train/weight_version"):
+                "time/overhead_share", "env/num_episodes", "train/weight_version"):  # synchronous: a share
         hist = _history(client, rid, key)
         assert [s for s, _ in hist] == [1, 2, 3], key
         assert all(math.isfinite(v) for _, v in hist), key

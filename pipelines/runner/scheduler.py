@@ -267,7 +267,8 @@ class Scheduler:
         m["time/step"] = wall
         m["rollout/env_steps_per_s"] = env_steps / wall
         m["rollout/env_steps_total"] = float(st.env_steps)
-        m["time/overhead_share"] = max(0.0, 1.0 - (m["time/rollout_total_max"] + m["time/update"]) / wall)
+        if self.cfg.runner.max_staleness == 0:  # with steps ahead the update overlaps the next rollout: no share
+            m["time/overhead_share"] = max(0.0, 1.0 - (m["time/rollout_total_max"] + m["time/update"]) / wall)
         if store_out:
             m["time/store_max"] = max(s["seconds"] for s in store_out)
             m["system/store_mb"] = sum(s["bytes"] for s in store_out) / 1e6

@@ -186,6 +186,7 @@ def test_smoke_run_with_max_staleness_one(tmp_path):
     # step 0 on v0; step 1 on v0 while update 0 ran; eval after step 2 drains: step 2 on v2, step 3 on v2
     assert hist("train/behaviour_version") == [0.0, 0.0, 2.0, 2.0]
     assert hist("train/staleness") == [0.0, 1.0, 0.0, 1.0]
+    assert hist("time/overhead_share") == [] and len(hist("time/step")) == 4  # the update overlaps: no share
     beh, prox = hist("train/behaviour_logprob_mean"), hist("train/proximal_logprob_mean")
     assert beh[0] == prox[0] and beh[1] != prox[1]
     run_dir = next(p for p in (tmp_path / "smoke").iterdir() if p.is_dir())
