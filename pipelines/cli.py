@@ -103,15 +103,18 @@ def overrides_and_flags(argv: list[str] | None, doc: str, prog: str,
 
 def load(overrides, **kw):
     """`pipelines.config.load_config(overrides, **kw)[0]` (a checked `tasks.config.Config`), or None when the config
-    is refused (ConfigError, VulkanMissingError): then one line `error: ...` is on stderr and the command exits 2."""
+    is refused (ConfigError, VulkanMissingError): then one line `error: ...` is on stderr and the command exits 2.
+    A Ctrl-C that came while it loaded raises KeyboardInterrupt after it (`check_interrupted`)."""
     from pipelines.config import load_config
     from tasks.config import ConfigError
     from tasks.envs.vulkan import VulkanMissingError
     try:
-        return load_config(overrides, **kw)[0]
+        cfg = load_config(overrides, **kw)[0]
     except (ConfigError, VulkanMissingError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
+    check_interrupted()
+    return cfg
 
 
 def preflight(cfg, *, tracking: bool = True, writes=None) -> bool:
@@ -201,11 +204,19 @@ def with_cluster(cfg, body) -> int:
     old_term = signal.signal(signal.SIGTERM, _term)
     try:
         try:
+            check_interrupted()
             handle = start_cluster(cfg)
         except (ConnectionError, ConfigError, VulkanMissingError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
+            print("interrupted while the cluster was starting; nothing was run", file=sys.stderr)
+            return 130
+        try:
+            check_interrupted()
+        except KeyboardInterrupt:
+            with held_signals():
+                handle.close()
             print("interrupted while the cluster was starting; nothing was run", file=sys.stderr)
             return 130
         try:
@@ -234,12 +245,47 @@ def with_cluster(cfg, body) -> int:
         signal.signal(signal.SIGTERM, old_term)
 
 
+_interrupted: list[str] = []  # the signals `_on_interrupt` took in this process (the entry's handler)
+
+
+def _on_interrupt(signum, frame) -> None:
+    """The entry's SIGINT handler: remember it, then raise KeyboardInterrupt as Python's own handler does."""
+    import signal
+    _interrupted.append(signal.Signals(signum).name)
+    raise KeyboardInterrupt
+
+
+def interrupted_by() -> str | None:
+    """The first signal the entry's handler took in this process (`SIGINT`), or None."""
+    return _interrupted[0] if _interrupted else None
+
+
+def check_interrupted() -> None:
+    """Raise KeyboardInterrupt when a Ctrl-C reached this process's entry handler (`entry`) before, also when the
+    KeyboardInterrupt it raised was swallowed on its way: trimesh (imported with ManiSkill while the config is
+    checked) wraps its optional imports in `except BaseException`, so a Ctrl-C that lands there vanished and the
+    run went on (seen 2026-12-04). Called where the commands pass after their heavy imports: `load`,
+    `with_cluster`, pipelines.validate, pipelines.eval, pipelines.replay."""
+    if _interrupted:
+        raise KeyboardInterrupt
+
+
 def entry(main) -> int:
     """`main()` as a command's process entry (`sys.exit(entry(main))`): a Ctrl-C (KeyboardInterrupt) that reaches
     it — while modules import or the config loads, before any handler of the command is in place — is one line
-    `interrupted` on stderr and exit 130, not a traceback."""
+    `interrupted` on stderr and exit 130, not a traceback. Its SIGINT handler also records the Ctrl-C for
+    `check_interrupted` (a SIGINT ignored at start stays ignored: `signal_handlers`)."""
+    import signal
+    _interrupted.clear()
+    old = signal.getsignal(signal.SIGINT)
+    mine = old is signal.default_int_handler
+    if mine:
+        signal.signal(signal.SIGINT, _on_interrupt)
     try:
         return main()
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        if mine:
+            signal.signal(signal.SIGINT, old)

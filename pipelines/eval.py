@@ -330,7 +330,7 @@ def parse_args(argv: list[str]):
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipelines.eval ...` (module docstring). Returns the exit code."""
-    from pipelines.cli import UsageError, preflight, start, with_cluster
+    from pipelines.cli import UsageError, check_interrupted, preflight, start, with_cluster
     from tasks.config import ConfigError
     argv = start(argv, __doc__)
     if argv is None:
@@ -348,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    check_interrupted()
     if not preflight(cfg, writes=[("--out" if args.out else "output", str(out), out.parent)]):
         return 2
 

@@ -466,6 +466,8 @@ def _import_maniskill_quietly(cfg) -> None:
         ensure_vulkan()
         import mani_skill.envs  # noqa: F401
     quiet()
+    from pipelines.cli import check_interrupted
+    check_interrupted()  # a Ctrl-C during the import that trimesh swallowed (its optional imports)
 
 
 def main(argv: list[str] | None = None) -> int:

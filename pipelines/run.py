@@ -63,14 +63,25 @@ class graceful_stop(signal_handlers):
     def __init__(self, runner, *, out=sys.stderr):
         self.runner, self.out = runner, out
 
+    def __enter__(self):
+        super().__enter__()
+        from pipelines.cli import interrupted_by
+        name = interrupted_by()  # a Ctrl-C before, swallowed on its way (pipelines.cli.check_interrupted)
+        if name is not None and self.runner.stop_requested is None:
+            self._stop(name)
+        return self
+
+    def _stop(self, name: str) -> None:
+        self.runner.request_stop(name)
+        print(f"dagrl: {name}: stopping after the step in flight and writing a checkpoint (again to exit at once, "
+              f"without one)", file=self.out, flush=True)
+
     def handler(self, signum, frame) -> None:
         import signal
         name = signal.Signals(signum).name
         if self.runner.stop_requested is not None:  # the second one: exit now
             raise KeyboardInterrupt
-        self.runner.request_stop(name)
-        print(f"dagrl: {name}: stopping after the step in flight and writing a checkpoint (again to exit at once, "
-              f"without one)", file=self.out, flush=True)
+        self._stop(name)
 
 
 def _train(cfg, handle) -> int:

@@ -124,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, VulkanMissingError, ConnectionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from pipelines.cli import check_interrupted
+    check_interrupted()  # a Ctrl-C that a library swallowed during the imports: no "ok"
     if "--show" in flags:
         print(to_yaml(cfg))
     print("ok: " + describe(cfg, placement))

@@ -304,6 +304,49 @@ def test_an_interrupt_before_the_commands_handlers_is_one_line_and_exit_130(caps
         assert "sys.exit(entry(main))" in src, name
 
 
+def test_a_ctrl_c_that_a_library_swallows_while_the_config_loads_still_interrupts(monkeypatch, capsys):
+    """trimesh (imported with ManiSkill by the config check) wraps its optional imports in `except BaseException`:
+    a Ctrl-C landing there raised a KeyboardInterrupt that vanished and the run went on. The entry's handler
+    records it; `load` raises it again after loading (one line, exit 130), and a run's graceful stop, entered
+    later, takes it as its first Ctrl-C."""
+    import io
+    import os
+    import signal
+    import time
+
+    import pipelines.config
+    from pipelines import cli
+    from pipelines.run import graceful_stop
+
+    def swallowing_load_config(overrides, **kw):
+        try:  # what trimesh does around `from . import voxel`
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+        except BaseException:
+            pass
+        return object(), None
+    monkeypatch.setattr(pipelines.config, "load_config", swallowing_load_config)
+    before = signal.getsignal(signal.SIGINT)
+    assert cli.entry(lambda: 0 if cli.load([]) is not None else 2) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+    assert signal.getsignal(signal.SIGINT) is before  # the entry's handler is gone with it
+    assert cli.entry(lambda: 0 if cli.load([]) is not None else 2) == 130  # each entry starts clean
+    capsys.readouterr()
+    monkeypatch.setattr(pipelines.config, "load_config", lambda overrides, **kw: (object(), None))
+    assert cli.entry(lambda: 0 if cli.load([]) is not None else 2) == 0  # no Ctrl-C: no interrupt
+
+    class Runner:
+        stop_requested = None
+
+        def request_stop(self, reason):
+            self.stop_requested = reason
+    monkeypatch.setattr(cli, "_interrupted", ["SIGINT"])
+    runner, out = Runner(), io.StringIO()
+    with graceful_stop(runner, out=out):
+        assert runner.stop_requested == "SIGINT"
+    assert "SIGINT: stopping after the step in flight" in out.getvalue()
+
+
 def test_validate_answers_runner_resume_as_run_does(tmp_path, capsys):
     """`pipelines.validate` refuses a `runner.resume` that `pipelines.run` would refuse before its cluster starts
     (the same `resolve_resume`), with the same one-line error."""
