@@ -199,6 +199,7 @@ def with_cluster(cfg, body) -> int:
     from tasks.envs.vulkan import VulkanMissingError
 
     def _term(signum, frame):  # SIGTERM (timeout, kill, schedulers) ends the run like Ctrl-C: MLflow run KILLED
+        _interrupted.append("SIGTERM")  # recorded like a Ctrl-C (check_interrupted)
         raise KeyboardInterrupt
 
     old_term = signal.signal(signal.SIGTERM, _term)
