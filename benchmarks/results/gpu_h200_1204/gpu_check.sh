@@ -1,5 +1,12 @@
 #!/bin/bash
 # Device check (not part of the project): the gpu-marked tests, the VLA presets on the GPU, two short runs.
+# As run on the lent H200 (2026-12-04), from the repository root, with two folders that are not in the repository:
+# .whl/ (site312.tar.xz: the project's dependencies missing from that machine's image as cp312 wheels unpacked into
+# one xz tarball, ~61 MB: dask, distributed, zarr, mlflow-skinny + sqlalchemy/alembic, hydra, omegaconf, pydantic,
+# gymnasium, ManiSkill 3.0.1 and SAPIEN 3.0.3 with the unused robot assets removed, transformers 5.24.0; shim/ with
+# stand-ins for IPython.display and cryptography.fernet that ManiSkill and MLflow import but the runs never use;
+# ckpt/flow_sft_hf: an SFT checkpoint of the tiny flow VLA) and .gl/ (Debian's libvulkan1 and the glvnd libraries,
+# device/README's recipe). The ':'-prefixed lines were skipped in the last call (they had run in an earlier one).
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
 T0=$(date +%s); el(){ echo "== +$(( $(date +%s) - T0 )) s: $*"; }
