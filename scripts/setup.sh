@@ -83,4 +83,28 @@ if [ "$need_lvp" = 1 ] && [ ! -f .vulkan/lvp_icd.json ]; then
   fi
   printf '{"file_format_version":"1.0.0","ICD":{"library_path":"%s","api_version":"1.3.0"}}\n' "$lvp" > .vulkan/lvp_icd.json
 fi
+# GPU simulation (env.sim_backend=physx_cuda): SAPIEN loads ~/.sapien/physx/<version>/libPhysXGpu_64.so, which it
+# would otherwise download at run time (dagrl's config check refuses physx_cuda without the file). On a machine
+# where torch sees CUDA it is fetched here, once; elsewhere nothing happens.
+if .venv/bin/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  .venv/bin/python - <<'PY' || echo "[setup] WARNING: SAPIEN's GPU PhysX library was not fetched (above): env.sim_backend=physx_cuda stays refused" >&2
+import io, sys, urllib.request, warnings, zipfile
+warnings.filterwarnings("ignore")
+from tasks.envs.maniskill import physx_gpu_library
+lib, url = physx_gpu_library()
+if not lib.is_file():
+    print(f"[setup] CUDA machine: fetching SAPIEN's GPU PhysX library {url} into {lib.parent}", flush=True)
+    try:
+        data = urllib.request.urlopen(url, timeout=300).read()
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        zipfile.ZipFile(io.BytesIO(data)).extractall(lib.parent)
+    except Exception as exc:  # no network, a proxy, a moved release
+        print(f"[setup] could not fetch it ({exc}); fetch it on a machine with network and unzip it into {lib.parent}",
+              file=sys.stderr)
+        sys.exit(1)
+    if not lib.is_file():
+        print(f"[setup] {url} did not hold {lib.name}", file=sys.stderr)
+        sys.exit(1)
+PY
+fi
 echo "[setup] done"
