@@ -154,6 +154,9 @@ class PolicyConfig:
     noise_std_min: float = 0.08  # flow_vla, flow_noise: bounds of the learned noise std
     noise_std_max: float = 0.16
     action_bins: int = 256  # token_vla: bins per action dimension
+    # token_vla: the softmax temperature of the sampled tokens (rollout act, evaluate, entropy); the argmax tokens of
+    # a deterministic act (the eval) do not depend on it
+    temperature: float = 1.0
     # ----- device and precision of rollout replicas and the one-rank actor / SFT update (tasks.device) -----
     device: str = "cpu"  # cpu | cuda (the worker's CUDA device; needs CUDA)
     dtype: str = "float32"  # float32 | bfloat16 (autocast on CUDA; needs policy.device=cuda)
@@ -181,6 +184,8 @@ class PolicyConfig:
         if not 0 < p.noise_std_min <= p.noise_std_max:
             raise ConfigError("policy.noise_std_min", p.noise_std_min,
                               f"need 0 < noise_std_min <= noise_std_max={p.noise_std_max}")
+        if not p.temperature > 0:
+            raise ConfigError("policy.temperature", p.temperature, "use > 0 (1.0: the plain softmax)")
         for key, val in (("policy.num_denoise_steps", p.num_denoise_steps), ("policy.max_prompt_len", p.max_prompt_len),
                          ("policy.action_bins", p.action_bins)):
             if val < 1 or (key == "policy.action_bins" and val < 2):
@@ -909,7 +914,8 @@ def inert_keys(cfg: Config, command: str = "run", cuda_count: int = 0) -> list[t
             off(["policy.noise_level"], "is the noise scale of policy.noise_method=flow_sde; flow_noise learns its "
                                         "std (policy.noise_std_min/max): drop it or set policy.noise_method=flow_sde")
         if p.name != "token_vla":
-            off(["policy.action_bins"], f"is read by policy.name=token_vla only (policy.name={p.name}): drop it")
+            off(["policy.action_bins", "policy.temperature"],
+                f"is read by policy.name=token_vla only (policy.name={p.name}): drop it")
         spec = a.spec
         critic = spec.critic if spec is not None else cfg.sft.value_coef > 0
         if p.name in VLA_POLICIES and not critic:

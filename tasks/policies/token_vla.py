@@ -21,8 +21,8 @@ token is never produced; here every one of the `bins` tokens has its own centre.
 with the state dict, the weight sync to rollout replicas and `save_pretrained` (also written to config.json).
 
 Policy distribution: pi(token | obs) = softmax(logits / temperature) per action dimension, independent across the
-C*D tokens given the observation (they are decoded in parallel). `temperature` (attribute; `cfg.temperature` if
-the config ever gets that key, else 1.0) is used by `act` (sampling and log-probs), `evaluate` and the entropy
+C*D tokens given the observation (they are decoded in parallel). `temperature` (attribute, from
+`policy.temperature`, default 1.0) is used by `act` (sampling and log-probs), `evaluate` and the entropy
 alike, so the PPO ratio stays 1 before an update (RLinf computes training log-probs with the rollout's sampling
 temperature for the same reason). Deterministic `act` takes the argmax token.
 `sft_loss` is the cross-entropy of the raw logits (temperature 1).
@@ -119,8 +119,8 @@ class TokenVLAPolicy(VLACheckpointMixin, nn.Module):
     "state": float32 [B, O] (if use_state)}.
 
     Attributes:
-        temperature: float > 0, the policy's softmax temperature (act, evaluate, entropy); `cfg.temperature` if
-            PolicyConfig has that field, else 1.0. Set it identically on the actor and the rollout replicas.
+        temperature: float > 0, the policy's softmax temperature (act, evaluate, entropy): `policy.temperature`
+            (the actor and the rollout replicas are built from the same config).
         action_q01, action_q99: float32 [D] buffers, the un-normalisation statistics (`set_action_stats`).
 
     Raises:
@@ -142,7 +142,7 @@ class TokenVLAPolicy(VLACheckpointMixin, nn.Module):
         self.cfg, self.sizes = cfg, sizes
         self.obs_dim, self.action_dim, self.num_values, self.image_size = obs_dim, action_dim, num_values, image_size
         self.C, self.D, self.bins = cfg.num_action_chunks, action_dim, cfg.action_bins
-        self.temperature = float(getattr(cfg, "temperature", 1.0))  # PolicyConfig has no such key yet
+        self.temperature = float(cfg.temperature)
         self.tokenizer = ByteTokenizer()
         self.prefix = PrefixEncoder(sizes, obs_dim, image_size, cfg.use_state)
         width = sizes["lm_width"]

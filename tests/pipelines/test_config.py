@@ -374,6 +374,7 @@ INERT = [
     (["policy.noise_method=flow_sde"], "policy.noise_method", "flow_vla only"),
     (["policy.num_denoise_steps=8"], "policy.num_denoise_steps", "flow_vla only"),
     (["policy.action_bins=128"], "policy.action_bins", "token_vla only"),
+    (["policy.temperature=0.5"], "policy.temperature", "token_vla only"),
     (["policy.preset=pi0"], "policy.preset", "VLAs only"),
     (["+policy.sizes.patch_size=4"], "policy.sizes.patch_size", "VLAs only"),
     (["policy.value_head=first_token"], "policy.value_head", "VLAs only"),
@@ -539,7 +540,8 @@ def test_experiments_resolve_as_before_the_groups(name):
     2026-12-04 the default job's 200 steps with the anneal over 200, and conf=pickcube_ppo laid out as the default
     (64 envs x 50 chunk steps, init_logstd -1.0, anneal over 800 steps, a wall-time limit), issue 13; the new keys
     algorithm.actor_loss at its default ppo and rollout.deterministic at its default false, issue 11; conf=pushcube_flow_grpo's
-    measured update: Flow-SDE, 256 envs, 4 epochs at lr 1e-4 with target_kl 0.01, 24 steps, issue 11)."""
+    measured update: Flow-SDE, 256 envs, 4 epochs at lr 1e-4 with target_kl 0.01, 24 steps, and the new key
+    policy.temperature at its default 1.0, issue 11)."""
     import json
     import tasks.config
     from omegaconf import OmegaConf

@@ -255,3 +255,22 @@ def test_openvla_oft_preset_on_meta_device():
     assert p.prefix.num_patches == 256 and p.action_queries.shape == (8 * 7, 4096)
     tiny = sum(x.numel() for x in TokenVLAPolicy(_cfg(), obs_dim=8, action_dim=7).parameters())
     assert tiny < 1e6
+
+
+def test_policy_temperature_is_the_sampling_temperature_and_is_checked():
+    """policy.temperature reaches the policy (act's sampling distribution, evaluate's log-probs); the argmax act is
+    the same at any temperature; <= 0 is refused by the config check."""
+    torch.manual_seed(0)
+    hot = make_policy(_cfg(temperature=2.0), obs_dim=O, action_dim=D)
+    cold = make_policy(_cfg(temperature=0.25), obs_dim=O, action_dim=D)
+    cold.load_state_dict(hot.state_dict())
+    assert (hot.temperature, cold.temperature) == (2.0, 0.25)
+    obs = _obs(hot, 4)
+    torch.testing.assert_close(hot.act(obs, deterministic=True)["actions"], cold.act(obs, deterministic=True)["actions"])
+    out = cold.act(obs)
+    lp_hot = hot.evaluate(obs, out["actions"], out["extras"])["logprobs"]
+    lp_cold = cold.evaluate(obs, out["actions"], out["extras"])["logprobs"]
+    torch.testing.assert_close(lp_cold, out["logprobs"])  # ratio 1 at the rollout's own temperature
+    assert not torch.allclose(lp_hot, lp_cold)
+    with pytest.raises(ConfigError, match="policy.temperature"):
+        _cfg(temperature=0.0).check()
