@@ -205,7 +205,6 @@ def with_cluster(cfg, body) -> int:
     old_term = signal.signal(signal.SIGTERM, _term)
     try:
         try:
-            check_interrupted()
             handle = start_cluster(cfg)
         except (ConnectionError, ConfigError, VulkanMissingError) as exc:
             print(f"error: {exc}", file=sys.stderr)
@@ -214,7 +213,7 @@ def with_cluster(cfg, body) -> int:
             print("interrupted while the cluster was starting; nothing was run", file=sys.stderr)
             return 130
         try:
-            check_interrupted()
+            check_interrupted()  # one that came while it started and was swallowed there
         except KeyboardInterrupt:
             with held_signals():
                 handle.close()

@@ -581,7 +581,8 @@ def update_epochs(cfg: Config, policy: torch.nn.Module, opt: torch.optim.Optimiz
                     sl = share_loss.detach().to(torch.float64)
                     vals = torch.stack([torch.as_tensor(terms[n]).to(device, torch.float64) for n in TERM_METRICS])
                     shares = torch.stack([s_v if n in VALUE_METRICS else s_lp for n in TERM_METRICS])
-                    local += torch.cat([vals * shares.to(torch.float64), sl[None], (~torch.isfinite(sl)).to(sl.dtype)[None]])
+                    local += torch.cat([vals * shares.to(torch.float64), sl[None],
+                                        (~torch.isfinite(sl)).to(sl.dtype)[None]])
             all_reduce(local)  # SUM over ranks: the minibatch's token-means, identical on all ranks
             applied, (gn,) = optimizer_step(opt, [list(policy.parameters())], a.max_grad_norm,
                                             loss_finite=float(local[K]) == 0)  # on every rank alike

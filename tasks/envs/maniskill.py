@@ -97,10 +97,10 @@ def check_config(env: EnvConfig) -> None:
         lib, url = physx_gpu_library()
         if not lib.is_file():
             raise ConfigError("env.sim_backend", env.sim_backend,
-                              f"SAPIEN's GPU PhysX needs {lib}, which SAPIEN would download at run time (no downloads "
-                              f"at run time): rerun scripts/setup.sh on this machine with network (it fetches the file "
-                              f"where torch sees CUDA), or fetch {url} elsewhere and unzip it into {lib.parent}, or use "
-                              f"env.sim_backend=physx_cpu")
+                              f"SAPIEN's GPU PhysX needs {lib}, which SAPIEN would download at run time (no "
+                              f"downloads at run time): rerun scripts/setup.sh on this machine with network (it "
+                              f"fetches the file where torch sees CUDA), or fetch {url} elsewhere and unzip it into "
+                              f"{lib.parent}, or use env.sim_backend=physx_cpu")
     if env.env_id not in reg:
         hint = did_you_mean(env.env_id, reg)
         raise ConfigError("env.env_id", env.env_id, f"not a ManiSkill env task; {hint + ' ' if hint else ''}"

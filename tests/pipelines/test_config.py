@@ -539,9 +539,9 @@ def test_experiments_resolve_as_before_the_groups(name):
     default job's 64 envs x 50 chunk steps, init_logstd -1.5, lr anneal over 150 steps and 64-episode eval, issue 13;
     2026-12-04 the default job's 200 steps with the anneal over 200, and conf=pickcube_ppo laid out as the default
     (64 envs x 50 chunk steps, init_logstd -1.0, anneal over 800 steps, a wall-time limit), issue 13; the new keys
-    algorithm.actor_loss at its default ppo and rollout.deterministic at its default false, issue 11; conf=pushcube_flow_grpo's
-    measured update: Flow-SDE, 256 envs, 4 epochs at lr 1e-4 with target_kl 0.01, 24 steps, and the new key
-    policy.temperature at its default 1.0, issue 11)."""
+    algorithm.actor_loss at its default ppo and rollout.deterministic at its default false, issue 11;
+    conf=pushcube_flow_grpo's measured update: Flow-SDE, 256 envs, 4 epochs at lr 1e-4 with target_kl 0.01, 24
+    steps, and the new key policy.temperature at its default 1.0, issue 11)."""
     import json
     import tasks.config
     from omegaconf import OmegaConf

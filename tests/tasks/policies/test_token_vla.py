@@ -266,7 +266,8 @@ def test_policy_temperature_is_the_sampling_temperature_and_is_checked():
     cold.load_state_dict(hot.state_dict())
     assert (hot.temperature, cold.temperature) == (2.0, 0.25)
     obs = _obs(hot, 4)
-    torch.testing.assert_close(hot.act(obs, deterministic=True)["actions"], cold.act(obs, deterministic=True)["actions"])
+    torch.testing.assert_close(hot.act(obs, deterministic=True)["actions"],
+                               cold.act(obs, deterministic=True)["actions"])
     out = cold.act(obs)
     lp_hot = hot.evaluate(obs, out["actions"], out["extras"])["logprobs"]
     lp_cold = cold.evaluate(obs, out["actions"], out["extras"])["logprobs"]
