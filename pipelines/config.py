@@ -342,17 +342,34 @@ def check_model_path(cfg: Config) -> None:
     if saved_c != p.num_action_chunks:
         raise ConfigError(key, p.model_path, f"was saved with policy.num_action_chunks={saved_c}, this config has "
                                              f"{p.num_action_chunks}")
-    from tasks.envs import check_gripper_convention
+    from tasks.envs import check_gripper_convention, state_dim
     check_gripper_convention(key, p.model_path, (meta.get("env") or {}).get("gripper_convention"), cfg.env)
+    want_o = state_dim(cfg.env)
+    if want_o is not None and meta.get("obs_dim") not in (None, want_o):
+        raise ConfigError(key, p.model_path, f"reads a {meta['obs_dim']}-D state, this env gives {want_o}-D "
+                                             f"({_state_hint(cfg.env, meta['obs_dim'])})")
+
+
+def _state_hint(env, other_dim: int) -> str:
+    """The fix for a state of another length: LIBERO's env.object_state makes the 8- or 14-D state."""
+    if env.simulator == "libero":
+        from tasks.envs.libero import OBJECT_STATE_DIM, OBS_DIM
+        if other_dim in (OBS_DIM, OBS_DIM + OBJECT_STATE_DIM):
+            return f"set env.object_state={str(other_dim != OBS_DIM).lower()}"
+    return "record or train with the same env settings"
 
 
 def check_sft_store(cfg: Config) -> None:
     """sft.store against the config: chunk length, images, and at least one selectable chunk step."""
     from storage.trajectories import TrajectoryStore
     from tasks.demos import sft_index
-    from tasks.envs import check_gripper_convention
+    from tasks.envs import check_gripper_convention, state_dim
     st = TrajectoryStore.open(cfg.sft.store)
     check_gripper_convention("sft.store", cfg.sft.store, st.attrs.get("gripper_convention"), cfg.env)
+    want_o, obs = state_dim(cfg.env), st.fields.get("obs")
+    if want_o is not None and obs is not None and obs.shape[0] != want_o:
+        raise ConfigError("sft.store", cfg.sft.store, f"stores a {obs.shape[0]}-D state, this env gives {want_o}-D "
+                                                      f"({_state_hint(cfg.env, obs.shape[0])})")
     C = cfg.policy.num_action_chunks
     act = st.fields.get("actions")
     if act is None or act.shape[0] != C:

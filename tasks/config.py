@@ -101,6 +101,10 @@ class EnvConfig:
     num_steps_wait: int = 10  # no-op steps after each reset (objects settle); not counted, not trained on
     trial_split: str = "disjoint"  # disjoint: each task's last eval_trials init states are eval-only; shared: both
     eval_trials: int = 10  # init states per task reserved for evaluation with trial_split=disjoint
+    # a privileged state: the 8-D proprio state + the goal object's position relative to the end-effector and the
+    # goal target's relative to the object (m, from the simulator's poses; 14-D), as ManiSkill's state obs hold
+    # the object poses. False: the community's 8-D proprio state only (objects seen through the camera alone)
+    object_state: bool = False
 
     @property
     def shard_size(self) -> int:

@@ -60,6 +60,13 @@ def store_attrs(cfg: EnvConfig) -> dict:
     return fn(cfg) if fn else {}
 
 
+def state_dim(cfg: EnvConfig) -> int | None:
+    """The length of cfg's state observation when its adapter knows it offline (LIBERO: 8, or 14 with
+    env.object_state), else None (ManiSkill: the env task's own state, known once an env is built)."""
+    fn = getattr(_module(cfg.simulator), "obs_dim", None)
+    return fn(cfg) if fn else None
+
+
 def instruction(cfg: EnvConfig) -> str:
     """The natural-language instruction of cfg's env task (the VLA prompt of its runs), by its adapter."""
     return _module(cfg.simulator).instruction(cfg)
@@ -153,5 +160,5 @@ def make_shard(cfg: EnvConfig, *, shard: int, num_shards: int, num_envs: int, au
 
 
 __all__ = ["ChunkResult", "EnvShard", "SingleEnv", "check_env_config", "check_gripper_convention", "gripper_convention",
-           "instruction", "instructions", "store_attrs", "make_shard", "make_single_env", "is_scripted_teacher",
+           "instruction", "instructions", "state_dim", "store_attrs", "make_shard", "make_single_env", "is_scripted_teacher",
            "check_scripted_teacher", "make_scripted_teacher", "max_episode_steps"]

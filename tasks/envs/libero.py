@@ -8,11 +8,15 @@ Suites (`env.env_id`): libero_spatial / libero_object / libero_goal / libero_10 
 tasks of 50 init states each; `env.task_ids` selects tasks (default: all), `env.num_trials` the first init states of
 each task's split (default: all of it).
 
-Observation, float32 [8] (the community's proprio state): end-effector position (m, robot base frame as robosuite's
+Observation, float32 [8] (the community's proprio state): end-effector position (m, world frame as robosuite's
 `robot0_eef_pos`), its orientation as axis-angle (rad, `robosuite.utils.transform_utils.quat2axisangle` of
 `robot0_eef_quat`), the two gripper finger joint positions (m, `robot0_gripper_qpos`). With `obs_mode=rgb` the
 agentview camera (env.image_size square) is rendered only when the shard asks (`render_rgb`, once per chunk step),
 rotated 180 degrees as every LIBERO policy sees it (robosuite's raw OpenGL image is upside down and mirrored).
+With `env.object_state=true` (a privileged observation, float32 [14]) the state also holds the goal object's
+position minus the end-effector's and the goal target's position minus the object's (m, world frame, MuJoCo's body
+or region-site positions; the goal is the task's one `in`/`on` BDDL predicate, `libero_expert.goal_of`): what
+ManiSkill's state obs give about the objects, so a policy need not localise them from pixels.
 
 Action, float32 [7] in [-1, 1]: OSC_POSE deltas (3 position, 3 axis-angle rotation, scaled by the controller) and
 the gripper command. Gripper polarity (`GRIPPER_CONVENTION`): LIBERO closes at +1 and opens at -1; ManiSkill
@@ -64,6 +68,7 @@ CONTROL_MODES = ("OSC_POSE",)
 REWARD_MODES = ("sparse",)
 TRIAL_SPLITS = ("disjoint", "shared")
 OBS_DIM, ACTION_DIM = 8, 7
+OBJECT_STATE_DIM = 6  # env.object_state: goal object - end-effector (3), goal target - goal object (3)
 NOOP_ACTION = np.array([0, 0, 0, 0, 0, 0, -1], np.float64)  # no motion, gripper open (LIBERO's dummy action)
 # measured peak RSS of LIBERO envs in one process (README "LIBERO"): the first one with its render context, and
 # each further one; the worker process itself (torch, dask, a tiny policy) on top
@@ -195,6 +200,11 @@ def max_episode_steps(cfg: EnvConfig) -> int:
     return int(cfg.max_episode_steps or SUITE_MAX_STEPS[cfg.env_id])
 
 
+def obs_dim(cfg: EnvConfig) -> int:
+    """Length of the state observation: 8 (proprio), 14 with env.object_state."""
+    return OBS_DIM + (OBJECT_STATE_DIM if cfg.object_state else 0)
+
+
 def check_config(env: EnvConfig) -> None:
     """Offline checks of a LIBERO env config (suite, tasks, modes, the trial split, the seed ranges).
 
@@ -219,6 +229,13 @@ def check_config(env: EnvConfig) -> None:
     counts = trial_counts(env.env_id)
     for t in task_ids(env):
         split_trials(counts[t], env.trial_split, env.eval_trials, env.num_trials)
+    if env.object_state:
+        from tasks.envs.libero_expert import tasks_without_pick_place_goal
+        bad = tasks_without_pick_place_goal(env)
+        if bad:
+            raise ConfigError("env.object_state", True, f"needs one goal object and target per task; task(s) {bad} of "
+                                                        f"{env.env_id} have another goal: select pick-and-place tasks "
+                                                        f"(libero_object, libero_spatial: all) or env.object_state=false")
     if env.seed >= env.eval.seed:
         raise ConfigError("env.seed", env.seed, f"must be below env.eval.seed={env.eval.seed}: LIBERO reads seeds "
                                                 f">= env.eval.seed as eval init states")
@@ -270,7 +287,7 @@ def check_memory(*, shard_size: int, eval_shard_size: int, num_shards: int, num_
                           f"(env.num_envs, env.eval.num_envs, more cluster.num_env_workers)")
 
 
-STORE_KEYS = ("task_ids", "num_trials", "num_steps_wait", "trial_split", "eval_trials")
+STORE_KEYS = ("task_ids", "num_trials", "num_steps_wait", "trial_split", "eval_trials", "object_state")
 
 
 def store_attrs(cfg: EnvConfig) -> dict:
@@ -342,12 +359,13 @@ class LiberoEnv:
     `render_size` (pixels): `render_frame()` gives the agentview at that size (videos); same dynamics.
     """
 
-    obs_dim, action_dim = OBS_DIM, ACTION_DIM
+    action_dim = ACTION_DIM
     fps = 20.0  # robosuite control_freq
 
     def __init__(self, cfg: EnvConfig, render_size: int | None = None):
         check_config(cfg)
         self.cfg = cfg
+        self.obs_dim = obs_dim(cfg)
         self.tasks = task_ids(cfg)
         self.counts = trial_counts(cfg.env_id)
         self.states = ResetStates(self.counts)
@@ -379,12 +397,27 @@ class LiberoEnv:
         self.task_id = task_id
         self.instruction = task.language
         self.init = init_states(self.cfg.env_id, task_id)
+        if self.cfg.object_state:
+            from tasks.envs.libero_expert import goal_of
+            _, self._goal_obj, self._goal_target = goal_of(self.env.env)
         self.builds += 1
+
+    def _state(self, obs: dict) -> np.ndarray:
+        """The observation float32 [obs_dim] of a robosuite observation dict (module docstring)."""
+        s = proprio(obs)
+        if not self.cfg.object_state:
+            return s
+        from tasks.envs.libero_expert import object_position
+        problem = self.env.env
+        obj = object_position(problem, self._goal_obj)
+        rel = np.concatenate([obj - np.asarray(obs["robot0_eef_pos"], np.float64),
+                              object_position(problem, self._goal_target) - obj])
+        return np.concatenate([s, rel.astype(np.float32)])
 
     # ----- SingleEnv -----
     def reset_to(self, task_id: int, trial_id: int) -> np.ndarray:
         """Start an episode from init state `trial_id` of `task_id` (seed(0), soft reset, set_init_state, then
-        num_steps_wait no-op steps); returns the 8-D observation."""
+        num_steps_wait no-op steps); returns the observation float32 [obs_dim]."""
         if task_id != self.task_id:
             self._build(task_id)
         env = self.env
@@ -404,7 +437,7 @@ class LiberoEnv:
         self.trial_id = trial_id
         self.reset_state_id = self.states.reset_state_id(task_id, trial_id)
         self._obs = obs
-        return proprio(obs)
+        return self._state(obs)
 
     def reset(self, seed: int) -> np.ndarray:
         c = self.cfg
@@ -418,7 +451,7 @@ class LiberoEnv:
         self.t += 1
         self._obs = obs
         success = bool(done)  # LIBERO's step returns done = check_success() (the BDDL goal)
-        return proprio(obs), float(success), success, self.t >= self.max_steps and not success, success
+        return self._state(obs), float(success), success, self.t >= self.max_steps and not success, success
 
     def _render(self, size: int) -> np.ndarray:
         img = self.env.sim.render(width=size, height=size, camera_name="agentview")

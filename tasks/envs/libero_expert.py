@@ -63,17 +63,29 @@ def _kind(name: str) -> str:
     return head if tail.isdigit() else name
 
 
+def _pick_place_goal(goal: list, movable) -> bool:
+    """A BDDL goal_state that is one `in`/`on` predicate whose first argument is in `movable` (object names)."""
+    return len(goal) == 1 and len(goal[0]) == 3 and goal[0][0].lower() in ("in", "on") and goal[0][1] in movable
+
+
 def goal_of(env) -> tuple[str, str, str]:
     """(predicate, object, target) of a LIBERO problem env's one-predicate goal.
 
     Raises ValueError when the goal is not a single `in`/`on` of a movable object (the expert does not apply)."""
     goal = env.parsed_problem["goal_state"]
-    if len(goal) != 1 or len(goal[0]) != 3 or goal[0][0].lower() not in ("in", "on") \
-            or goal[0][1] not in env.objects_dict:
+    if not _pick_place_goal(goal, env.objects_dict):
         raise ValueError(f"the scripted expert handles one 'in'/'on' goal of a movable object, this task's goal is "
                          f"{goal}")
     pred, obj, target = goal[0]
     return pred.lower(), obj, target
+
+
+def object_position(env, name: str) -> np.ndarray:
+    """World position (m), float64 [3], of a LIBERO object body or region site `name` (e.g. `akita_black_bowl_1`,
+    `basket_1_contain_region`) in the problem env `env`, from MuJoCo's current state."""
+    if name in env.obj_body_id:
+        return np.array(env.sim.data.body_xpos[env.obj_body_id[name]])
+    return np.array(env.sim.data.get_site_xpos(name))  # a region site
 
 
 @dataclass
@@ -96,7 +108,7 @@ class PickPlaceExpert:
         self._grasp_off = None
         self._fingers = robot._ref_gripper_joint_pos_indexes  # qpos addresses of the two finger joints
         self._gap = self._finger_gap(env)
-        self._carry_z = self._obj_pos(env, self.obj)[2] + self.params.carry_dz
+        self._carry_z = object_position(env, self.obj)[2] + self.params.carry_dz
 
     # ----- geometry -----
     def _eef(self, env) -> np.ndarray:
@@ -113,11 +125,6 @@ class PickPlaceExpert:
         self._gap = gap
         return still
 
-    def _obj_pos(self, env, name: str) -> np.ndarray:
-        if name in env.obj_body_id:
-            return np.array(env.sim.data.body_xpos[env.obj_body_id[name]])
-        return np.array(env.sim.data.get_site_xpos(name))  # a region site (e.g. basket_1_contain_region)
-
     def _grasp_point(self, env) -> np.ndarray:
         dz, dx = GRASP_OFFSETS.get(_kind(self.obj), (self.params.grasp_dz, 0.0))
         # the fingers close along the end-effector site's x axis (measured: the Panda's finger bodies lie apart along
@@ -125,7 +132,7 @@ class PickPlaceExpert:
         axis = self._rot0[:, 0].copy()
         axis[2] = 0.0
         axis /= max(np.linalg.norm(axis), 1e-9)
-        return self._obj_pos(env, self.obj) + np.array([0.0, 0.0, dz]) + dx * axis
+        return object_position(env, self.obj) + np.array([0.0, 0.0, dz]) + dx * axis
 
     # ----- control -----
     def _action(self, env, waypoint: np.ndarray, grip: float) -> np.ndarray:
@@ -164,11 +171,11 @@ class PickPlaceExpert:
             a = self._action(env, self._hold, 1.0)
             self._advance(self._count >= 2 and still, CLOSE_STEPS)
             if self.phase == "lift":
-                o = self._obj_pos(env, self.obj)
+                o = object_position(env, self.obj)
                 self._grasp_off = eef - o
                 self._carry_z = o[2] + p.carry_dz
             return a
-        tgt = self._obj_pos(env, self.target)
+        tgt = object_position(env, self.target)
         if ph == "lift":
             wp = np.array([eef[0], eef[1], self._carry_z]) if self._count == 0 else self._lift_wp
             self._lift_wp = wp
@@ -223,14 +230,12 @@ def problem_env(env):
     return None if env.env is None else env.env.env
 
 
-def check_tasks(cfg) -> None:
-    """Offline: every selected task of cfg's suite has a goal the expert handles (one `in`/`on` predicate whose
-    first argument is a movable object), read from its BDDL file. Raises ConfigError (env.task_ids)."""
+def tasks_without_pick_place_goal(cfg) -> list[int]:
+    """Offline: the selected tasks of cfg's suite (env.task_ids) whose goal, read from their BDDL files, is not one
+    `in`/`on` predicate of a movable object (what the expert and `env.object_state` handle)."""
     import os
 
-    from tasks.config import ConfigError
     from tasks.envs import libero as L
-    L.check_config(cfg)
     _, get_libero_path, _ = L._import_libero()
     from libero.libero.envs.bddl_utils import robosuite_parse_problem
     bad = []
@@ -238,10 +243,18 @@ def check_tasks(cfg) -> None:
         task = L.suite(cfg.env_id).get_task(t)
         prob = robosuite_parse_problem(os.path.join(get_libero_path("bddl_files"), task.problem_folder,
                                                     task.bddl_file))
-        goal = prob["goal_state"]
-        movable = {n for names in prob["objects"].values() for n in names}
-        if len(goal) != 1 or len(goal[0]) != 3 or goal[0][0].lower() not in ("in", "on") or goal[0][1] not in movable:
+        if not _pick_place_goal(prob["goal_state"], {n for names in prob["objects"].values() for n in names}):
             bad.append(t)
+    return bad
+
+
+def check_tasks(cfg) -> None:
+    """Offline: every selected task of cfg's suite has a goal the expert handles (one `in`/`on` predicate whose
+    first argument is a movable object), read from its BDDL file. Raises ConfigError (env.task_ids)."""
+    from tasks.config import ConfigError
+    from tasks.envs import libero as L
+    L.check_config(cfg)
+    bad = tasks_without_pick_place_goal(cfg)
     if bad:
         raise ConfigError("env.task_ids", list(L.task_ids(cfg)),
                           f"the scripted expert picks one object and places it in/on a target; task(s) {bad} of "

@@ -83,6 +83,9 @@ def check_config(env: EnvConfig) -> None:
     """
     if env.obs_mode not in OBS_MODES:
         raise ConfigError("env.obs_mode", env.obs_mode, f"supported: {list(OBS_MODES)}")
+    if env.object_state:
+        raise ConfigError("env.object_state", True, "is LIBERO's (ManiSkill's state obs already hold the object "
+                                                    "poses): remove it or set env.object_state=false")
     if env.sim_backend not in SIM_BACKENDS:
         raise ConfigError("env.sim_backend", env.sim_backend, f"use one of {list(SIM_BACKENDS)}")
     if env.sim_backend in BATCHED_BACKENDS:

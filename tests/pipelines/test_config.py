@@ -218,13 +218,14 @@ def test_run_refuses_a_record_conf_and_prints_help(capsys):
 
 # ----- every key a user sets takes effect, or is refused -----
 
-def _fake_sft_store(path: Path, C: int = 5, image: int = 32, gripper_convention: str | None = None) -> Path:
-    """A one-step trajectory store with what `check_sft_store` reads: C-action chunks, rgb images, a success
-    (`gripper_convention`: the attr a recording writes; None: none, i.e. ManiSkill's)."""
+def _fake_sft_store(path: Path, C: int = 5, image: int = 32, gripper_convention: str | None = None,
+                    obs_dim: int = 3) -> Path:
+    """A one-step trajectory store with what `check_sft_store` reads: C-action chunks, rgb images, an obs_dim-D
+    state, a success (`gripper_convention`: the attr a recording writes; None: none, i.e. ManiSkill's)."""
     import numpy as np
 
     from storage.trajectories import FieldSpec, TrajectoryStore, write_shard
-    fields = {"obs": FieldSpec((3,), "float32"), "rgb": FieldSpec((image, image, 3), "uint8"),
+    fields = {"obs": FieldSpec((obs_dim,), "float32"), "rgb": FieldSpec((image, image, 3), "uint8"),
               "actions": FieldSpec((C, 8), "float32"), "rewards": FieldSpec((C,), "float32"),
               "step_mask": FieldSpec((C,), "bool"), "terminated": FieldSpec((), "bool"),
               "truncated": FieldSpec((), "bool"), "success": FieldSpec((), "bool"),
@@ -363,8 +364,22 @@ def test_experiments_that_require_a_key_are_exactly_the_rl_from_sft_ones():
 def sft_store(tmp_path_factory):
     """A ManiSkill demo store; its sibling `libero_demos.zarr` is a LIBERO one (close_positive gripper)."""
     path = _fake_sft_store(tmp_path_factory.mktemp("sft") / "demos.zarr")
-    _fake_sft_store(path.with_name("libero_demos.zarr"), gripper_convention="close_positive")
+    _fake_sft_store(path.with_name("libero_demos.zarr"), gripper_convention="close_positive", obs_dim=LIBERO_OBS)
     return path
+
+
+LIBERO_OBS = 8  # the state of the shipped LIBERO experiments (tasks.envs.libero.obs_dim)
+
+
+def test_a_libero_store_of_the_other_state_length_is_refused_naming_the_fix(sft_store):
+    """A store recorded with env.object_state=false (8-D state) for a run with it true (14-D), and back."""
+    from pipelines.config import load_config
+    flag = "false" if LIBERO_OBS == 14 else "true"
+    with pytest.raises(ConfigError, match=f"stores a {LIBERO_OBS}-D state.*set env.object_state="
+                                          f"{'true' if flag == 'false' else 'false'}") as e:
+        load_config(["conf=libero_flow_sft", f"sft.store={sft_store.with_name('libero_demos.zarr')}",
+                     f"env.object_state={flag}"])
+    assert e.value.key == "sft.store"
 
 
 TWO_GPUS = "cluster.num_gpu_workers=2"

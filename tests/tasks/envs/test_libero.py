@@ -396,3 +396,74 @@ def test_a_policy_of_the_other_gripper_convention_is_refused_offline(tmp_path):
             assert e.value.key == "policy.model_path"
         else:
             load_config(over)
+
+
+# ----- env.object_state: the privileged 14-D state -----
+
+def test_object_state_is_checked_offline_and_a_checkpoint_or_store_of_the_other_state_is_refused(tmp_path):
+    import json
+    from pipelines.config import load_config
+    from tasks.envs import state_dim
+    from tasks.envs.maniskill import check_config as maniskill_check
+    base = dict(simulator="libero", obs_mode="state", control_mode="OSC_POSE", reward_mode="sparse",
+                sim_backend="cpu")
+    assert state_dim(EnvConfig(env_id="libero_spatial", **base)) == 8
+    assert state_dim(EnvConfig(env_id="libero_spatial", object_state=True, **base)) == 14
+    assert state_dim(EnvConfig()) is None  # ManiSkill: known once an env is built
+    L.check_config(EnvConfig(env_id="libero_object", object_state=True, **base))  # all pick-and-place: no error
+    goal = L.suite("libero_goal")
+    other = next(t for t in range(goal.n_tasks) if goal.get_task(t).language.startswith(("open", "turn")))
+    with pytest.raises(ConfigError, match=rf"env\.object_state.*task\(s\) \[{other}\]"):
+        L.check_config(EnvConfig(env_id="libero_goal", task_ids=[other], object_state=True, **base))
+    with pytest.raises(ConfigError, match="env.object_state.*LIBERO's"):
+        maniskill_check(EnvConfig(object_state=True))
+    # a checkpoint made on the 8-D state, loaded where the env gives 14-D (and back): refused, naming the fix
+    for saved, flag, fix in [(8, "true", "env.object_state=false"), (14, "false", "env.object_state=true")]:
+        d = tmp_path / f"ckpt{saved}"
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({
+            "family": "flow_vla", "image_size": 32, "obs_dim": saved, "policy": {"num_action_chunks": 5},
+            "env": {"simulator": "libero", "gripper_convention": "close_positive"}}))
+        with pytest.raises(ConfigError, match=f"reads a {saved}-D state.*{fix}") as e:
+            load_config(["conf=libero_smoke", f"policy.model_path={d}", f"env.object_state={flag}"])
+        assert e.value.key == "policy.model_path"
+        load_config(["conf=libero_smoke", f"policy.model_path={d}",
+                     f"env.object_state={'true' if saved == 14 else 'false'}"])
+
+
+@pytest.fixture(scope="module")
+def object_env():
+    cfg = EnvConfig(simulator="libero", env_id="libero_spatial", obs_mode="state", control_mode="OSC_POSE",
+                    reward_mode="sparse", sim_backend="cpu", task_ids=[0], object_state=True)
+    e = L.LiberoEnv(cfg)
+    yield e
+    e.close()
+
+
+def test_object_state_is_the_goal_objects_position_relative_to_the_gripper(object_env):
+    """libero_spatial task 0's goal is `on akita_black_bowl_1 plate_1`: obs[8:11] = bowl - end-effector and
+    obs[11:14] = plate - bowl (world frame, m), read here from MuJoCo's bodies by name; moving the arm alone shifts
+    obs[8:11] by minus the end-effector's displacement and leaves obs[11:14]."""
+    env = object_env
+    obs = env.reset_to(0, 0)
+    assert obs.shape == (14,) and obs.dtype == np.float32 and env.obs_dim == 14
+    problem = env.env.env
+    assert problem.parsed_problem["goal_state"] == [["on", "akita_black_bowl_1", "plate_1"]]
+    sim = problem.sim
+
+    def body(name):
+        return sim.data.body_xpos[sim.model.body_name2id(name + "_main")].copy()
+
+    np.testing.assert_allclose(obs[:8], L.proprio(env._obs), atol=1e-6)
+    eef = np.asarray(env._obs["robot0_eef_pos"])
+    np.testing.assert_allclose(obs[8:11], body("akita_black_bowl_1") - eef, atol=1e-5)
+    np.testing.assert_allclose(obs[11:14], body("plate_1") - body("akita_black_bowl_1"), atol=1e-5)
+    assert 0.05 < np.linalg.norm(obs[8:11]) < 1.0 and 0.02 < np.linalg.norm(obs[11:14]) < 0.5
+    up = np.zeros(7, np.float32)
+    up[2], up[6] = 1.0, -1.0  # rise, gripper open: the bowl stays where it is
+    for _ in range(5):
+        nxt, *_ = env.step(up)
+    moved = nxt[:3] - obs[:3]
+    assert moved[2] > 0.01
+    np.testing.assert_allclose(nxt[8:11], obs[8:11] - moved, atol=2e-3)
+    np.testing.assert_allclose(nxt[11:14], obs[11:14], atol=2e-3)
