@@ -635,6 +635,8 @@ def check_record(cfg: Config, *, require_teacher: bool = True) -> None:
         raise ConfigError("env.obs_mode", cfg.env.obs_mode, "record with env.obs_mode=rgb (images for a VLA)")
     if cfg.record.num_episodes < 1:
         raise ConfigError("record.num_episodes", cfg.record.num_episodes, "must be >= 1")
+    if cfg.record.action_noise < 0:
+        raise ConfigError("record.action_noise", cfg.record.action_noise, "must be >= 0 (a std in action units)")
     if record_output_path(cfg).exists():
         raise ConfigError("record.out", str(record_output_path(cfg)),
                           "exists; choose another path (a store is never overwritten)")
@@ -644,6 +646,10 @@ def check_record(cfg: Config, *, require_teacher: bool = True) -> None:
     if is_scripted_teacher(cfg.record.teacher):  # scripted:NAME, e.g. scripted:libero
         check_scripted_teacher(cfg.record.teacher, cfg.env)
         return
+    if cfg.record.action_noise:
+        raise ConfigError("record.action_noise", cfg.record.action_noise,
+                          "applies to scripted teachers (record.teacher=scripted:NAME); a trained teacher samples "
+                          "its own noise with record.deterministic=false")
     run_dir, _ = resolve_teacher(cfg.record.teacher, cfg.run_root)
     tcfg = teacher_config(run_dir)
     if tcfg.policy.name != "mlp" or tcfg.env.obs_mode != "state":

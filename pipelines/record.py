@@ -72,7 +72,8 @@ def record(cfg, handle, *, echo=print) -> dict:
                                           **store_attrs(cfg.env),
                                           "teacher_run": str(run_dir),
                                           "teacher_checkpoint": None if ckpt is None else str(ckpt),
-                                          "deterministic": cfg.record.deterministic})
+                                          "deterministic": cfg.record.deterministic,
+                                          "action_noise": cfg.record.action_noise})
     episodes: list[dict] = []
     t0 = time.perf_counter()
     bar = tqdm(total=rounds * cfg.env.num_envs, desc="record", unit="episode", dynamic_ncols=True,

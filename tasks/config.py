@@ -678,6 +678,11 @@ class RecordConfig:
     num_episodes: int = 128  # episodes to record (rounded up to whole rounds of env.num_envs)
     out: Optional[str] = None  # store path; None: <run_root>/demos/<experiment>.zarr
     deterministic: bool = True  # teacher's mean actions (False: sampled)
+    # scripted teachers: std (action units) of Gaussian noise added to the 6 motion dims of every action the expert
+    # executes (and the store records), drawn per episode from its seed; the expert corrects it at the next step,
+    # so the demonstrations cover states off its nominal path (DART, Laskey et al. 2017, which injects noise the
+    # same way); the gripper dim is never perturbed. 0: none
+    action_noise: float = 0.0
 
 
 @dataclass

@@ -60,8 +60,9 @@ def record_round(cfg: Config, teacher_cfg: Config | None, checkpoint_path: str |
         ignore_terminations=e.ignore_terminations, base_seed=e.seed))
     if teacher_cfg is None:
         from tasks.envs import make_scripted_teacher
-        expert, _ = resident.get_or_create(f"record/{store_path}/expert/{shard}",
-                                           lambda: make_scripted_teacher(cfg.record.teacher, sh))
+        expert, _ = resident.get_or_create(
+            f"record/{store_path}/expert/{shard}",
+            lambda: make_scripted_teacher(cfg.record.teacher, sh, cfg.record.action_noise))
 
         def act(state):
             return expert.act(sh)  # [B, 1, D]: from the simulator's state, not the observation

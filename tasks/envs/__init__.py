@@ -106,11 +106,12 @@ def check_scripted_teacher(spec: str, cfg: EnvConfig) -> None:
     importlib.import_module(module).check_tasks(cfg)
 
 
-def make_scripted_teacher(spec: str, shard: EnvShard):
-    """The per-shard scripted teacher of `record.teacher=scripted:NAME` (`act(shard)` -> float32 [B, 1, D])."""
+def make_scripted_teacher(spec: str, shard: EnvShard, action_noise: float = 0.0):
+    """The per-shard scripted teacher of `record.teacher=scripted:NAME` (`act(shard)` -> float32 [B, 1, D]);
+    `action_noise`: record.action_noise."""
     import importlib
     _, module, cls = SCRIPTED_TEACHERS[spec[len(SCRIPTED_PREFIX):]]
-    return getattr(importlib.import_module(module), cls)(shard)
+    return getattr(importlib.import_module(module), cls)(shard, action_noise=action_noise)
 
 
 def max_episode_steps(cfg: EnvConfig) -> int:

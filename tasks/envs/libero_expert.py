@@ -266,15 +266,21 @@ class ShardExpert:
     """The scripted teacher of a `tasks.envs.EnvShard` of `LiberoEnv`s (`record.teacher=scripted:libero`): one
     `PickPlaceExpert` per env, reset whenever that env starts a new episode.
 
-    `act(shard)` -> float32 [B, 1, 7]: each active env's action for its current state; zeros for idle envs."""
+    `act(shard)` -> float32 [B, 1, 7]: each active env's action for its current state; zeros for idle envs.
 
-    def __init__(self, shard, params: ExpertParams | None = None):
+    `action_noise` (record.action_noise): std of Gaussian noise added to the 6 motion dims of every action (then
+    clipped to [-1, 1]), from a generator seeded by the episode's reset seed (a recording is reproducible); the
+    expert's P-controllers correct it at the next step. The gripper dim is never perturbed."""
+
+    def __init__(self, shard, params: ExpertParams | None = None, action_noise: float = 0.0):
         self.params = params or ExpertParams()
+        self.action_noise = float(action_noise)
         self.experts = [PickPlaceExpert(self.params) for _ in range(shard.num_envs)]
         self.episode = [-1] * shard.num_envs
+        self.rngs: list[np.random.Generator | None] = [None] * shard.num_envs
 
     def act(self, shard) -> np.ndarray:
-        _, ids = shard.current_episodes()
+        seeds, ids = shard.current_episodes()
         out = np.zeros((shard.num_envs, 1, shard.action_dim), np.float32)
         for b, (ex, env) in enumerate(zip(self.experts, shard.envs)):
             if ids[b] < 0:
@@ -283,5 +289,9 @@ class ShardExpert:
             if ids[b] != self.episode[b]:
                 ex.reset(sim_env)
                 self.episode[b] = int(ids[b])
-            out[b, 0] = ex.act(sim_env)
+                self.rngs[b] = np.random.default_rng(int(seeds[b]))
+            a = ex.act(sim_env)
+            if self.action_noise:
+                a[:6] = np.clip(a[:6] + self.rngs[b].normal(0.0, self.action_noise, 6), -1.0, 1.0)
+            out[b, 0] = a
         return out

@@ -556,7 +556,8 @@ def test_experiments_resolve_as_before_the_groups(name):
     (64 envs x 50 chunk steps, init_logstd -1.0, anneal over 800 steps, a wall-time limit), issue 13; the new keys
     algorithm.actor_loss at its default ppo and rollout.deterministic at its default false, issue 11;
     conf=pushcube_flow_grpo's measured update: Flow-SDE, 256 envs, 4 epochs at lr 1e-4 with target_kl 0.01, 24
-    steps, and the new key policy.temperature at its default 1.0, issue 11)."""
+    steps, and the new key policy.temperature at its default 1.0, issue 11; the new keys env.object_state at its
+    default false and record.action_noise at its default 0.0, issue 12)."""
     import json
     import tasks.config
     from omegaconf import OmegaConf

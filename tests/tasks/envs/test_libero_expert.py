@@ -57,6 +57,52 @@ def test_goal_of_refuses_goals_the_expert_does_not_handle():
     assert X.goal_of(Env) == ("on", "bowl_1", "plate_1")
 
 
+def test_action_noise_perturbs_the_motion_dims_per_episode_seed_and_never_the_gripper(monkeypatch):
+    """record.action_noise: the executed (and stored) action is the expert's plus N(0, sigma) on dims 0-5, clipped to
+    [-1, 1], from a generator seeded by the episode's reset seed; the gripper dim is the expert's."""
+    clean = np.array([0.2, -0.3, 0.95, 0.0, 0.01, -0.02, 1.0], np.float32)
+
+    class Shard:
+        num_envs, action_dim = 2, 7
+        envs = [None, None]
+        seeds, ids = np.array([11, 12]), np.array([0, 1])
+
+        def current_episodes(self):
+            return self.seeds, self.ids
+
+    monkeypatch.setattr(X, "problem_env", lambda env: None)
+    monkeypatch.setattr(X.PickPlaceExpert, "reset", lambda self, env: None)
+    monkeypatch.setattr(X.PickPlaceExpert, "act", lambda self, env: clean.copy())
+
+    def actions(sigma, seeds=(11, 12), steps=400):
+        sh = Shard()
+        sh.seeds = np.array(seeds)
+        ex = X.ShardExpert(sh, action_noise=sigma)
+        return np.stack([ex.act(sh)[:, 0] for _ in range(steps)])  # [steps, B, 7]
+
+    np.testing.assert_array_equal(actions(0.0), np.broadcast_to(clean, (400, 2, 7)))
+    a = actions(0.1)
+    assert (a[..., 6] == 1.0).all() and (np.abs(a) <= 1.0).all()
+    for b in range(2):
+        expected = np.clip(clean[:6] + np.random.default_rng([11, 12][b]).normal(0.0, 0.1, (400, 6)), -1, 1)
+        np.testing.assert_allclose(a[:, b, :6], expected, atol=1e-6)
+    noise = a[:, :, [0, 1, 3, 4, 5]] - clean[[0, 1, 3, 4, 5]]  # dim 2 sits near the clip at +1
+    assert abs(noise.std() - 0.1) < 0.01 and abs(noise.mean()) < 0.01
+    np.testing.assert_array_equal(actions(0.1), a)  # the same seeds: the same recording
+    assert not np.allclose(actions(0.1, seeds=(13, 14))[..., :6], a[..., :6])
+
+
+def test_action_noise_is_checked_offline():
+    from pipelines.config import load_config
+    with pytest.raises(ConfigError, match="must be >= 0") as e:
+        load_config(["conf=libero_record", "record.action_noise=-0.1"], command="record")
+    assert e.value.key == "record.action_noise"
+    with pytest.raises(ConfigError, match="scripted teachers") as e:
+        load_config(["conf=pushcube_record", "record.teacher=runs/x/y", "record.action_noise=0.1"], command="record")
+    assert e.value.key == "record.action_noise"
+    load_config(["conf=libero_record", "record.action_noise=0.1"], command="record")
+
+
 # ----- real simulator -----
 
 @pytest.fixture(scope="module")
