@@ -145,6 +145,12 @@ class PolicyConfig:
     # checkpoint; std floored at 0.01): without it a linear projection of raw values sees the gripper's 0.035 m
     # open/close swing next to ~1 m positions, and a LIBERO clone ignored the state (README "LIBERO")
     normalize_state: bool = False
+    # flow_vla, SFT from scratch: standardise the action targets per dimension with the mean / std of sft.store's
+    # executed actions (kept in the checkpoint; std floored at 0.01; the policy un-normalises what it outputs), as
+    # pi0/openpi and Diffusion Policy normalise actions: without it the flow loss weighs a dimension by its raw
+    # scale, and LIBERO's small rotation deltas (std 0.005-0.06 next to 0.4-0.5 for position) were cloned with a
+    # bias that turned the gripper away in closed loop (README "LIBERO")
+    normalize_actions: bool = False
     max_prompt_len: int = 48  # instruction tokens (byte-level tokenizer), padded/truncated
     value_head: str = "mean_token"  # mean_token | first_token | last_token: pooling of prefix features
     value_detach: bool = False  # the critic's gradient stops at the prefix features (the VLA trunk is not
@@ -908,6 +914,10 @@ def inert_keys(cfg: Config, command: str = "run", cuda_count: int = 0) -> list[t
             off(["policy.normalize_state"], "sets a VLA's state statistics from sft.store when SFT trains it from "
                                             "scratch (algorithm.name=sft, no policy.model_path, use_state); a loaded "
                                             "checkpoint keeps its own: drop it")
+        if p.name != "flow_vla" or a.name != "sft" or p.model_path:
+            off(["policy.normalize_actions"], "sets a flow VLA's action statistics from sft.store when SFT trains it "
+                                              "from scratch (policy.name=flow_vla, algorithm.name=sft, no "
+                                              "policy.model_path); a loaded checkpoint keeps its own: drop it")
         if p.name not in VLA_POLICIES:
             off(["policy.preset", "policy.sizes", "policy.use_state", "policy.max_prompt_len", "policy.value_head",
                  "policy.value_detach", "policy.critic_state"],

@@ -34,6 +34,7 @@ def sft_index(store_path: str, only_success: bool) -> np.ndarray:
 
 
 STATE_STD_FLOOR = 0.01  # units of the state (m, rad): a near-constant dimension is scaled by at most 100
+ACTION_STD_FLOOR = 0.01  # action units: the same bound for policy.normalize_actions
 
 
 def set_demo_stats(cfg: Config, policy: torch.nn.Module) -> bool:
@@ -43,7 +44,9 @@ def set_demo_stats(cfg: Config, policy: torch.nn.Module) -> bool:
       percentiles per action dimension of the executed actions (step_mask), as OpenVLA computes its dataset
       statistics (`action_stats_from_data`);
     - with `policy.normalize_state` a VLA's state standardisation (`PrefixEncoder.set_state_stats`): the mean and
-      the std (floored at STATE_STD_FLOOR) per dimension of the samples' state vectors.
+      the std (floored at STATE_STD_FLOOR) per dimension of the samples' state vectors;
+    - with `policy.normalize_actions` a flow VLA's action standardisation (`set_action_norm`): the mean and the std
+      (floored at ACTION_STD_FLOOR) per dimension of the executed actions.
     A loaded policy keeps its own statistics (they came with its checkpoint). Returns whether any were set.
 
     Raises:
@@ -52,7 +55,8 @@ def set_demo_stats(cfg: Config, policy: torch.nn.Module) -> bool:
     if cfg.algorithm.name != "sft" or cfg.policy.model_path:
         return False
     state = cfg.policy.normalize_state and getattr(getattr(policy, "prefix", None), "state_proj", None) is not None
-    if not (hasattr(policy, "set_action_stats") or state):
+    norm = cfg.policy.normalize_actions and hasattr(policy, "set_action_norm")
+    if not (hasattr(policy, "set_action_stats") or state or norm):
         return False
     from storage.trajectories import TrajectoryStore
     rows = sft_index(cfg.sft.store, cfg.sft.only_success)
@@ -62,6 +66,10 @@ def set_demo_stats(cfg: Config, policy: torch.nn.Module) -> bool:
         from tasks.policies.token_vla import action_stats_from_data
         actions, mask = st.read("actions")[idx], st.read("step_mask")[idx]  # [M, C, D], [M, C]
         policy.set_action_stats(*action_stats_from_data(actions[mask]))  # [K, D] executed actions
+    if norm:  # policy.normalize_actions: the executed actions of the samples, [K, D]
+        actions, mask = st.read("actions")[idx], st.read("step_mask")[idx]
+        executed = actions[mask].astype(np.float64)
+        policy.set_action_norm(executed.mean(0), np.maximum(executed.std(0), ACTION_STD_FLOOR))
     if state:  # policy.normalize_state: the samples' state at their chunk start, [M, O]
         obs = st.read("obs")[idx].astype(np.float64)
         policy.prefix.set_state_stats(obs.mean(0), np.maximum(obs.std(0), STATE_STD_FLOOR))

@@ -193,6 +193,31 @@ class FlowVLAPolicy(VLACheckpointMixin, nn.Module):
                                     obs_dim if cfg.critic_state else 0)
         self.noise_head = (NoiseStdHead(we, self.A, cfg.noise_std_min, cfg.noise_std_max)
                            if cfg.noise_method == "flow_noise" else None)
+        # the actions' standardisation (identity unless set_action_stats; saved with the weights): the flow runs on
+        # (a - action_mean) / action_std, and act returns x * action_std + action_mean
+        self.register_buffer("action_mean", torch.zeros(self.D))
+        self.register_buffer("action_std", torch.ones(self.D))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """Weights saved before the action standardisation existed load with the identity (raw actions)."""
+        for name, fill in (("action_mean", 0.0), ("action_std", 1.0)):
+            state_dict.setdefault(prefix + name, torch.full_like(getattr(self, name), fill))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def set_action_norm(self, mean, std) -> None:
+        """Run the flow on standardised actions (a - mean) / std: mean, std array-like [D], std > 0. The chain,
+        its log-probs and the SFT targets live in that space; `act` returns actions in the env's units (the
+        log-probs differ from the env-space ones by the constant log|std|: PPO ratios are unchanged).
+
+        Raises ValueError on another shape or a std that is not positive."""
+        mean = torch.as_tensor(mean, dtype=torch.float32).reshape(-1)
+        std = torch.as_tensor(std, dtype=torch.float32).reshape(-1)
+        if mean.shape != (self.D,) or std.shape != (self.D,):
+            raise ValueError(f"action mean / std must be [D={self.D}], got {tuple(mean.shape)} / {tuple(std.shape)}")
+        if not bool((std > 0).all()):
+            raise ValueError(f"action std must be > 0 in every dimension, got {std.tolist()}")
+        self.action_mean.copy_(mean)
+        self.action_std.copy_(std)
 
     # ------------------------------------------------------------------------------------------------ pieces
     def tokenize(self, texts: list[str]) -> torch.Tensor:
@@ -259,7 +284,7 @@ class FlowVLAPolicy(VLACheckpointMixin, nn.Module):
             ValueError: `noise` of another shape. KeyError: a missing observation key.
 
         Returns:
-            {"actions" [B, C, D] = the final x_0 (sliced to D), "logprobs" [B, C, D], "values" [B] or [B, C],
+            {"actions" [B, C, D] = the final x_0 (sliced to D, un-normalised: `set_action_norm`), "logprobs" [B, C, D], "values" [B] or [B, C],
              "extras": {"chain" [B, K+1, C, A] float32 (x at t_0 = 1 .. t_K = 0),
                         "denoise_idx" int64 [B] (flow_sde: the stochastic step; -1 when deterministic or
                         flow_noise, where every step is stochastic)}}.
@@ -290,7 +315,8 @@ class FlowVLAPolicy(VLACheckpointMixin, nn.Module):
             chain.append(x)
         if self.noise_head is not None and not deterministic:
             logp = logp / self.K  # flow_noise: mean over the K stochastic transitions
-        return {"actions": x[..., :self.D], "logprobs": logp[..., :self.D],
+        actions = x[..., :self.D] * self.action_std.to(x.dtype) + self.action_mean.to(x.dtype)
+        return {"actions": actions, "logprobs": logp[..., :self.D],
                 "values": self._values(pre.hidden, pre.mask, obs),
                 "extras": {"chain": torch.stack(chain, dim=1), "denoise_idx": denoise_idx}}
 
@@ -352,7 +378,8 @@ class FlowVLAPolicy(VLACheckpointMixin, nn.Module):
         if actions.shape[1:] != (self.C, self.D):
             raise ValueError(f"actions {tuple(actions.shape)}: expected [N, {self.C}, {self.D}]")
         N = actions.shape[0]
-        a = nn.functional.pad(actions.float(), (0, self.A - self.D))  # [N, C, D] -> [N, C, A]
+        a = (actions.float() - self.action_mean) / self.action_std  # the flow's space (set_action_norm)
+        a = nn.functional.pad(a, (0, self.A - self.D))  # [N, C, D] -> [N, C, A]
         noise = torch.randn_like(a)
         t = 0.001 + 0.999 * torch.distributions.Beta(1.5, 1.0).sample((N,)).to(a.device)  # [N]
         x_t = t[:, None, None] * noise + (1.0 - t[:, None, None]) * a

@@ -279,6 +279,65 @@ def test_token_vla_sft_from_scratch_takes_q01_q99_of_the_executed_bc_actions(tmp
         clear_cache()
 
 
+def test_flow_vla_normalize_actions_runs_the_flow_on_standardised_bc_actions(tmp_path):
+    """`policy.normalize_actions`: SFT from scratch sets the flow VLA's action mean / std to those of the executed
+    actions of the behaviour-cloning samples (std floored at 0.01). The flow then lives in the standardised space:
+    with the same noise, `act` returns identity-stats actions * std + mean (log-probs unchanged), `sft_loss` on
+    actions a equals the identity policy's on (a - mean) / std, and `evaluate` of a rollout's chain is unchanged.
+    Saved with the weights; a checkpoint without the buffers loads with the identity."""
+    from tasks.demo_index import ACTION_STD_FLOOR
+    from tasks.demos import set_demo_stats
+    from tasks.policies import make_policy
+    r = np.random.default_rng(2)
+    T, B, C, D, O = 4, 2, 2, 3, 3
+    actions = np.stack([r.normal(0.3, 0.5, (T, B, C)), r.normal(-0.02, 0.001, (T, B, C)),
+                        r.normal(0.0, 0.05, (T, B, C))], -1).astype(np.float32)
+    actions[:, 1] = 9.0  # env 1: a failed episode (not a BC sample)
+    step_mask = np.ones((T, B, C), bool)
+    step_mask[3, 0, 1] = False  # the last action of env 0's episode was not executed
+    path = _one_step_store(tmp_path / "s.zarr", {
+        "obs": r.normal(size=(T, B, O)).astype(np.float32), "actions": actions, "step_mask": step_mask,
+        "success": np.array([[False, False]] * 2 + [[True, False]] * 2),
+        "episode_id": np.array([[0, 1]] * T, np.int64)})
+    cfg = _sft_cfg("flow_vla", C, path)
+    p = cfg.policy
+    try:
+        policy = make_policy(p, obs_dim=O, action_dim=D, seed=0)
+        ident = make_policy(p, obs_dim=O, action_dim=D, seed=0)
+        assert not set_demo_stats(cfg, policy) and torch.equal(policy.action_std, torch.ones(D))
+        p.normalize_actions = True
+        assert set_demo_stats(cfg, policy)
+        executed = actions[:, 0][step_mask[:, 0]].astype(np.float64)  # [7, D]: env 0's executed actions
+        assert executed.shape == (7, D) and executed.std(0)[1] < ACTION_STD_FLOOR
+        torch.testing.assert_close(policy.action_mean, torch.tensor(executed.mean(0), dtype=torch.float32))
+        torch.testing.assert_close(policy.action_std, torch.tensor(np.maximum(executed.std(0), ACTION_STD_FLOOR),
+                                                                   dtype=torch.float32))
+        m, s = policy.action_mean, policy.action_std
+        obs = {"prompt": ident.tokenize(["push"] * 2), "state": torch.from_numpy(r.normal(size=(2, O))).float()}
+        noise = torch.randn(2, C, policy.A)
+        torch.manual_seed(5)
+        out = policy.act(obs, noise=noise)
+        torch.manual_seed(5)
+        ref = ident.act(obs, noise=noise)
+        torch.testing.assert_close(out["actions"], ref["actions"] * s + m)
+        torch.testing.assert_close(out["logprobs"], ref["logprobs"])
+        torch.testing.assert_close(policy.evaluate(obs, out["actions"], out["extras"])["logprobs"], out["logprobs"])
+        a = torch.from_numpy(actions[:2, 0])  # [2, C, D]
+        torch.manual_seed(7)
+        loss = policy.sft_loss(obs, a)
+        torch.manual_seed(7)
+        torch.testing.assert_close(loss, ident.sft_loss(obs, (a - m) / s))
+        policy.save_pretrained(tmp_path / "hf")
+        assert torch.equal(type(policy).from_pretrained(tmp_path / "hf").action_std, s)
+        sd = {k: v for k, v in policy.state_dict().items() if k not in ("action_mean", "action_std")}
+        policy.load_state_dict(sd)
+        assert torch.equal(policy.action_std, torch.ones(D)) and torch.equal(policy.action_mean, torch.zeros(D))
+        with pytest.raises(ValueError, match="std must be > 0"):
+            policy.set_action_norm(np.zeros(D), np.array([1.0, 0.0, 1.0]))
+    finally:
+        clear_cache()
+
+
 def test_flow_vla_sft_with_normalize_state_standardises_by_the_bc_samples_state(tmp_path):
     """`policy.normalize_state`: SFT from scratch sets the prefix's state mean / std to those of the behaviour-
     cloning samples' states (the successful episode's executed chunk steps only), the std floored at 0.01; the
