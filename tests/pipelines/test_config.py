@@ -368,7 +368,7 @@ def sft_store(tmp_path_factory):
     return path
 
 
-LIBERO_OBS = 8  # the state of the shipped LIBERO experiments (tasks.envs.libero.obs_dim)
+LIBERO_OBS = 14  # the state of the shipped LIBERO experiments (env.object_state: tasks.envs.libero.obs_dim)
 
 
 def test_a_libero_store_of_the_other_state_length_is_refused_naming_the_fix(sft_store):

@@ -173,18 +173,21 @@ def test_expert_actions_replay_to_the_same_success(env, episode):
 
 @pytest.mark.slow
 def test_record_cli_writes_a_store_whose_per_task_success_is_libero_check_of_the_stored_actions(tmp_path):
-    """`python -m pipelines.record conf=libero_record` (2 envs: task 0 and task 1, one round): the store opens with
-    the recording's layout (32 px images, chunks of C=5 actions, the close_positive gripper convention, the
-    episode index with task_id / trial_id), and replaying each episode's executed actions from its init state in
-    a fresh env gives LIBERO's check_success() first true exactly where the store's success is."""
+    """`python -m pipelines.record conf=libero_record` (2 envs: task 0 and task 1, one round, with
+    record.action_noise): the store opens with the recording's layout (32 px images, chunks of C=5 actions, the
+    14-D object state, the close_positive gripper convention, the episode index with task_id / trial_id), and
+    replaying each episode's executed (noisy) actions from its init state in a fresh env gives LIBERO's
+    check_success() first true exactly where the store's success is."""
     from pipelines import record
     from storage.trajectories import TrajectoryStore
     out = tmp_path / "rec.zarr"
-    assert record.main(["conf=libero_record", "record.num_episodes=2", f"record.out={out}",
+    assert record.main(["conf=libero_record", "record.num_episodes=2", f"record.out={out}", "env.num_envs=2",
+                        "env.num_shards=1", "cluster.num_env_workers=1", "record.action_noise=0.1",
                         "runner.progress=false"]) == 0
     st = TrajectoryStore.open(str(out))
     attrs = st.attrs
     assert attrs["gripper_convention"] == "close_positive" and attrs["teacher_run"] == "scripted:libero"
+    assert attrs["action_noise"] == 0.1 and attrs["libero"]["object_state"] and st.fields["obs"].shape == (14,)
     assert attrs["libero"]["task_ids"] == [0, 1] and attrs["episodes"] == 2
     index = attrs["episode_index"]
     assert sorted(e["task_id"] for e in index) == [0, 1] and all(e["trial_id"] == 0 for e in index)
