@@ -279,6 +279,16 @@ def test_token_vla_sft_from_scratch_takes_q01_q99_of_the_executed_bc_actions(tmp
         clear_cache()
 
 
+def _env0_succeeds_store(tmp_path, obs, actions, step_mask) -> str:
+    """A one-step store of 2 envs x 4 chunk steps: env 0's episode succeeds at chunk step 2 (a BC sample source),
+    env 1's fails (never a sample)."""
+    T = obs.shape[0]
+    return _one_step_store(tmp_path / "s.zarr", {
+        "obs": obs, "actions": actions, "step_mask": step_mask,
+        "success": np.array([[False, False]] * 2 + [[True, False]] * (T - 2)),
+        "episode_id": np.array([[0, 1]] * T, np.int64)})
+
+
 def test_flow_vla_normalize_actions_runs_the_flow_on_standardised_bc_actions(tmp_path):
     """`policy.normalize_actions`: SFT from scratch sets the flow VLA's action mean / std to those of the executed
     actions of the behaviour-cloning samples (std floored at 0.01). The flow then lives in the standardised space:
@@ -295,11 +305,8 @@ def test_flow_vla_normalize_actions_runs_the_flow_on_standardised_bc_actions(tmp
     actions[:, 1] = 9.0  # env 1: a failed episode (not a BC sample)
     step_mask = np.ones((T, B, C), bool)
     step_mask[3, 0, 1] = False  # the last action of env 0's episode was not executed
-    path = _one_step_store(tmp_path / "s.zarr", {
-        "obs": r.normal(size=(T, B, O)).astype(np.float32), "actions": actions, "step_mask": step_mask,
-        "success": np.array([[False, False]] * 2 + [[True, False]] * 2),
-        "episode_id": np.array([[0, 1]] * T, np.int64)})
-    cfg = _sft_cfg("flow_vla", C, path)
+    cfg = _sft_cfg("flow_vla", C, _env0_succeeds_store(tmp_path, r.normal(size=(T, B, O)).astype(np.float32),
+                                                       actions, step_mask))
     p = cfg.policy
     try:
         policy = make_policy(p, obs_dim=O, action_dim=D, seed=0)
@@ -353,11 +360,7 @@ def test_flow_vla_sft_with_normalize_state_standardises_by_the_bc_samples_state(
     obs[:, 1] = 50.0  # env 1: a failed episode (not a BC sample)
     step_mask = np.ones((T, B, C), bool)
     step_mask[3, 0] = False  # env 0's episode ended before chunk step 3: not a sample
-    path = _one_step_store(tmp_path / "s.zarr", {
-        "obs": obs, "actions": np.zeros((T, B, C, D), np.float32), "step_mask": step_mask,
-        "success": np.array([[False, False]] * 2 + [[True, False]] * 2),
-        "episode_id": np.array([[0, 1]] * T, np.int64)})
-    cfg = _sft_cfg("flow_vla", C, path)
+    cfg = _sft_cfg("flow_vla", C, _env0_succeeds_store(tmp_path, obs, np.zeros((T, B, C, D), np.float32), step_mask))
     p = cfg.policy
     try:
         policy = make_policy(p, obs_dim=O, action_dim=D, seed=0)
