@@ -25,7 +25,8 @@ a policy or demo store of the other convention is refused offline (pipelines.con
 
 Episodes: reward 1.0 at a step where LIBERO's BDDL goal holds (`env.check_success()`), else 0 (sparse);
 terminated = success; truncated at `max_episode_steps` policy steps (SUITE_MAX_STEPS per suite, the community's
-values, unless env.max_episode_steps is set). After every reset `env.num_steps_wait` no-op steps (zero motion,
+values, unless env.max_episode_steps is set), also when the goal holds there (else an episode under
+ignore_terminations would never end). After every reset `env.num_steps_wait` no-op steps (zero motion,
 gripper open) let the objects settle: they are not counted, not returned and never trained on.
 
 Reset states: every (task_id, trial_id) pair of a suite has a global `reset_state_id` (`ResetStates`: the suite's
@@ -464,7 +465,9 @@ class LiberoEnv:
         self.t += 1
         self._obs = obs
         success = bool(done)  # LIBERO's step returns done = check_success() (the BDDL goal)
-        return self._state(obs), float(success), success, self.t >= self.max_steps and not success, success
+        # truncated at the time limit whether or not the goal holds there (gymnasium's TimeLimit): with
+        # ignore_terminations the shard masks `terminated`, and an episode must still end at max_episode_steps
+        return self._state(obs), float(success), success, self.t >= self.max_steps, success
 
     def _render(self, size: int) -> np.ndarray:
         img = self.env.sim.render(width=size, height=size, camera_name="agentview")

@@ -315,6 +315,17 @@ def test_success_and_reward_are_libero_check_success(env):
         if succ:
             break
     assert flags[-1], flags  # LIBERO's goal holds once the bowl rests on the plate
+    # the time limit truncates also while the goal holds (gymnasium's TimeLimit): with ignore_terminations the
+    # shard masks `terminated`, and the episode must still end there (it never ended before 2026-12-04)
+    limit = env.max_steps
+    env.max_steps = env.t + 2
+    try:
+        _, _, term, trunc, succ = env.step(noop)
+        assert succ and term and not trunc
+        _, _, term, trunc, succ = env.step(noop)
+        assert succ and term and trunc
+    finally:
+        env.max_steps = limit
 
 
 # ----- the MuJoCo pin (README "LIBERO"): the settle of the bowl-on-ramekin task and a LIBERO-Object frame -----
