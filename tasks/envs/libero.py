@@ -15,7 +15,7 @@ agentview camera (env.image_size square) is rendered only when the shard asks (`
 rotated 180 degrees as every LIBERO policy sees it (robosuite's raw OpenGL image is upside down and mirrored).
 With `env.object_state=true` (a privileged observation, float32 [14]) the state also holds the goal object's
 position minus the end-effector's and the goal target's position minus the object's (m, world frame, MuJoCo's body
-or region-site positions; the goal is the task's one `in`/`on` BDDL predicate, `libero_expert.goal_of`): what
+or region-site positions; the goal is the task's one `in`/`on` BDDL predicate, `goal_of`): what
 ManiSkill's state obs give about the objects, so a policy need not localise them from pixels.
 
 Action, float32 [7] in [-1, 1]: OSC_POSE deltas (3 position, 3 axis-angle rotation, scaled by the controller) and
@@ -201,6 +201,49 @@ def max_episode_steps(cfg: EnvConfig) -> int:
     return int(cfg.max_episode_steps or SUITE_MAX_STEPS[cfg.env_id])
 
 
+# ----- the goal of a pick-and-place task (tasks.envs.libero_expert, env.object_state) -----
+
+def _pick_place_goal(goal: list, movable) -> bool:
+    """A BDDL goal_state that is one `in`/`on` predicate whose first argument is in `movable` (object names)."""
+    return len(goal) == 1 and len(goal[0]) == 3 and goal[0][0].lower() in ("in", "on") and goal[0][1] in movable
+
+
+def goal_of(env) -> tuple[str, str, str]:
+    """(predicate, object, target) of a LIBERO problem env's one-predicate goal.
+
+    Raises ValueError when the goal is not a single `in`/`on` of a movable object (the scripted expert and
+    env.object_state do not apply)."""
+    goal = env.parsed_problem["goal_state"]
+    if not _pick_place_goal(goal, env.objects_dict):
+        raise ValueError(f"the scripted expert and env.object_state handle one 'in'/'on' goal of a movable object, "
+                         f"this task's goal is {goal}")
+    pred, obj, target = goal[0]
+    return pred.lower(), obj, target
+
+
+def object_position(env, name: str) -> np.ndarray:
+    """World position (m), float64 [3], of a LIBERO object body or region site `name` (e.g. `akita_black_bowl_1`,
+    `basket_1_contain_region`) in the problem env `env`, from MuJoCo's current state."""
+    if name in env.obj_body_id:
+        return np.array(env.sim.data.body_xpos[env.obj_body_id[name]])
+    return np.array(env.sim.data.get_site_xpos(name))  # a region site
+
+
+def tasks_without_pick_place_goal(cfg) -> list[int]:
+    """Offline: the selected tasks of cfg's suite (env.task_ids) whose goal, read from their BDDL files, is not one
+    `in`/`on` predicate of a movable object (what the expert and `env.object_state` handle)."""
+    _, get_libero_path, _ = _import_libero()
+    from libero.libero.envs.bddl_utils import robosuite_parse_problem
+    bad = []
+    for t in task_ids(cfg):
+        task = suite(cfg.env_id).get_task(t)
+        prob = robosuite_parse_problem(os.path.join(get_libero_path("bddl_files"), task.problem_folder,
+                                                    task.bddl_file))
+        if not _pick_place_goal(prob["goal_state"], {n for names in prob["objects"].values() for n in names}):
+            bad.append(t)
+    return bad
+
+
 def obs_dim(cfg: EnvConfig) -> int:
     """Length of the state observation: 8 (proprio), 14 with env.object_state."""
     return OBS_DIM + (OBJECT_STATE_DIM if cfg.object_state else 0)
@@ -231,7 +274,6 @@ def check_config(env: EnvConfig) -> None:
     for t in task_ids(env):
         split_trials(counts[t], env.trial_split, env.eval_trials, env.num_trials)
     if env.object_state:
-        from tasks.envs.libero_expert import tasks_without_pick_place_goal
         bad = tasks_without_pick_place_goal(env)
         if bad:
             raise ConfigError("env.object_state", True, f"needs one goal object and target per task; task(s) {bad} of "
@@ -412,7 +454,6 @@ class LiberoEnv:
         self.instruction = task.language
         self.init = init_states(self.cfg.env_id, task_id)
         if self.cfg.object_state:
-            from tasks.envs.libero_expert import goal_of
             _, self._goal_obj, self._goal_target = goal_of(self.env.env)
         self.builds += 1
 
@@ -421,7 +462,6 @@ class LiberoEnv:
         s = proprio(obs)
         if not self.cfg.object_state:
             return s
-        from tasks.envs.libero_expert import object_position
         problem = self.env.env
         obj = object_position(problem, self._goal_obj)
         rel = np.concatenate([obj - np.asarray(obs["robot0_eef_pos"], np.float64),

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tasks.envs.libero import goal_of, object_position, tasks_without_pick_place_goal
+
 PHASES = ("above", "descend", "close", "lift", "carry", "lower", "open", "retreat")
 CLOSE_STEPS, OPEN_STEPS = 12, 8  # step budgets of the gripper phases (a bowl's rim: the fingers stop after 10-11)
 FINGER_STILL = 2e-4  # m: a finger gap change per step below this ends `close` / `open`
@@ -61,31 +63,6 @@ def _kind(name: str) -> str:
     """'akita_black_bowl_1' -> 'akita_black_bowl'."""
     head, _, tail = name.rpartition("_")
     return head if tail.isdigit() else name
-
-
-def _pick_place_goal(goal: list, movable) -> bool:
-    """A BDDL goal_state that is one `in`/`on` predicate whose first argument is in `movable` (object names)."""
-    return len(goal) == 1 and len(goal[0]) == 3 and goal[0][0].lower() in ("in", "on") and goal[0][1] in movable
-
-
-def goal_of(env) -> tuple[str, str, str]:
-    """(predicate, object, target) of a LIBERO problem env's one-predicate goal.
-
-    Raises ValueError when the goal is not a single `in`/`on` of a movable object (the expert does not apply)."""
-    goal = env.parsed_problem["goal_state"]
-    if not _pick_place_goal(goal, env.objects_dict):
-        raise ValueError(f"the scripted expert handles one 'in'/'on' goal of a movable object, this task's goal is "
-                         f"{goal}")
-    pred, obj, target = goal[0]
-    return pred.lower(), obj, target
-
-
-def object_position(env, name: str) -> np.ndarray:
-    """World position (m), float64 [3], of a LIBERO object body or region site `name` (e.g. `akita_black_bowl_1`,
-    `basket_1_contain_region`) in the problem env `env`, from MuJoCo's current state."""
-    if name in env.obj_body_id:
-        return np.array(env.sim.data.body_xpos[env.obj_body_id[name]])
-    return np.array(env.sim.data.get_site_xpos(name))  # a region site
 
 
 @dataclass
@@ -228,24 +205,6 @@ def problem_env(env):
     """The LIBERO problem env (robosuite `SingleArmEnv` with `parsed_problem`, `obj_body_id`, `sim`) inside a
     `tasks.envs.libero.LiberoEnv` (its OffScreenRenderEnv's `env`); None before the first reset built it."""
     return None if env.env is None else env.env.env
-
-
-def tasks_without_pick_place_goal(cfg) -> list[int]:
-    """Offline: the selected tasks of cfg's suite (env.task_ids) whose goal, read from their BDDL files, is not one
-    `in`/`on` predicate of a movable object (what the expert and `env.object_state` handle)."""
-    import os
-
-    from tasks.envs import libero as L
-    _, get_libero_path, _ = L._import_libero()
-    from libero.libero.envs.bddl_utils import robosuite_parse_problem
-    bad = []
-    for t in L.task_ids(cfg):
-        task = L.suite(cfg.env_id).get_task(t)
-        prob = robosuite_parse_problem(os.path.join(get_libero_path("bddl_files"), task.problem_folder,
-                                                    task.bddl_file))
-        if not _pick_place_goal(prob["goal_state"], {n for names in prob["objects"].values() for n in names}):
-            bad.append(t)
-    return bad
 
 
 def check_tasks(cfg) -> None:
