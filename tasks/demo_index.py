@@ -62,14 +62,15 @@ def set_demo_stats(cfg: Config, policy: torch.nn.Module) -> bool:
     rows = sft_index(cfg.sft.store, cfg.sft.only_success)
     st = TrajectoryStore.open(cfg.sft.store)
     idx = (rows[:, 0], rows[:, 1], rows[:, 2])
-    if hasattr(policy, "set_action_stats"):
-        from tasks.policies.token_vla import action_stats_from_data
+    if hasattr(policy, "set_action_stats") or norm:
         actions, mask = st.read("actions")[idx], st.read("step_mask")[idx]  # [M, C, D], [M, C]
-        policy.set_action_stats(*action_stats_from_data(actions[mask]))  # [K, D] executed actions
-    if norm:  # policy.normalize_actions: the executed actions of the samples, [K, D]
-        actions, mask = st.read("actions")[idx], st.read("step_mask")[idx]
-        executed = actions[mask].astype(np.float64)
-        policy.set_action_norm(executed.mean(0), np.maximum(executed.std(0), ACTION_STD_FLOOR))
+        executed = actions[mask]  # [K, D] the executed actions of the samples
+        if hasattr(policy, "set_action_stats"):
+            from tasks.policies.token_vla import action_stats_from_data
+            policy.set_action_stats(*action_stats_from_data(executed))
+        if norm:  # policy.normalize_actions
+            x = executed.astype(np.float64)
+            policy.set_action_norm(x.mean(0), np.maximum(x.std(0), ACTION_STD_FLOOR))
     if state:  # policy.normalize_state: the samples' state at their chunk start, [M, O]
         obs = st.read("obs")[idx].astype(np.float64)
         policy.prefix.set_state_stats(obs.mean(0), np.maximum(obs.std(0), STATE_STD_FLOOR))

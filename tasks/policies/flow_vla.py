@@ -193,7 +193,7 @@ class FlowVLAPolicy(VLACheckpointMixin, nn.Module):
                                     obs_dim if cfg.critic_state else 0)
         self.noise_head = (NoiseStdHead(we, self.A, cfg.noise_std_min, cfg.noise_std_max)
                            if cfg.noise_method == "flow_noise" else None)
-        # the actions' standardisation (identity unless set_action_stats; saved with the weights): the flow runs on
+        # the actions' standardisation (identity unless set_action_norm; saved with the weights): the flow runs on
         # (a - action_mean) / action_std, and act returns x * action_std + action_mean
         self.register_buffer("action_mean", torch.zeros(self.D))
         self.register_buffer("action_std", torch.ones(self.D))
@@ -284,7 +284,8 @@ class FlowVLAPolicy(VLACheckpointMixin, nn.Module):
             ValueError: `noise` of another shape. KeyError: a missing observation key.
 
         Returns:
-            {"actions" [B, C, D] = the final x_0 (sliced to D, un-normalised: `set_action_norm`), "logprobs" [B, C, D], "values" [B] or [B, C],
+            {"actions" [B, C, D] = the final x_0 (sliced to D, un-normalised: `set_action_norm`),
+             "logprobs" [B, C, D], "values" [B] or [B, C],
              "extras": {"chain" [B, K+1, C, A] float32 (x at t_0 = 1 .. t_K = 0),
                         "denoise_idx" int64 [B] (flow_sde: the stochastic step; -1 when deterministic or
                         flow_noise, where every step is stochastic)}}.
