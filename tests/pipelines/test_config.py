@@ -481,9 +481,10 @@ def test_a_set_key_that_does_nothing_is_refused_naming_it(overrides, key, words,
     (["runner.max_steps=3"], "runner.max_steps"),
     (["cluster.component_placement.actor=0"], "cluster.component_placement.actor"),
 ])
-def test_record_refuses_keys_it_does_not_read(overrides, key):
-    with pytest.raises(ConfigError) as info:
-        load_config(["conf=pushcube_record", *overrides], command="record", require_teacher=False, notes=[])
+def test_record_refuses_keys_it_does_not_read(overrides, key, tmp_path):
+    with pytest.raises(ConfigError) as info:  # record.out: the default path may hold a user's earlier recording
+        load_config(["conf=pushcube_record", f"record.out={tmp_path / 'r.zarr'}", *overrides], command="record",
+                    require_teacher=False, notes=[])
     assert info.value.key == key and "record" in info.value.fix
 
 
@@ -633,10 +634,12 @@ EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "conf").glob("*.yaml"))
 
 
 def _required(name: str, sft_store) -> list[str]:
-    """The keys an experiment requires on the command line (its `???` keys), as a test gives them."""
+    """The keys an experiment requires on the command line (its `???` keys), as a test gives them; a recording
+    writes into the test's tmp dir (its default path under runs/ may hold a user's earlier recording, refused)."""
     store = sft_store.with_name("libero_demos.zarr") if name.startswith("libero") else sft_store
     return ([f"sft.store={store}"] if name.endswith("_sft") else []) + \
-        ([NO_SFT] if name in NEEDS_SFT_CHECKPOINT else [])
+        ([NO_SFT] if name in NEEDS_SFT_CHECKPOINT else []) + \
+        ([f"record.out={sft_store.with_name(name + '.zarr')}"] if name.endswith("_record") else [])
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

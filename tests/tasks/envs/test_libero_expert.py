@@ -92,15 +92,17 @@ def test_action_noise_perturbs_the_motion_dims_per_episode_seed_and_never_the_gr
     assert not np.allclose(actions(0.1, seeds=(13, 14))[..., :6], a[..., :6])
 
 
-def test_action_noise_is_checked_offline():
+def test_action_noise_is_checked_offline(tmp_path):
     from pipelines.config import load_config
+    out = f"record.out={tmp_path / 'rec.zarr'}"
     with pytest.raises(ConfigError, match="must be >= 0") as e:
-        load_config(["conf=libero_record", "record.action_noise=-0.1"], command="record")
+        load_config(["conf=libero_record", "record.action_noise=-0.1", out], command="record")
     assert e.value.key == "record.action_noise"
     with pytest.raises(ConfigError, match="scripted teachers") as e:
-        load_config(["conf=pushcube_record", "record.teacher=runs/x/y", "record.action_noise=0.1"], command="record")
+        load_config(["conf=pushcube_record", "record.teacher=runs/x/y", "record.action_noise=0.1", out],
+                    command="record")
     assert e.value.key == "record.action_noise"
-    load_config(["conf=libero_record", "record.action_noise=0.1"], command="record")
+    load_config(["conf=libero_record", "record.action_noise=0.1", out], command="record")
 
 
 # ----- real simulator -----
