@@ -121,7 +121,8 @@ def eval_videos(cfg: Config, run_id: str, out_dir: str, step: int, *episode_list
     the first camera instance in a process compiles shaders, 15-30 s on software Vulkan).
 
     Returns:
-        {"videos": [write_episode_video's dicts], "seconds": wall time of this node (s), "setup_s": of which
+        {"videos": [write_episode_video's dicts, in filming order: the render instance's current task first, then
+        by task_id, then episode id], "seconds": wall time of this node (s), "setup_s": of which
         getting the render instance (its creation at the run's first eval: shader compile), "error": None or one
         line (nothing raised: see the module docstring)}.
     """
@@ -139,6 +140,10 @@ def eval_videos(cfg: Config, run_id: str, out_dir: str, step: int, *episode_list
         env, _ = resident.get_or_create(f"{run_id}/render/{r.eval_video_size}",
                                         lambda: make_single_env(cfg.env, render_size=r.eval_video_size))
         setup_s = time.perf_counter() - t0
+        # a multi-task env (LIBERO) rebuilds its instance when a reset selects another task (seconds, ~1 GB): film
+        # the episodes of the instance's current task first, then task by task (one rebuild per further task)
+        current = getattr(env, "task_id", None)
+        chosen.sort(key=lambda e: (e.get("task_id", current) != current, e.get("task_id", -1), e["episode_id"]))
         for e in chosen:
             videos.append(write_episode_video(env, e, Path(out_dir) / f"episode_{e['episode_id']}.mp4",
                                               f"{cfg.env.env_id} eval at step {step}"))

@@ -96,6 +96,34 @@ def test_eval_videos_films_the_lowest_episode_ids_and_never_raises(monkeypatch, 
     assert out["videos"] == [] and "no eval episode carries its actions" in out["error"]
 
 
+class TaskEnv(Env):
+    """A multi-task Env (as LIBERO's): the reset seed selects the task; another task than the instance's costs a
+    rebuild, counted."""
+
+    def __init__(self, size=64):
+        super().__init__(size)
+        self.task_id, self.builds = None, 0
+
+    def reset(self, seed):
+        task = (seed - 100) % 2  # _episode(i): seed 100 + i, task i % 2
+        if task != self.task_id:
+            self.task_id, self.builds = task, self.builds + 1
+        return super().reset(seed)
+
+
+def test_eval_videos_film_task_by_task_starting_with_the_instance_task(monkeypatch, tmp_path):
+    cfg = Config()
+    cfg.runner.eval_videos, cfg.runner.eval_video_size = 4, 64
+    env = TaskEnv()
+    monkeypatch.setattr(tasks.envs, "make_single_env", lambda c, render_size=None: env)
+    eps = [{**_episode(i), "task_id": i % 2} for i in range(6)]  # eval layout: env i % 2 plays task i % 2
+    out = video.eval_videos(cfg, "run-t", str(tmp_path), 4, eps[0::2], eps[1::2])
+    assert out["error"] is None and [v["episode_id"] for v in out["videos"]] == [0, 2, 1, 3]
+    assert env.builds == 2  # task 0 then task 1; in episode-id order 0, 1, 2, 3 it would be 4 builds
+    out = video.eval_videos(cfg, "run-t", str(tmp_path), 5, eps[0::2], eps[1::2])
+    assert [v["episode_id"] for v in out["videos"]] == [1, 3, 0, 2] and env.builds == 3  # the instance's task 1 first
+
+
 def test_eval_video_keys_are_checked_and_counted():
     from pipelines.graphs import eval_video_count
     for key, value in (("eval_videos", -1), ("eval_video_size", 16), ("eval_video_size", 4096)):
