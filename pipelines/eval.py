@@ -34,8 +34,8 @@ nodes: more shards, finer steps).
 
 Output: `--out DIR` (refused if it exists), default `<run dir>/external_evals/<checkpoint>-seed<S>-n<N>` (for an
 HF_DIR `<run_root>/external_evals/<dir name>-seed<S>-n<N>`; `-2`, `-3`, ... when taken): `eval.json` = {source,
-checkpoint, step, env_id, eval_seed, summary (rates, intervals, num_episodes), per_task, task_names (LIBERO:
-task id -> name), episodes (seed -> success_once, success_at_end, return, episode_len, task_id, trial_id)} and
+checkpoint, step, env_id, eval_seed, eval_layout (tasks.evalstats.eval_layout), summary (rates, intervals,
+num_episodes), per_task, task_names (LIBERO: task id -> name), episodes (seed -> success_once, success_at_end, return, episode_len, task_id, trial_id)} and
 `videos/`. Printed: one line per task (with several, or named) and the mean; `--json` prints eval.json's summary
 part instead.
 
@@ -254,7 +254,8 @@ def evaluate(cfg, src: Source, out: Path, handle, *, echo=print) -> dict:
         tasks_summary = {}
     rec = {"source": src.arg, "run_dir": None if src.run_dir is None else str(src.run_dir),
            "checkpoint": str(src.checkpoint or src.hf), "step": src.step, "env_id": cfg.env.env_id,
-           "eval_seed": ev.seed, "seconds": time.perf_counter() - t0, "summary": evalstats.rate_summary(outcomes),
+           "eval_seed": ev.seed, "eval_layout": evalstats.eval_layout(cfg), "seconds": time.perf_counter() - t0,
+           "summary": evalstats.rate_summary(outcomes),
            "per_task": tasks_summary, "task_names": names, "episodes": outcomes,
            "videos": [] if videos is None else [v.get("path") for v in videos.get("videos", [])],
            "video_error": None if videos is None else videos.get("error")}

@@ -296,6 +296,15 @@ def start_checkpoint_eval(model_path) -> tuple[str, dict] | None:
     return None if rec is None else (f"run {run_dir.name} step {step}", rec)
 
 
+def eval_layout(cfg) -> dict[str, int]:
+    """How a run's eval episodes are laid out over eval envs and shards: {"num_envs": env.eval.num_envs,
+    "num_shards": env.num_shards}, written into every eval record. A policy that draws even when deterministic
+    (a flow VLA's initial noise) draws per eval shard from `seeding.eval_torch_seed(eval.seed, shard)` over a batch
+    of its envs, so the same weights on the same episodes score the same only in the same layout (measured on
+    LIBERO: one checkpoint 0.65 with 1 eval shard, 0.75 with 2, over the same 20 episodes)."""
+    return {"num_envs": int(cfg.env.eval.num_envs), "num_shards": int(cfg.env.num_shards)}
+
+
 def pick_baseline(run_evals: Mapping[int, Mapping], start: Mapping | None) -> tuple[str, int | None] | None:
     """Which eval a run's eval gains pair against (the same rule for the runner's `eval/gain_*` and
     benchmarks/recipe.py's table).
@@ -306,14 +315,15 @@ def pick_baseline(run_evals: Mapping[int, Mapping], start: Mapping | None) -> tu
 
     Returns:
         ("run", 0) when the run evaluated its start (step 0: runner.val_at_start); else ("start", None) when
-        `start` played exactly the run's episodes with the same `eval_seed` (the deterministic eval of the same
-        weights on the same episodes is the same eval: measured, 200 of 200 episodes identical, issue 11); else
+        `start` played exactly the run's episodes with the same `eval_seed` and `eval_layout` (then the
+        deterministic eval of the same weights on the same episodes is the same eval: measured, 200 of 200 episodes
+        identical, issue 11; records without a layout, written before 2026-12-04, pair only with each other); else
         ("run", first step) once the run has two evals; else None (nothing to pair with yet)."""
     if 0 in run_evals:
         return "run", 0
     if start is not None and run_evals:
         first = run_evals[min(run_evals)]
-        if (start.get("eval_seed") == first.get("eval_seed")
+        if (start.get("eval_seed") == first.get("eval_seed") and start.get("eval_layout") == first.get("eval_layout")
                 and set(map(str, start.get("episodes", {}))) == set(map(str, first.get("episodes", {})))):
             return "start", None
     if len(run_evals) > 1:

@@ -303,7 +303,7 @@ class Runner(Scheduler, Setup, Recovery):
             st.best_eval_success_once, st.best_eval_step = m["eval/success_once"], st.step
         m["eval/best_success_once"] = st.best_eval_success_once
         earlier = {s: r for s, r in evalstats.read_evals(self.run_dir).items() if s < st.step}  # this timeline's
-        extra = {"run_id": st.run_id, "eval_seed": ev.seed}
+        extra = {"run_id": st.run_id, "eval_seed": ev.seed, "eval_layout": evalstats.eval_layout(self.cfg)}
         evalstats.write_eval(self.run_dir, st.step, outcomes, extra)
         self.last_eval = m
         base = self._baseline({**earlier, st.step: {**extra, "episodes": outcomes}})

@@ -169,6 +169,7 @@ def test_runner_baseline_is_step0_else_the_start_checkpoints_eval_else_the_first
     from types import SimpleNamespace
 
     from pipelines.runner import Runner
+    from tasks.evalstats import write_eval
     sft = _outcomes([1] * 20 + [0] * 28)
     hf = _sft_run(tmp_path, 30, sft)
     now = _outcomes([1] * 30 + [0] * 18)
@@ -194,6 +195,13 @@ def test_runner_baseline_is_step0_else_the_start_checkpoints_eval_else_the_first
     assert Runner._baseline(fake(hf, 6), {6: rec(other, 2_000_000)}) is None
     assert Runner._baseline(fake(hf, 12), {6: rec(other, 2_000_000), 12: rec(other, 2_000_000)}) == (other, 6)
     assert Runner._baseline(fake(hf, 6), {6: rec(now, 7)}) is None  # same seeds, another eval_seed: refused
+    # the same episodes in another eval layout (eval envs / shards): the ODE's noise draws differ: not the same eval
+    lay = lambda o, n: {**rec(o), "eval_layout": {"num_envs": 2, "num_shards": n}}  # noqa: E731
+    assert Runner._baseline(fake(hf, 6), {6: lay(now, 2)}) is None  # the SFT record has no layout (before 12-04)
+    write_eval(hf.parent.parent.parent, 30, sft, {"run_id": "sft1", "eval_seed": 1_000_000,
+                                                  "eval_layout": {"num_envs": 2, "num_shards": 1}})
+    assert Runner._baseline(fake(hf, 6), {6: lay(now, 2)}) is None
+    assert Runner._baseline(fake(hf, 6), {6: lay(now, 1)}) == (sft, label)
     # no model_path, or one that is not a run's checkpoint
     assert Runner._baseline(fake(None, 6), {6: rec(now)}) is None
     assert Runner._baseline(fake(tmp_path / "exported_hf", 6), {6: rec(now)}) is None
