@@ -296,13 +296,14 @@ def start_checkpoint_eval(model_path) -> tuple[str, dict] | None:
     return None if rec is None else (f"run {run_dir.name} step {step}", rec)
 
 
-def eval_layout(cfg) -> dict[str, int]:
-    """How a run's eval episodes are laid out over eval envs and shards: {"num_envs": env.eval.num_envs,
-    "num_shards": env.num_shards}, written into every eval record. A policy that draws even when deterministic
-    (a flow VLA's initial noise) draws per eval shard from `seeding.eval_torch_seed(eval.seed, shard)` over a batch
-    of its envs, so the same weights on the same episodes score the same only in the same layout (measured on
-    LIBERO: one checkpoint 0.65 with 1 eval shard, 0.75 with 2, over the same 20 episodes)."""
-    return {"num_envs": int(cfg.env.eval.num_envs), "num_shards": int(cfg.env.num_shards)}
+def eval_layout(cfg) -> dict:
+    """How a run's eval episodes are laid out: {"num_envs": env.eval.num_envs, "num_shards": env.num_shards,
+    "device": policy.device}, written into every eval record. A policy that draws even when deterministic (a flow
+    VLA's initial noise) draws per eval shard from `seeding.eval_torch_seed(eval.seed, shard)` over a batch of its
+    envs, on its device's generator, so the same weights on the same episodes score the same only in the same
+    layout (measured on LIBERO: one checkpoint 0.65 with 1 eval shard, 0.75 with 2, over the same 20 episodes)."""
+    return {"num_envs": int(cfg.env.eval.num_envs), "num_shards": int(cfg.env.num_shards),
+            "device": str(cfg.policy.device)}
 
 
 def pick_baseline(run_evals: Mapping[int, Mapping], start: Mapping | None) -> tuple[str, int | None] | None:
