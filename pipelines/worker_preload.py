@@ -2,16 +2,31 @@
 Nanny as `preload`): `dask_setup(worker)` runs in each worker process as it starts, restarts (recovery) included.
 
 A terminal's Ctrl-C reaches every process of its process group, the local workers too; a worker that took it
-would print its own KeyboardInterrupt traceback (dozens of lines each) and die under the driver. The workers ignore
-SIGINT: the driver decides (finish the step and checkpoint, or exit at once) and closes them.
+would print its own KeyboardInterrupt traceback (dozens of lines each) and die under the driver. Likewise a SIGTERM
+to the whole group (GNU `timeout`, Slurm's `scancel`, systemd's stop of a unit) killed every worker at once: the
+driver, asked to finish its step and checkpoint, found its workers lost instead, rolled back to its last checkpoint
+(a fresh actor when there was none) and checkpointed that, so the steps since were lost. The workers therefore
+leave the driver's session (`os.setsid`: no signal sent to the driver's process group or terminal reaches them)
+and ignore SIGINT as well: the driver decides (finish the step and checkpoint, or exit at once) and closes them.
+They still end with the driver however it ends: Dask's worker process exits as soon as its parent is gone
+(`distributed.process.AsyncProcess`, the parent-alive pipe).
 """
 from __future__ import annotations
 
 
 def dask_setup(worker) -> None:
-    """Ignore SIGINT in this worker process (its event loop runs on the main thread: the Nanny's worker process)."""
+    """Leave the driver's session and ignore SIGINT in this worker process (its event loop runs on the main thread:
+    the Nanny's worker process). An in-process worker (not the main thread, or the driver's own process) keeps
+    both: the driver's process decides anyway."""
+    import multiprocessing
+    import os
     import signal
-    try:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:  # not the main thread (an in-process worker): the driver's process decides anyway
-        pass
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if multiprocessing.parent_process() is not None:  # a worker process the Nanny spawned (never the driver)
+        try:
+            os.setsid()
+        except OSError:  # already a session leader: the SIGINT rule below still holds
+            pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -265,12 +265,19 @@ def actor_init(cfg: Config, run_id: str, dims: tuple[int, int], checkpoint: dict
     return actor.weights()
 
 
+class ActorMissing(RuntimeError):
+    """The run's actor is not resident on the worker asked for it (that worker process was restarted since the
+    actor was built or restored there: its weights and optimizer state are gone)."""
+
+
 def actor_state(run_id: str) -> dict:
     """Policy and optimizer state of the resident actor, for a checkpoint (CPU tensors; the optimizer in the
-    FQN-keyed format of `optimizer_state`, the same as the multi-rank update's)."""
+    FQN-keyed format of `optimizer_state`, the same as the multi-rank update's).
+
+    Raises ActorMissing when this worker holds no actor of the run."""
     actor: Actor = resident.get(f"{run_id}/actor")
     if actor is None:
-        raise RuntimeError(f"no resident actor for run {run_id} on this worker")
+        raise ActorMissing(f"no resident actor for run {run_id} on this worker")
     return {"policy": {k: v.detach().to("cpu", copy=True) for k, v in actor.policy.state_dict().items()},
             "optimizer": optimizer_state(actor.policy, actor.optimizer),
             "rng_torch": torch.get_rng_state(), "rng": _rng_state(), "weight_version": actor.version}

@@ -138,6 +138,12 @@ class Scheduler:
                 if what != "checkpoint" or self._cluster_gone() is not None:
                     raise
                 self._drop(futs)  # a task of the checkpoint graph failed (disk full, permissions): no retry fixes it
+                if type(exc).__name__ == "ActorMissing":  # tasks.update.ActorMissing: not a disk problem
+                    self._give_up(f"checkpoint: the actor of step {self.state.step} is gone from its worker (the "
+                                  f"worker process was restarted: {one_line(exc)})",
+                                  "resume from the last checkpoint; if workers were killed from outside (a signal "
+                                  "to the driver alone stops the run gracefully), find what killed them",
+                                  actor_healthy=False, step=self.state.step, unsaved="the actor's state was lost")
                 self._give_up(f"checkpoint: writing the checkpoint of step {self.state.step} under {self.run_dir} "
                               f"failed ({type(exc).__name__}: {one_line(exc)})",
                               f"check that run_root ({self.cfg.run_root}) is writable and has free space",
