@@ -365,6 +365,10 @@ def check_sft_store(cfg: Config) -> None:
     from tasks.demos import sft_index
     from tasks.envs import check_gripper_convention, state_dim
     st = TrajectoryStore.open(cfg.sft.store)
+    if "teacher_run" in st.attrs and "episode_index" not in st.attrs:  # pipelines.record writes it last
+        raise ConfigError("sft.store", cfg.sft.store, "is a recording that did not finish (pipelines.record was "
+                                                      "interrupted or failed before writing its episode index); "
+                                                      "record again to a new record.out")
     check_gripper_convention("sft.store", cfg.sft.store, st.attrs.get("gripper_convention"), cfg.env)
     want_o, obs = state_dim(cfg.env), st.fields.get("obs")
     if want_o is not None and obs is not None and obs.shape[0] != want_o:

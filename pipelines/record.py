@@ -8,7 +8,8 @@ The config being composed (e.g. conf/conf/pushcube_record.yaml) gives the env of
 length `policy.num_action_chunks` (the student's C). One graph per round: `record_s{s}` nodes, one per env
 shard on its env worker, each running one episode per env and writing its zarr region (tasks.demos).
 
-Output: a trajectory store (default `<run_root>/demos/<experiment>.zarr`, refused if it exists) whose attributes
+Output: a trajectory store (default `<run_root>/demos/<experiment>.zarr`, refused if it exists; written under
+`<out>.partial` and renamed when complete, so an interrupted recording leaves nothing at the output path) whose attributes
 name the teacher, count the successful episodes and list every episode (`episode_index`: episode_id, seed,
 task_id, trial_id, success_once, episode_len; task_id 0 / trial_id -1 on simulators without stored init states); `algorithm.name=sft sft.store=PATH` trains on it.
 Exit codes as pipelines.run: 0 done, 2 bad config / teacher / output path, or an output directory that cannot
@@ -59,7 +60,14 @@ def record(cfg, handle, *, echo=print) -> dict:
     T = demos.chunk_steps_per_episode(cfg)
     rounds = -(-cfg.record.num_episodes // cfg.env.num_envs)
     out.parent.mkdir(parents=True, exist_ok=True)
-    store = TrajectoryStore.create(out, fields=fields, T=T, num_envs=cfg.env.num_envs, shard_size=cfg.env.shard_size,
+    # written under `<out>.partial` and renamed to `out` once complete: an interrupted or failed recording leaves
+    # no store at `out` that sft.store could take for a finished one (an earlier one's partial store is replaced)
+    partial = partial_path(out)
+    if partial.exists():
+        import shutil
+        echo(f"dagrl record: removing {partial} (an earlier recording to {out} that did not finish)")
+        shutil.rmtree(partial)
+    store = TrajectoryStore.create(partial, fields=fields, T=T, num_envs=cfg.env.num_envs, shard_size=cfg.env.shard_size,
                                    attrs={"env_id": cfg.env.env_id, "simulator": cfg.env.simulator,
                                           "obs_mode": cfg.env.obs_mode, "control_mode": cfg.env.control_mode,
                                           "reward_mode": cfg.env.reward_mode, "base_seed": cfg.env.seed,
@@ -82,7 +90,7 @@ def record(cfg, handle, *, echo=print) -> dict:
         store.reserve(r)
         g = GraphBuilder()
         keys = [g.add(f"record_s{s}-{cfg.experiment}-{r}", demos.record_round, cfg, tcfg, ckpt and str(ckpt), s, r,
-                      str(out), worker=placement.shard_workers[s], resources={"CPU": 1}) for s in range(cfg.env.num_shards)]
+                      str(partial), worker=placement.shard_workers[s], resources={"CPU": 1}) for s in range(cfg.env.num_shards)]
         results = watch.results(client.get(g.graph(), keys, sync=False), f"record round {r}")
         store.mark_complete(r, global_step=r)
         new = [e for res in results for e in res["episodes"]]
@@ -99,11 +107,20 @@ def record(cfg, handle, *, echo=print) -> dict:
         per_task.setdefault(e["task_id"], [0, 0])
         per_task[e["task_id"]][0] += int(e["success_once"])
         per_task[e["task_id"]][1] += 1
-    summary = {"per_task": {t: tuple(v) for t, v in sorted(per_task.items())},"store": str(out), "episodes": len(episodes), "successful": n_succ,
+    summary = {"per_task": {t: tuple(v) for t, v in sorted(per_task.items())}, "store": str(out),
+               "episodes": len(episodes), "successful": n_succ,
                "success_rate": n_succ / max(1, len(episodes)), "seconds": time.perf_counter() - t0,
                "teacher": str(run_dir), "checkpoint": ckpt and str(ckpt)}
     store.update_attrs(episodes=len(episodes), successful_episodes=n_succ, episode_index=index)
+    partial.rename(out)  # atomic on one filesystem: `out` appears complete or not at all
     return summary
+
+
+def partial_path(out):
+    """Where `record` writes the store for `out` until it is complete: `<out>.partial` (a Path)."""
+    from pathlib import Path
+    out = Path(out)
+    return out.with_name(out.name + ".partial")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -71,8 +71,41 @@ def test_record_stores_teacher_chunks_with_images(recipe):
     assert actions.shape == (2, 2, 4, 5, 8) and mask.all()  # ignore_terminations: every action executed
     assert np.abs(actions).max() <= 1.0 and np.abs(actions).mean() > 0  # the teacher's clipped actions
     assert st.attrs["episodes"] == 8 and 0 <= st.attrs["successful_episodes"] <= 8
+    assert not record_cli.partial_path(store).exists()  # written there, renamed once complete
     # the episode ids of a round are the envs' first/second episodes: g + k * num_envs
     np.testing.assert_array_equal(st.read("episode_id")[:, 0], [[0, 1, 2, 3], [4, 5, 6, 7]])
+
+
+def test_an_interrupted_recording_leaves_no_store_at_its_output_and_is_refused_as_sft_store(recipe, tmp_path,
+                                                                                          monkeypatch, capsys):
+    """Interrupted after its first round (a Ctrl-C landing in the driver's bookkeeping): exit 130, nothing at
+    record.out (before: a half-written store there, which sft.store took); the partial store is refused as
+    sft.store naming the fix; the same command again replaces the partial store and completes."""
+    from pipelines.config import check_sft_store
+    from tasks.config import Config, ConfigError
+    _, _, _, teacher = recipe
+    out = tmp_path / "demos.zarr"
+    argv = ["conf=pushcube_record", f"run_root={tmp_path}", f"record.teacher={teacher}", f"record.out={out}",
+            "record.num_episodes=8", *RECORD_ENV]
+    real = TrajectoryStore.mark_complete
+
+    def interrupted_in_round_1(self, step, **kw):
+        if step == 1:
+            raise KeyboardInterrupt
+        return real(self, step, **kw)
+    monkeypatch.setattr(TrajectoryStore, "mark_complete", interrupted_in_round_1)
+    assert record_cli.main(argv) == 130
+    partial = record_cli.partial_path(out)
+    assert not out.exists() and TrajectoryStore.open(partial).complete_steps().tolist() == [0]
+    cfg = Config()
+    cfg.sft.store = str(partial)
+    with pytest.raises(ConfigError, match="is a recording that did not finish .* record again"):
+        check_sft_store(cfg)
+    monkeypatch.setattr(TrajectoryStore, "mark_complete", real)
+    capsys.readouterr()
+    assert record_cli.main(argv) == 0
+    assert f"removing {partial}" in capsys.readouterr().out
+    assert not partial.exists() and TrajectoryStore.open(out).attrs["episodes"] == 8
 
 
 def test_sft_logs_a_loss_and_writes_a_pretrained_checkpoint(recipe):
