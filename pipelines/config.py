@@ -360,9 +360,24 @@ def _state_hint(env, other_dim: int) -> str:
 
 
 def check_sft_store(cfg: Config) -> None:
-    """sft.store against the config: chunk length, images, and at least one selectable chunk step."""
+    """sft.store against the config: chunk length, images, and at least one selectable chunk step.
+
+    Raises ConfigError (sft.store) for each mismatch, and for a store that cannot be read (damaged metadata or
+    chunk files: a half-copied or corrupted store) naming the error and the fix."""
+    try:
+        _check_sft_store(cfg)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - zarr/numcodecs/json errors of a damaged store: one line naming it
+        raise ConfigError("sft.store", cfg.sft.store, f"cannot be read ({type(exc).__name__}: "
+                                                      f"{' '.join(str(exc).split())[:200]}): the store is damaged "
+                                                      f"or incompletely copied; record it again or copy it whole") \
+            from None
+
+
+def _check_sft_store(cfg: Config) -> None:
     from storage.trajectories import TrajectoryStore
-    from tasks.demos import sft_index
+    from tasks.demo_index import DamagedStore, sft_index
     from tasks.envs import check_gripper_convention, state_dim
     st = TrajectoryStore.open(cfg.sft.store)
     if "teacher_run" in st.attrs and "episode_index" not in st.attrs:  # pipelines.record writes it last
@@ -394,6 +409,9 @@ def check_sft_store(cfg: Config) -> None:
                           stacklevel=2)
     try:
         sft_index(cfg.sft.store, cfg.sft.only_success)
+    except DamagedStore as exc:
+        raise ConfigError("sft.store", cfg.sft.store, f"{str(exc).split(': ', 1)[-1]}; record it again or copy it "
+                                                      f"whole") from None
     except ValueError as exc:
         raise ConfigError("sft.store", cfg.sft.store, f"{str(exc).split(': ', 1)[-1]}; record more episodes or set "
                                                       f"sft.only_success=false") from None

@@ -9,17 +9,32 @@ import torch
 from tasks.config import Config
 
 
+class DamagedStore(ValueError):
+    """A trajectory store whose data contradicts its own invariants (chunk files missing: zarr reads them as the
+    fill value)."""
+
+
 def sft_index(store_path: str, only_success: bool) -> np.ndarray:
     """int64 [M, 3] rows (step, t, b) of the chunk steps to learn from: complete steps, at least one executed
     action, and (only_success) an episode whose success flag was set at some chunk step.
 
     Raises:
+        DamagedStore: missing data: a recording whose index lists episodes but no complete step, or a complete step
+            whose first chunk step has no executed action in some env (every env acts at a rollout's or recorded
+            round's first chunk step; zarr reads a missing chunk file as all-False).
         ValueError: the store holds no such chunk step (names the store and the filter).
     """
     from storage.trajectories import TrajectoryStore
     st = TrajectoryStore.open(store_path)
     steps = np.asarray(st.complete_steps(), np.int64)
+    if not len(steps) and int(st.attrs.get("episodes", 0) or 0) > 0:
+        raise DamagedStore(f"sft.store={store_path}: its index lists {st.attrs['episodes']} episodes but no step is "
+                           f"marked complete (steps/complete chunk files missing?)")
     mask = st.read("step_mask", steps).any(-1)  # [N, T, B]
+    if len(steps) and not mask[:, 0].all():
+        bad = sorted({int(steps[i]) for i in np.argwhere(~mask[:, 0])[:, 0]})
+        raise DamagedStore(f"sft.store={store_path}: complete step(s) {bad[:5]} have no executed action at their "
+                           f"first chunk step (fields/step_mask chunk files missing?)")
     ep_id = st.read("episode_id", steps)
     if only_success:
         succ = st.read("success", steps)

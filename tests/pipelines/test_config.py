@@ -382,6 +382,37 @@ def test_a_libero_store_of_the_other_state_length_is_refused_naming_the_fix(sft_
     assert e.value.key == "sft.store"
 
 
+@pytest.mark.parametrize("damage", ["truncated_metadata", "corrupt_chunk", "missing_mask_chunks",
+                                    "missing_complete_flags"])
+def test_a_damaged_sft_store_is_one_config_error_naming_it(tmp_path, damage):
+    """A half-copied or corrupted store (found by a fresh-clone check: a raw JSONDecodeError / zstd traceback, or a
+    store with deleted chunk files read as fill values and reported as 'no successful episode')."""
+    import shutil
+
+    from pipelines.config import load_config
+    from storage.trajectories import TrajectoryStore
+    path = _fake_sft_store(tmp_path / "demos.zarr")
+    TrajectoryStore.open(path).update_attrs(episodes=2)
+    want = "cannot be read .*damaged or incompletely copied"
+    if damage == "truncated_metadata":
+        meta = path / "zarr.json"
+        meta.write_text(meta.read_text()[:20])
+    elif damage == "corrupt_chunk":
+        chunks = [f for f in (path / "fields" / "step_mask").rglob("*") if f.is_file() and f.name != "zarr.json"]
+        assert chunks
+        for f in chunks:
+            f.write_bytes(b"\x28\xb5\x2f\xfd garbage, not a zstd frame")
+    elif damage == "missing_mask_chunks":
+        shutil.rmtree(path / "fields" / "step_mask" / "c")
+        want = r"complete step\(s\) \[0\] have no executed action at their first chunk step.*record it again"
+    else:
+        shutil.rmtree(path / "steps" / "complete" / "c")
+        want = "lists 2 episodes but no step is marked complete.*record it again"
+    with pytest.raises(ConfigError, match=want) as e:
+        load_config(["conf=pushcube_flow_sft", f"sft.store={path}"])
+    assert e.value.key == "sft.store" and "\n" not in str(e.value)
+
+
 TWO_GPUS = "cluster.num_gpu_workers=2"
 # (overrides, the key the error must name, words of its reason); "{store}" -> a valid sft.store
 INERT = [
