@@ -52,7 +52,7 @@ class Runner(Scheduler, Setup, Recovery):
     (`resolve_resume`), before anything is written."""
 
     def __init__(self, cfg: Config, handle: ClusterHandle, *, echo=print):
-        self.cfg, self.handle, self.client, self.echo = cfg, handle, handle.client, echo
+        self.cfg, self.handle, self.client, self.echo = cfg, handle, handle.client, self._bar_safe(echo)
         self.root = Path(cfg.run_root).resolve()
         self.placement: Placement = plan_placement(cfg, self.client)
         self._placed_ids = self._worker_ids()
@@ -177,6 +177,18 @@ class Runner(Scheduler, Setup, Recovery):
         trace = self._update_trace(n)
         if trace is not None and Path(trace).is_file():
             self.tracker.log_artifact(trace, "profile")
+
+    def _bar_safe(self, echo):
+        """`echo` that clears the progress bar (while one is up) before printing and redraws it after
+        (tqdm.external_write_mode): a line printed during a step (a lost worker, a stop, an eval) was glued to
+        the bar's line ("...success=0.00]dagrl: worker(s) ... lost during step 2")."""
+        def say(*args, **kw):
+            if getattr(self, "_bar", None) is None:
+                return echo(*args, **kw)
+            from tqdm import tqdm
+            with tqdm.external_write_mode():
+                return echo(*args, **kw)
+        return say
 
     def _progress_bar(self):
         if not self.cfg.runner.progress:

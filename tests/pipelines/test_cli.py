@@ -416,3 +416,25 @@ def test_resume_refuses_a_checkpoint_past_runner_max_steps(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: runner.max_steps=3") and "at step 5 already" in err and "above 5" in err, err
     assert "pipelines.eval" in err and err.count("\n") == 1
+
+
+def test_runner_lines_printed_under_the_progress_bar_start_on_a_cleared_line(capsys):
+    """Runner.echo while the bar is up (a lost worker, a stop request, an eval line): the bar's line is cleared
+    first and the bar redrawn after, so the message does not continue the bar's line (a fresh-clone check saw
+    '...success=0.00]dagrl: worker(s) [...] lost during step 2; retrying')."""
+    from types import SimpleNamespace
+
+    from tqdm import tqdm
+
+    from pipelines.runner import Runner
+    fake = SimpleNamespace(_bar=None)
+    say = Runner._bar_safe(fake, lambda line: print(line, file=sys.stderr))
+    say("before the bar")
+    fake._bar = tqdm(total=5, desc="bar", file=sys.stderr, ncols=60)
+    fake._bar.update(2)
+    say("dagrl: worker(s) lost during step 3; retrying")
+    fake._bar.close()
+    err = capsys.readouterr().err
+    assert err.startswith("before the bar\n")
+    head, line, _ = err.partition("dagrl: worker(s) lost during step 3; retrying\n")
+    assert line and "bar:" in head and head.endswith("\r")  # the bar's line was cleared: the message starts a line
