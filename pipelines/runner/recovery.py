@@ -445,7 +445,7 @@ class Recovery:
         """Stop the run (`_give_up`): checkpoint the last finished step when the actor is healthy."""
         self._give_up(why, fix, actor_healthy=actor_healthy)
 
-    def _recover(self, lost: set[str], step: int, busy: set[str] = frozenset()) -> None:
+    def _recover(self, lost: set[str], step: int, busy: set[str] = frozenset(), during: str | None = None) -> None:
         """Re-plan placement on the healthy workers and drop resident env shards so that every shard is re-created
         from the step's seed cursor. If the actor's worker was lost or stalled (its weights and optimizer with
         it), roll the run back to the latest checkpoint (or to a fresh actor when there is none yet).
@@ -456,7 +456,10 @@ class Recovery:
         Multi-rank actor: the loss of any rank's worker, or any loss while rank nodes were running (`busy`: a
         cancelled rank may be blocked in a collective, and a retry must not pair with it), breaks the group:
         the surviving rank workers are restarted (busy) or their groups destroyed, the run rolls back to the last
-        checkpoint and the group is rebuilt in the next generation on a new port."""
+        checkpoint and the group is rebuilt in the next generation on a new port.
+
+        `step`: the last finished step (the rollback's key tag); `during`: what was running, for the line (default
+        "step <step + 1>", the training step in flight)."""
         cfg, st = self.cfg, self.state
         if getattr(self, "_stopping_stalled", False):  # not reached (no retry while stopping): a safe bound
             raise RunStalled(f"training step {st.step + 1}: worker(s) {sorted(lost)} lost or stalled while "
@@ -490,7 +493,8 @@ class Recovery:
             whole = {**self.client.scheduler_info(n_workers=-1), "workers": live}
             self._stop(why, fix if paused and self._placeable(whole) else f"{fix}, or {exc.fix}",
                        actor_healthy=not actor_lost)
-        self.echo(f"dagrl: worker(s) {sorted(lost)} {'lost or stalled' if stalls else 'lost'} during step {step}; "
+        self.echo(f"dagrl: worker(s) {sorted(lost)} {'lost or stalled' if stalls else 'lost'} during "
+                  f"{during or f'step {step + 1}'}; "
                   f"{'restoring the actor from the last checkpoint and ' if actor_lost else ''}retrying"
                   + (f" without {sorted(paused)}" if paused else ""))
         self.placement = placement

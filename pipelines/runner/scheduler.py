@@ -80,7 +80,8 @@ class Scheduler:
                 return out
             if attempt < R:
                 self._perf("retry", what, n)
-                self._guarded(lambda: self._recover(out.workers, self.state.step, out.busy), prefix, n)
+                during = f"step {n}" if stepping else f"the {what} of step {n}"  # n: the step being run
+                self._guarded(lambda: self._recover(out.workers, self.state.step, out.busy, during=during), prefix, n)
         failed, fix = self._failure(out.workers, out.busy)
         ranks = set(self.placement.actor_workers[:self.ranks])
         self._give_up(f"{prefix}{failed}, on each of {R + 1} attempt(s) (runner.max_retries={R})",

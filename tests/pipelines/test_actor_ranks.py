@@ -66,7 +66,7 @@ def test_killed_rank_worker_is_recovered_from_the_checkpoint(tmp_path):
             assert [s for s, _ in hist] == [1, 2, 3] and all(math.isfinite(v) for _, v in hist), key
         assert runner.state.actor_generation == 1
         assert runner.placement.actor_workers[1] != victim  # the restarted worker has a new address
-        assert len([m for m in said if "lost during step 2; restoring the actor from the last checkpoint" in m
+        assert len([m for m in said if "lost during step 3; restoring the actor from the last checkpoint" in m
                     and victim in m]) == 1, said
         assert any("actor process group (generation 0) dropped" in m for m in said), said
         # the checkpoint holds rank 0's full state: the final weights, the optimizer keyed by parameter name

@@ -138,10 +138,10 @@ def test_killed_worker_is_recovered(cluster, faults, tmp_path, victim, overrides
     lost = [m for m in said if "lost during step" in m]
     assert len(lost) == 1 and addr in lost[0], said
     if victim == "env":
-        assert "lost during step 1; retrying" in lost[0]
+        assert "lost during step 2; retrying" in lost[0]  # step 2 was in flight
         assert addr not in runner.placement.shard_workers  # the restarted worker has a new address
     else:
-        assert "lost during step 2; restoring the actor from the last checkpoint" in lost[0]
+        assert "lost during step 3; restoring the actor from the last checkpoint" in lost[0]
         assert runner.placement.actor_worker != addr
     assert _newest(runner.tracker.get_metric_history("train/retries")) == retries
     versions = _newest(runner.tracker.get_metric_history("train/weight_version"))
@@ -300,7 +300,7 @@ class _Fake(Scheduler, Recovery):
             raise self.ckpt_error
         return save_checkpoint(self.run_dir, self.state.step, {"run": {"runner": {"step": self.state.step}}})
 
-    def _recover(self, lost, step, busy=frozenset()):
+    def _recover(self, lost, step, busy=frozenset(), during=None):
         self.recovered += 1
 
     def _drop(self, futs):
