@@ -73,8 +73,10 @@ class graceful_stop(signal_handlers):
 
     def _stop(self, name: str) -> None:
         self.runner.request_stop(name)
-        print(f"dagrl: {name}: stopping after the step in flight and writing a checkpoint (again to exit at once, "
-              f"without one)", file=self.out, flush=True)
+        # a signal handler: no tqdm lock here (the main thread may hold it); with the progress bar up, end its line
+        lead = "\n" if getattr(self.runner, "_bar", None) is not None else ""
+        print(f"{lead}dagrl: {name}: stopping after the step in flight and writing a checkpoint (again to exit at "
+              f"once, without one)", file=self.out, flush=True)
 
     def handler(self, signum, frame) -> None:
         import signal

@@ -191,6 +191,11 @@ def test_second_signal_exits_at_once_first_only_requests_a_stop():
     with graceful_stop(runner, out=out) as g:
         assert signal.getsignal(signal.SIGINT) == g.handler and signal.getsignal(signal.SIGTERM) == g.handler
     assert signal.getsignal(signal.SIGINT) == before
+    assert out.getvalue().startswith("dagrl: SIGTERM: stopping")  # no progress bar: no empty line
+    runner._bar, out = object(), io.StringIO()  # the bar is up: its line is ended first (it was glued to it)
+    runner.stop_requested = None
+    graceful_stop(runner, out=out).handler(signal.SIGTERM, None)
+    assert out.getvalue().startswith("\ndagrl: SIGTERM: stopping after the step in flight")
 
 
 def test_an_ignored_sigint_stays_ignored_sigterm_still_stops():
