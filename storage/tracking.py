@@ -24,12 +24,17 @@ import contextlib
 import json
 import math
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunStatus, RunTag, ViewType
+
+# MLflow's sqlite store configures its SQLAlchemy mappers with the deprecated `noload` strategy: SQLAlchemy 2.x warns
+# once per process on stderr (two lines in every run's output) about MLflow's code, which no user of dagrl can act on
+warnings.filterwarnings("ignore", message=r"The ``noload`` loader strategy is deprecated", module=r"mlflow\.")
 
 MAX_PARAM_VALUE_LENGTH = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
 PARAMS_PER_BATCH = 100
