@@ -39,7 +39,7 @@ def record(cfg, handle, *, echo=print) -> dict:
     from pipelines.graphs import GraphBuilder
     from pipelines.runner.recovery import Watcher
     from storage.trajectories import TrajectoryStore
-    from tasks import demos, trajectory
+    from tasks import demos, resident, trajectory
     from tasks.envs import gripper_convention, is_scripted_teacher, store_attrs
     from tasks.rollout import env_dims
     from tasks.seeding import RECORD_SEED_RULE
@@ -86,18 +86,27 @@ def record(cfg, handle, *, echo=print) -> dict:
     t0 = time.perf_counter()
     bar = tqdm(total=rounds * cfg.env.num_envs, desc="record", unit="episode", dynamic_ncols=True,
                disable=not cfg.runner.progress)
-    for r in range(rounds):
-        store.reserve(r)
-        g = GraphBuilder()
-        keys = [g.add(f"record_s{s}-{cfg.experiment}-{r}", demos.record_round, cfg, tcfg, ckpt and str(ckpt), s, r,
-                      str(partial), worker=placement.shard_workers[s], resources={"CPU": 1}) for s in range(cfg.env.num_shards)]
-        results = watch.results(client.get(g.graph(), keys, sync=False), f"record round {r}")
-        store.mark_complete(r, global_step=r)
-        new = [e for res in results for e in res["episodes"]]
-        episodes += new
-        bar.update(len(new))
-        bar.set_postfix(success=f"{np.mean([e['success_once'] for e in episodes]):.2f}")
-    bar.close()
+    import uuid
+    rec_id = f"{cfg.experiment}-{uuid.uuid4().hex[:8]}"  # graph keys and resident shards of this recording only
+    try:
+        for r in range(rounds):
+            store.reserve(r)
+            g = GraphBuilder()
+            keys = [g.add(f"record_s{s}-{rec_id}-{r}", demos.record_round, cfg, tcfg, ckpt and str(ckpt), s, r,
+                          str(partial), rec_id, worker=placement.shard_workers[s], resources={"CPU": 1})
+                    for s in range(cfg.env.num_shards)]
+            results = watch.results(client.get(g.graph(), keys, sync=False), f"record round {r}")
+            store.mark_complete(r, global_step=r)
+            new = [e for res in results for e in res["episodes"]]
+            episodes += new
+            bar.update(len(new))
+            bar.set_postfix(success=f"{np.mean([e['success_once'] for e in episodes]):.2f}")
+    finally:
+        bar.close()
+        try:  # this recording's env shards and experts (a cluster that outlives the command keeps no simulator)
+            client.run(resident.release, f"record/{rec_id}/")
+        except Exception:  # noqa: BLE001 - a cluster gone or a lost worker frees them anyway
+            pass
     n_succ = int(sum(e["success_once"] for e in episodes))
     index = [{"episode_id": e["episode_id"], "seed": e["seed"], "success_once": e["success_once"],
               "episode_len": e["episode_len"], "task_id": e["task_id"], "trial_id": e["trial_id"]}

@@ -31,10 +31,10 @@ def sft_index(store_path: str, only_success: bool) -> np.ndarray:
         raise DamagedStore(f"sft.store={store_path}: its index lists {st.attrs['episodes']} episodes but no step is "
                            f"marked complete (steps/complete chunk files missing?)")
     mask = st.read("step_mask", steps).any(-1)  # [N, T, B]
-    if len(steps) and not mask[:, 0].all():
-        bad = sorted({int(steps[i]) for i in np.argwhere(~mask[:, 0])[:, 0]})
-        raise DamagedStore(f"sft.store={store_path}: complete step(s) {bad[:5]} have no executed action at their "
-                           f"first chunk step (fields/step_mask chunk files missing?)")
+    if len(steps) and not mask.any(axis=(1, 2)).all():
+        bad = [int(steps[i]) for i in np.flatnonzero(~mask.any(axis=(1, 2)))]
+        raise DamagedStore(f"sft.store={store_path}: complete step(s) {bad[:5]} have no executed action at all "
+                           f"(fields/step_mask chunk files missing?)")
     ep_id = st.read("episode_id", steps)
     if only_success:
         succ = st.read("success", steps)

@@ -44,8 +44,12 @@ def _teacher(teacher_cfg: Config, checkpoint_path: str, obs_dim: int, action_dim
 
 
 def record_round(cfg: Config, teacher_cfg: Config | None, checkpoint_path: str | None, shard: int, round_idx: int,
-                 store_path: str) -> dict:
+                 store_path: str, recording: str | None = None) -> dict:
     """Record one episode per env of shard `shard` (round `round_idx`) into the store's step `round_idx`.
+
+    `recording`: this recording's id (pipelines.record: unique per invocation), the name of its resident env shard
+    and expert (default: `store_path`). A second recording to the same path on the same workers (an interrupted
+    one repeated) must start from round 0's episodes, not continue the first one's shard.
 
     `teacher_cfg` None: the scripted expert `cfg.record.teacher` (`scripted:NAME`, tasks.envs.SCRIPTED_TEACHERS)
     acts, one resident instance per shard; else the policy of `teacher_cfg` loaded from `checkpoint_path`.
@@ -55,13 +59,14 @@ def record_round(cfg: Config, teacher_cfg: Config | None, checkpoint_path: str |
     t0 = time.perf_counter()
     from storage.trajectories import write_shard
     e, C = cfg.env, cfg.policy.num_action_chunks
-    sh, _ = resident.get_or_create(f"record/{store_path}/shard/{shard}", lambda: make_shard(
+    rec_id = recording or store_path
+    sh, _ = resident.get_or_create(f"record/{rec_id}/shard/{shard}", lambda: make_shard(
         e, shard=shard, num_shards=e.num_shards, num_envs=e.num_envs, auto_reset=False,
         ignore_terminations=e.ignore_terminations, base_seed=e.seed))
     if teacher_cfg is None:
         from tasks.envs import make_scripted_teacher
         expert, _ = resident.get_or_create(
-            f"record/{store_path}/expert/{shard}",
+            f"record/{rec_id}/expert/{shard}",
             lambda: make_scripted_teacher(cfg.record.teacher, sh, cfg.record.action_noise))
 
         def act(state):
