@@ -35,7 +35,8 @@ nodes: more shards, finer steps).
 Output: `--out DIR` (refused if it exists), default `<run dir>/external_evals/<checkpoint>-seed<S>-n<N>` (for an
 HF_DIR `<run_root>/external_evals/<dir name>-seed<S>-n<N>`; `-2`, `-3`, ... when taken): `eval.json` = {source,
 checkpoint, step, env_id, eval_seed, eval_layout (tasks.evalstats.eval_layout), summary (rates, intervals,
-num_episodes), per_task, task_names (LIBERO: task id -> name), episodes (seed -> success_once, success_at_end, return, episode_len, task_id, trial_id)} and
+num_episodes), per_task, task_names (LIBERO: task id -> name), episodes (seed -> success_once, success_at_end,
+return, episode_len, task_id, trial_id)} and
 `videos/`. Printed: one line per task (with several, or named) and the mean; `--json` prints eval.json's summary
 part instead.
 

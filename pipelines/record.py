@@ -9,8 +9,8 @@ length `policy.num_action_chunks` (the student's C). One graph per round: `recor
 shard on its env worker, each running one episode per env and writing its zarr region (tasks.demos).
 
 Output: a trajectory store (default `<run_root>/demos/<experiment>.zarr`, refused if it exists; written under
-`<out>.partial` and renamed when complete, so an interrupted recording leaves nothing at the output path) whose attributes
-name the teacher, count the successful episodes and list every episode (`episode_index`: episode_id, seed,
+`<out>.partial` and renamed when complete, so an interrupted recording leaves nothing at the output path) whose
+attributes name the teacher, count the successful episodes and list every episode (`episode_index`: episode_id, seed,
 task_id, trial_id, success_once, episode_len; task_id 0 / trial_id -1 on simulators without stored init states); `algorithm.name=sft sft.store=PATH` trains on it.
 Exit codes as pipelines.run: 0 done, 2 bad config / teacher / output path, or an output directory that cannot
 be written (checked before any worker starts; one line), an unknown flag or a word that is not an override,
@@ -67,7 +67,8 @@ def record(cfg, handle, *, echo=print) -> dict:
         import shutil
         echo(f"dagrl record: removing {partial} (an earlier recording to {out} that did not finish)")
         shutil.rmtree(partial)
-    store = TrajectoryStore.create(partial, fields=fields, T=T, num_envs=cfg.env.num_envs, shard_size=cfg.env.shard_size,
+    store = TrajectoryStore.create(partial, fields=fields, T=T, num_envs=cfg.env.num_envs,
+                                   shard_size=cfg.env.shard_size,
                                    attrs={"env_id": cfg.env.env_id, "simulator": cfg.env.simulator,
                                           "obs_mode": cfg.env.obs_mode, "control_mode": cfg.env.control_mode,
                                           "reward_mode": cfg.env.reward_mode, "base_seed": cfg.env.seed,

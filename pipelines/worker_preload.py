@@ -15,9 +15,8 @@ from __future__ import annotations
 
 
 def dask_setup(worker) -> None:
-    """Leave the driver's session and ignore SIGINT in this worker process (its event loop runs on the main thread:
-    the Nanny's worker process). An in-process worker (not the main thread, or the driver's own process) keeps
-    both: the driver's process decides anyway."""
+    """In a worker process the Nanny spawned: leave the driver's session; on any main thread: ignore SIGINT. An
+    in-process worker (its loop on another thread of the driver) changes nothing: the driver decides anyway."""
     import multiprocessing
     import os
     import signal

@@ -20,8 +20,8 @@ def sft_index(store_path: str, only_success: bool) -> np.ndarray:
 
     Raises:
         DamagedStore: missing data: a recording whose index lists episodes but no complete step, or a complete step
-            whose first chunk step has no executed action in some env (every env acts at a rollout's or recorded
-            round's first chunk step; zarr reads a missing chunk file as all-False).
+            without any executed action (every env acts at a rollout's first chunk step; zarr reads a missing chunk
+            file as all-False).
         ValueError: the store holds no such chunk step (names the store and the filter).
     """
     from storage.trajectories import TrajectoryStore

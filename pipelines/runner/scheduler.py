@@ -139,7 +139,8 @@ class Scheduler:
                 if what != "checkpoint" or self._cluster_gone() is not None:
                     raise
                 self._drop(futs)  # a task of the checkpoint graph failed (disk full, permissions): no retry fixes it
-                if type(exc).__name__ == "ActorMissing":  # tasks.update.ActorMissing: not a disk problem
+                from tasks.update import ActorMissing
+                if isinstance(exc, ActorMissing):  # the actor's worker was restarted: not a disk problem
                     self._give_up(f"checkpoint: the actor of step {self.state.step} is gone from its worker (the "
                                   f"worker process was restarted: {one_line(exc)})",
                                   "resume from the last checkpoint; if workers were killed from outside (a signal "
