@@ -440,8 +440,11 @@ class LiberoEnv:
     def _build(self, task_id: int) -> None:
         _, get_libero_path, OffScreenRenderEnv = _import_libero()
         if self.env is not None:
-            log.warning("LIBERO env rebuilt for task %d (was task %d): assign tasks to envs to avoid it",
-                        task_id, self.task_id)
+            if self.render_size is not None:  # the video renderer films task by task: one build per task, expected
+                log.info("LIBERO render instance rebuilt for task %d (was task %d)", task_id, self.task_id)
+            else:
+                log.warning("LIBERO env rebuilt for task %d (was task %d): assign tasks to envs to avoid it",
+                            task_id, self.task_id)
             self.env.close()
         task = suite(self.cfg.env_id).get_task(task_id)
         bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
