@@ -95,17 +95,35 @@ def resolve_source(arg: str, run_root: str) -> Source:
         if ckpt is None:
             raise ConfigError("source", arg, f"{p} has no complete checkpoint yet")
         ckpt = Path(ckpt).resolve()
+        _check_intact(arg, ckpt)
         return Source(arg, run_dir=p, checkpoint=ckpt, step=checkpoint_step(ckpt))
     ckpt = p.parent if p.name == "hf" else p
     if ckpt.parent.name == "checkpoints" and (ckpt.parent.parent / "config.yaml").is_file():  # a run's checkpoint
         run_dir = ckpt.parent.parent
         if ckpt not in [c.resolve() for c in list_checkpoints(run_dir)]:
             raise ConfigError("source", arg, f"{ckpt} is not a complete checkpoint (checkpoints/global_step_N)")
+        _check_intact(arg, ckpt)
         return Source(arg, run_dir=run_dir, checkpoint=ckpt, step=checkpoint_step(ckpt))
     if (p / "config.json").is_file():
         return Source(arg, hf=p)
     raise ConfigError("source", arg, f"{p} is neither a run dir (config.yaml), a run's checkpoint "
                                      f"(checkpoints/global_step_N) nor an hf dir (config.json)")
+
+
+def _check_intact(arg: str, ckpt: Path) -> None:
+    """The policy's files of `ckpt` match its index (sha256), checked before anything starts.
+
+    Raises:
+        tasks.config.ConfigError (key "source"): a file is missing or damaged, named, with the fix."""
+    from storage.checkpoints import verify_checkpoint
+    from tasks.config import ConfigError
+    try:
+        verify_checkpoint(ckpt, keys=("policy",))
+    except KeyError:  # no policy in it: loading says so, with its own message
+        return
+    except (OSError, ValueError) as exc:
+        raise ConfigError("source", arg, f"{' '.join(str(exc).split())}; evaluate another checkpoint of the run "
+                                         f"(checkpoints/global_step_N)") from None
 
 
 def eval_config(src: Source, overrides: list[str]):

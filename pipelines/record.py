@@ -49,6 +49,7 @@ def record(cfg, handle, *, echo=print) -> dict:
         run_dir, ckpt, tcfg = cfg.record.teacher, None, None
     else:
         run_dir, ckpt = resolve_teacher(cfg.record.teacher, cfg.run_root)
+        _check_teacher_intact(cfg.record.teacher, ckpt)
         tcfg = teacher_config(run_dir)
     out = record_output_path(cfg)
     client = handle.client
@@ -124,6 +125,23 @@ def record(cfg, handle, *, echo=print) -> dict:
     store.update_attrs(episodes=len(episodes), successful_episodes=n_succ, episode_index=index)
     partial.rename(out)  # atomic on one filesystem: `out` appears complete or not at all
     return summary
+
+
+def _check_teacher_intact(teacher: str, ckpt) -> None:
+    """The teacher checkpoint's policy files match its index (sha256), checked before the store is created.
+
+    Raises:
+        tasks.config.ConfigError (key record.teacher): a file is missing or damaged, named, with the fix."""
+    from storage.checkpoints import verify_checkpoint
+    from tasks.config import ConfigError
+    try:
+        verify_checkpoint(ckpt, keys=("policy",))
+    except KeyError:  # no policy in it: loading says so, with its own message
+        return
+    except (OSError, ValueError) as exc:
+        raise ConfigError("record.teacher", teacher, f"{' '.join(str(exc).split())}; move the damaged checkpoint "
+                                                     f"aside (the teacher is the run's newest complete one) or "
+                                                     f"name another teacher run") from None
 
 
 def partial_path(out):

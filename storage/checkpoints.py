@@ -266,6 +266,62 @@ def _is_complete(path: Path) -> bool:
         return False
 
 
+def _index_for(path: Path, keys: tuple[str, ...] | None) -> dict[str, Any]:
+    """The checkpoint's index, narrowed to the entries and files of `keys` (None: all)."""
+    index = _read_index(path)
+    if keys is not None:
+        missing = [k for k in keys if k not in index["keys"]]
+        if missing:
+            raise KeyError(f"checkpoint {path} has no key(s) {missing}; it has {sorted(index['keys'])}")
+        index = {**index, "keys": {k: index["keys"][k] for k in keys}}
+        wanted = {e["file"] for e in index["keys"].values()}
+        index["files"] = {n: i for n, i in index["files"].items() if n in wanted}
+    return index
+
+
+def _verify_files(path: Path, files: Mapping[str, Any]) -> None:
+    for name, info in files.items():
+        f = path / name
+        if not f.is_file():
+            raise ValueError(f"checkpoint {path}: file {name} listed in {INDEX_FILE} is missing")
+        if f.stat().st_size != info["size"]:
+            raise ValueError(f"checkpoint {path}: file {name} has {f.stat().st_size} bytes, index says {info['size']}")
+        if _sha256(f) != info["sha256"]:
+            raise ValueError(f"checkpoint {path}: file {name} is corrupt (sha256 differs from {INDEX_FILE})")
+
+
+def verify_checkpoint(path: str | os.PathLike, keys: tuple[str, ...] | None = None) -> None:
+    """Check the files of a checkpoint against its index (presence, size, sha256) without loading anything: all
+    of them, or those holding `keys` (as :func:`load_checkpoint`'s `keys`).
+
+    Drivers call it before they start a cluster or write anything for a checkpoint they will load later (resume,
+    record's teacher, eval), so that a damaged file is one clear error up front, not a worker traceback after the
+    run has begun. Costs one read of every file (sha256 at ~1 GB/s).
+
+    Raises:
+        FileNotFoundError: no directory at `path`.
+        ValueError: index missing or unreadable, or a file missing, of another size or with another sha256
+            (the message names the file).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"no checkpoint directory at {path}")
+    _verify_files(path, _index_for(path, keys)["files"])
+
+
+def intact_before(run_dir: str | os.PathLike, step: int) -> Path | None:
+    """The newest complete checkpoint of `run_dir` below `step` whose files all verify (:func:`verify_checkpoint`),
+    or None: what a resume could start from when the newest checkpoint is damaged."""
+    for p in reversed(list_checkpoints(run_dir)):
+        if checkpoint_step(p) < step:
+            try:
+                verify_checkpoint(p)
+                return p
+            except (OSError, ValueError):
+                continue
+    return None
+
+
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu",
                     keys: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Load a checkpoint written by :func:`save_checkpoint`, verifying sizes and sha256 of the files read first.
@@ -277,22 +333,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu",
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"no checkpoint directory at {path}")
-    index = _read_index(path)
-    if keys is not None:
-        missing = [k for k in keys if k not in index["keys"]]
-        if missing:
-            raise KeyError(f"checkpoint {path} has no key(s) {missing}; it has {sorted(index['keys'])}")
-        index = {**index, "keys": {k: index["keys"][k] for k in keys}}
-        wanted = {e["file"] for e in index["keys"].values()}
-        index["files"] = {n: i for n, i in index["files"].items() if n in wanted}
-    for name, info in index["files"].items():
-        f = path / name
-        if not f.is_file():
-            raise ValueError(f"checkpoint {path}: file {name} listed in {INDEX_FILE} is missing")
-        if f.stat().st_size != info["size"]:
-            raise ValueError(f"checkpoint {path}: file {name} has {f.stat().st_size} bytes, index says {info['size']}")
-        if _sha256(f) != info["sha256"]:
-            raise ValueError(f"checkpoint {path}: file {name} is corrupt (sha256 differs from {INDEX_FILE})")
+    index = _index_for(path, keys)
+    _verify_files(path, index["files"])
     meta = json.loads((path / META_FILE).read_text()) if META_FILE in index["files"] else {}
     state: dict[str, Any] = {}
     for key, entry in index["keys"].items():

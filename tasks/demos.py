@@ -37,7 +37,7 @@ def _teacher(teacher_cfg: Config, checkpoint_path: str, obs_dim: int, action_dim
         from storage.checkpoints import load_checkpoint
         pol = make_policy(teacher_cfg.policy, obs_dim=obs_dim, action_dim=action_dim,
                           num_values=num_values(teacher_cfg), load=False)
-        pol.load_state_dict(load_checkpoint(checkpoint_path)["policy"])
+        pol.load_state_dict(load_checkpoint(checkpoint_path, keys=("policy",))["policy"])  # weights only
         return pol.eval()
     pol, _ = resident.get_or_create(f"teacher/{checkpoint_path}", build)
     return pol

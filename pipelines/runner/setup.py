@@ -125,6 +125,7 @@ def resolve_resume(cfg: Config) -> Resume:
     ckpt_path = latest_checkpoint(run_dir)
     if ckpt_path is None:
         raise ConfigError("runner.resume", resume, f"{run_dir} has no complete checkpoint to resume from")
+    _check_intact(resume, run_dir, ckpt_path)
     state = RunState(**load_checkpoint(ckpt_path, keys=("run",))["run"]["runner"])
     if len(state.cursors) != cfg.env.num_shards:
         raise ConfigError("env.num_shards", cfg.env.num_shards,
@@ -136,6 +137,27 @@ def resolve_resume(cfg: Config) -> Resume:
                           f"python -m pipelines.eval {ckpt_path}")
     params, changed = run_params(cfg, state.mlflow_run_id, tracking_uri(cfg))
     return Resume(state, Path(ckpt_path), params, changed)
+
+
+def _check_intact(resume: str, run_dir: Path, ckpt_path: Path) -> None:
+    """Verify every file of the checkpoint a resume will load (sha256 against its index) before anything is
+    started or written: a damaged file is found here, not by the actor after the MLflow run was forked and the
+    store grown.
+
+    Raises:
+        ConfigError: a file is missing or damaged; the message names it and the newest intact older checkpoint
+            the resume would start from once the damaged one is moved aside.
+    """
+    from storage.checkpoints import checkpoint_step, intact_before, verify_checkpoint
+
+    try:
+        verify_checkpoint(ckpt_path)
+    except (OSError, ValueError) as exc:
+        older = intact_before(run_dir, checkpoint_step(ckpt_path))
+        fix = (f"move it aside (mv {ckpt_path} {ckpt_path}.damaged) and the same command resumes from "
+               f"{older.name}, the newest intact checkpoint" if older is not None else
+               "no older checkpoint of this run is intact: start a new run")
+        raise ConfigError("runner.resume", resume, f"{' '.join(str(exc).split())}; {fix}") from None
 
 
 def run_params(cfg: Config, mlflow_run_id: str | None, uri: str) -> tuple[dict, dict]:

@@ -90,3 +90,25 @@ def test_eval_keys_and_per_task():
     assert list(got) == ["0", "1"]
     assert got["0"]["success_once"] == pytest.approx(2 / 3) and got["1"]["success_once"] == pytest.approx(1 / 3)
     assert per_task([{k: v for k, v in e.items() if k != "task_id"} for e in eps]) == {}
+
+
+def test_damaged_checkpoint_is_one_line_before_anything_starts(tmp_path, capsys):
+    """A checkpoint whose policy file no longer matches its index (sha256) is refused by the source check, exit 2
+    with the file named (was: a worker traceback, exit 1)."""
+    import torch
+
+    from pipelines.config import load_config, to_yaml
+    from storage.checkpoints import save_checkpoint
+    run = tmp_path / "runs" / "smoke" / "20261201-000000-abcd"
+    (run / "checkpoints").mkdir(parents=True)
+    cfg, _ = load_config(["conf=smoke"], components=False)
+    (run / "config.yaml").write_text(to_yaml(cfg))
+    ckpt = save_checkpoint(run, 3, {"run": {"step": 3}, "policy": {"w": torch.ones(64)}})
+    f = ckpt / "policy.pt"
+    data = bytearray(f.read_bytes())
+    data[-10] ^= 0xFF
+    f.write_bytes(bytes(data))
+    for source in (run, ckpt):
+        assert main([str(source)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: source") and "\n" not in err and "policy.pt is corrupt" in err, err

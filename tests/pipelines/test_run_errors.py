@@ -108,3 +108,29 @@ def test_nan_policy_stops_with_one_line_naming_the_step(tmp_path, capsys, monkey
                        "runner.progress=false")
     assert rc == 1, err
     assert len(err) == 1 and err[0].startswith("error: training step 1: non-finite actions"), err
+
+
+def test_damaged_newest_checkpoint_is_refused_offline_naming_the_file_and_the_intact_one(tmp_path, capsys,
+                                                                                        no_cluster):
+    """A resume whose newest checkpoint has a damaged file (same size, other bytes: only sha256 sees it) used to
+    pass the offline check, start the cluster, fork the MLflow run, grow the store and rewrite config.yaml, and
+    then fail in the actor with a traceback (fresh-clone check). Now: exit 2, one line naming the file and the
+    newest intact checkpoint, before anything starts; moving the damaged one aside resumes from that one."""
+    run_id = _checkpointed_run(tmp_path, num_shards=1)
+    run_dir = tmp_path / "smoke" / run_id
+    state = RunState(run_id=run_id, step=4, cursors=[None])
+    newest = save_checkpoint(run_dir, 4, {"run": {"runner": asdict(state), "experiment": "smoke"},
+                                          "policy": {"w": __import__("torch").ones(64)}})
+    f = newest / "policy.pt"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    rc, err = _run_err(capsys, f"run_root={tmp_path}", f"runner.resume={run_id}", "env.num_shards=1")
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: runner.resume"), err
+    assert "policy.pt is corrupt" in err[0] and "global_step_2" in err[0] and "mv " in err[0], err[0]
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written
+    newest.rename(newest.with_name(newest.name + ".damaged"))  # the fix the message gives
+    cfg = __import__("pipelines.config", fromlist=["load_config"]).load_config(
+        ["conf=smoke", f"run_root={tmp_path}", f"runner.resume={run_id}", "env.num_shards=1"])[0]
+    assert resolve_resume(cfg).state.step == 2
