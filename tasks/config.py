@@ -72,6 +72,7 @@ class EvalConfig:
     def check(self) -> None:
         """This section's own values. Raises ConfigError (env.eval.*)."""
         _positive(self, "env.eval", ["num_envs", "num_episodes"])
+        _check_seed("env.eval.seed", self.seed)
 
 
 @dataclass
@@ -115,6 +116,7 @@ class EnvConfig:
         ConfigError (env.*)."""
         e = self
         _positive(self, "env", ["num_envs", "num_shards"])
+        _check_seed("env.seed", e.seed)
         self.eval.check()
         if not (e.max_episode_steps is None or e.max_episode_steps > 0):
             raise ConfigError("env.max_episode_steps", e.max_episode_steps,
@@ -733,6 +735,7 @@ class Config:
             raise ConfigError("experiment", self.experiment, "use a plain name (it becomes a directory)")
         if "/" in self.experiment or not self.experiment:
             raise ConfigError("experiment", self.experiment, "use a non-empty name without '/'")
+        _check_seed("seed", self.seed)
         for section in (self.env, self.policy, self.algorithm, self.rollout, self.runner, self.cluster):
             section.check()
         self.check_across()
@@ -832,6 +835,18 @@ class Config:
             raise ConfigError("rollout.pipeline_stage_num", p,
                               f"a stage group of {e.shard_size // p} envs must hold whole {spec.label} groups of "
                               f"algorithm.group_size={a.group_size}")
+
+
+SEED_LIMIT = 2**31  # seeds are < 2^31: reset seeds add episode offsets and must stay unsigned 32-bit (numpy, SAPIEN)
+
+
+def _check_seed(key: str, value: int) -> None:
+    """`value` (a seed at `key`) is in [0, SEED_LIMIT), else ConfigError: the simulators and numpy take reset seeds
+    as unsigned 32-bit integers, reset seeds are the seed plus episode offsets (tasks.seeding), and -1 marks an idle
+    env in trajectory stores."""
+    if not 0 <= value < SEED_LIMIT:
+        raise ConfigError(key, value, f"use a seed in 0..{SEED_LIMIT - 1} (reset seeds are this plus episode offsets, "
+                                      f"taken as unsigned 32-bit integers)")
 
 
 def _positive(section, prefix: str, names: list[str]) -> None:

@@ -174,6 +174,13 @@ def test_cli_show_prints_the_resolved_config(tmp_path, capsys, monkeypatch):
     ("runner.stop_on_eval_success=1.5", "runner.stop_on_eval_success"),
     ("cluster.num_gpus=0", "cluster.num_gpus"),
     ("+cluster.component_placement.critic=0", "cluster.component_placement.critic"),
+    # seeds: numpy and the simulators take reset seeds (seed + episode offsets) as unsigned 32-bit; a negative
+    # env.seed passed the check and failed on the workers at step 1, a large env.eval.seed at the first eval
+    ("env.seed=-3", "env.seed"),
+    ("env.seed=4294967295", "env.seed"),
+    ("env.eval.seed=4294967295", "env.eval.seed"),
+    ("env.eval.seed=-1", "env.eval.seed"),
+    ("seed=-2", "seed"),
 ])
 def test_out_of_range_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as err:
