@@ -856,3 +856,21 @@ def test_sft_store_of_another_robot_visual_lod_warns_naming_the_fix(sft_store):
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         load_config([SFT, f"sft.store={sft_store}"], notes=[])
+
+
+@pytest.mark.parametrize("record_conf, sft_conf", [("pushcube_record", "pushcube_flow_sft"),
+                                                   ("pushcube_record", "pushcube_token_sft"),
+                                                   ("libero_record", "libero_flow_sft")])
+def test_sft_conf_reads_the_store_its_record_conf_writes_under_any_run_root(tmp_path, monkeypatch, record_conf,
+                                                                            sft_conf):
+    """The recipe's step 3 takes step 2's output without naming it, also with another run_root (the SFT confs
+    named runs/demos/... relative to the working directory while record writes under run_root: a fresh-clone check
+    recorded with run_root=X and the SFT conf found no store)."""
+    from pipelines.config import record_output_path
+    monkeypatch.chdir(tmp_path)
+    root = str(tmp_path / "elsewhere")
+    rec, _ = load_config([f"conf={record_conf}", f"run_root={root}"], components=False, command="record",
+                         require_teacher=False)
+    with pytest.raises(ConfigError) as err:  # nothing recorded yet: the error names where it looked
+        load_config([f"conf={sft_conf}", f"run_root={root}"], components=False)
+    assert str(err.value).startswith(f"sft.store='{record_output_path(rec)}'"), str(err.value)
