@@ -72,6 +72,9 @@ def quiet() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for name in ("mani_skill", "mani_skill ", "distributed", "alembic", "mlflow"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    # MLflow sets its logger to INFO when imported (later than this): its level variable keeps it at ERROR (the
+    # first run on a new store printed "INFO mlflow.store.db.utils: Creating initial MLflow database tables...")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
 
 
@@ -274,18 +277,21 @@ def entry(main) -> int:
     """`main()` as a command's process entry (`sys.exit(entry(main))`): a Ctrl-C (KeyboardInterrupt) that reaches
     it — while modules import or the config loads, before any handler of the command is in place — is one line
     `interrupted` on stderr and exit 130, not a traceback. Its SIGINT handler also records the Ctrl-C for
-    `check_interrupted` (a SIGINT ignored at start stays ignored: `signal_handlers`)."""
+    `check_interrupted` (a SIGINT ignored at start stays ignored: `signal_handlers`). A SIGTERM (`timeout`, `kill`,
+    a batch scheduler) is taken the same way while its handler is the default one (it killed the process silently,
+    exit 143, before `with_cluster` put its own in place)."""
     import signal
     _interrupted.clear()
-    old = signal.getsignal(signal.SIGINT)
-    mine = old is signal.default_int_handler
-    if mine:
-        signal.signal(signal.SIGINT, _on_interrupt)
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    mine = [sig for sig, h in old.items() if h is (signal.default_int_handler if sig == signal.SIGINT
+                                                     else signal.SIG_DFL)]
+    for sig in mine:
+        signal.signal(sig, _on_interrupt)
     try:
         return main()
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     finally:
-        if mine:
-            signal.signal(signal.SIGINT, old)
+        for sig in mine:
+            signal.signal(sig, old[sig])

@@ -144,6 +144,15 @@ def _check_teacher_intact(teacher: str, ckpt) -> None:
                                                      f"name another teacher run") from None
 
 
+def preflight_writes(cfg) -> list[tuple[str, str, Path]]:
+    """`pipelines.cli.preflight`'s `writes` of a recording: the directory the store is written in, named by the
+    key that put it there (`record.out`, else `run_root`). pipelines.validate checks the same."""
+    from pipelines.config import record_output_path
+    out = record_output_path(cfg)
+    key, value = ("record.out", cfg.record.out) if cfg.record.out else ("run_root", cfg.run_root)
+    return [(key, value, out.parent)]
+
+
 def partial_path(out):
     """Where `record` writes the store for `out` until it is complete: `<out>.partial` (a Path)."""
     from pathlib import Path
@@ -160,10 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load(words[1], command="record")  # the shared check path, incl. check_record
     if cfg is None:
         return 2
-    from pipelines.config import record_output_path
-    out = record_output_path(cfg)  # its directory must be writable: checked before any worker starts
-    key, value = ("record.out", cfg.record.out) if cfg.record.out else ("run_root", cfg.run_root)
-    if not preflight(cfg, tracking=False, writes=[(key, value, out.parent)]):
+    if not preflight(cfg, tracking=False, writes=preflight_writes(cfg)):  # before any worker starts
         return 2
 
     def body(handle) -> int:

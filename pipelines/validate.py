@@ -2,7 +2,8 @@
 
 Runs exactly the checks `pipelines.run` runs before starting workers (`pipelines.config.load_config`: Hydra's
 grammar; schema: unknown keys and types; combinations; env task, asset downloads, policy name; Vulkan driver;
-placement; keys that are set but do nothing) and prints the derived layout of a training step. A config that sets
+placement; keys that are set but do nothing; where it would write: `run_root` (or a recording's output directory)
+writable, `tracking.uri` reachable) and prints the derived layout of a training step. A config that sets
 `record.*` keys (conf=pushcube_record) gets the checks of `pipelines.record` instead, the teacher's only when
 `record.teacher` is given. No cluster is started; `cluster.component_placement` is checked against the devices the config implies
 (`cluster.num_gpus`, else the CUDA devices, else `cluster.num_gpu_workers`; for `cluster.address` without
@@ -106,6 +107,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg, _ = load_config(overrides, command=command, require_teacher=False)
         from pipelines.cluster import check_placement
         placement = check_placement(cfg, command=command)
+        from pipelines.cli import preflight  # where the command would write (run_root, tracking.uri, record.out)
+        if command == "record":
+            from pipelines.record import preflight_writes
+            if not preflight(cfg, tracking=False, writes=preflight_writes(cfg)):
+                return 2
+        elif not preflight(cfg):
+            return 2
         if command == "run" and cfg.runner.resume is not None:  # pipelines.run's offline resume check, too
             from pipelines.runner.setup import resolve_resume
             resolve_resume(cfg)

@@ -438,3 +438,25 @@ def test_runner_lines_printed_under_the_progress_bar_start_on_a_cleared_line(cap
     assert err.startswith("before the bar\n")
     head, line, _ = err.partition("dagrl: worker(s) lost during step 3; retrying\n")
     assert line and "bar:" in head and head.endswith("\r")  # the bar's line was cleared: the message starts a line
+
+
+def test_quiet_keeps_mlflow_store_creation_silent(tmp_path):
+    """MLflow resets its logger to INFO when imported, after `quiet()`: the first run on a new store printed two
+    INFO lines ("Creating initial MLflow database tables...") that the README's sample output does not have."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from pipelines.cli import quiet; quiet(); "
+            "from storage.tracking import Tracker; Tracker(uri=sys.argv[2], experiment='x', run_name='r')")
+    res = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve().parents[2]),
+                          f"sqlite:///{tmp_path / 'mlflow.db'}"], capture_output=True, text=True, timeout=300,
+                         env={k: v for k, v in os.environ.items() if k != "MLFLOW_LOGGING_LEVEL"})
+    assert res.returncode == 0, res.stderr
+    assert "INFO" not in res.stderr and "Creating initial" not in res.stderr, res.stderr
+
+
+def test_a_sigterm_before_the_commands_handlers_is_one_line_and_exit_130():
+    """SIGTERM while a command imports or loads its config (before `with_cluster`'s handler) killed the process
+    silently with exit 143; the entry takes it as it takes a Ctrl-C."""
+    code = ("import os, signal, sys, time; sys.path.insert(0, sys.argv[1]); from pipelines.cli import entry\n"
+            "def main():\n    os.kill(os.getpid(), signal.SIGTERM)\n    time.sleep(30)\n    return 0\n"
+            "rc = entry(main)\nassert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL\nsys.exit(rc)")
+    res = subprocess.run([sys.executable, "-c", code, str(REPO)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 130 and res.stderr == "interrupted\n", (res.returncode, res.stderr)

@@ -666,6 +666,27 @@ def test_validate_and_run_give_the_same_error_and_run_writes_nothing(overrides, 
     assert rc_val == 2 and err_val == err_run
 
 
+@pytest.mark.parametrize("case", ["run_root_under_a_file", "tracking_scheme", "record_out_under_a_file"])
+def test_validate_checks_where_the_command_would_write(case, tmp_path, capsys, monkeypatch):
+    """validate said ok where run refused (run_root under a file, an unknown tracking scheme): its docstring
+    promises run's checks. Now the same one line (and record.out's directory for a record config)."""
+    from pipelines import run, validate
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
+    args = {"run_root_under_a_file": ["conf=smoke", f"run_root={tmp_path / 'afile' / 'runs'}"],
+            "tracking_scheme": ["conf=smoke", f"run_root={tmp_path / 'runs'}", "tracking.uri=ftp://x"],
+            "record_out_under_a_file": ["conf=pushcube_record", f"record.out={tmp_path / 'afile' / 'd.zarr'}"],
+            }[case]
+    key = {"run_root_under_a_file": "run_root", "tracking_scheme": "tracking.uri",
+           "record_out_under_a_file": "record.out"}[case]
+    assert validate.main(args) == 2
+    err_val = capsys.readouterr().err.strip().splitlines()
+    assert len(err_val) == 1 and err_val[0].startswith(f"error: {key}="), err_val
+    if case != "record_out_under_a_file":  # run gives the very same line
+        assert run.main(args) == 2
+        assert capsys.readouterr().err.strip().splitlines() == err_val
+
+
 # ----- the sweep: every shipped experiment validates -----
 
 EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "conf").glob("*.yaml"))
