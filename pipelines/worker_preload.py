@@ -10,8 +10,24 @@ leave the driver's session (`os.setsid`: no signal sent to the driver's process 
 and ignore SIGINT as well: the driver decides (finish the step and checkpoint, or exit at once) and closes them.
 They still end with the driver however it ends: Dask's worker process exits as soon as its parent is gone
 (`distributed.process.AsyncProcess`, the parent-alive pipe).
+
+When a worker is lost mid-step, a surviving worker that was sending it data logged Dask's "failed during get data"
+error with a ~20-line ConnectionResetError traceback before the driver's own one-line report ("worker(s) [...]
+lost during step N; retrying"): that record (an OSError while serving a peer that went away) is dropped here; any
+other worker error still shows.
 """
 from __future__ import annotations
+
+import logging
+
+
+class PeerGoneFilter(logging.Filter):
+    """Drops `distributed.worker`'s "failed during get data" records (logged with an OSError: the peer that asked
+    for the data is gone). The driver reports lost workers itself (pipelines.runner.recovery)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (str(record.msg).startswith("failed during get data") and record.exc_info is not None
+                    and isinstance(record.exc_info[1], OSError))
 
 
 def dask_setup(worker) -> None:
@@ -21,6 +37,9 @@ def dask_setup(worker) -> None:
     import os
     import signal
     import threading
+    log = logging.getLogger("distributed.worker")
+    if not any(isinstance(f, PeerGoneFilter) for f in log.filters):  # once per process (in-process workers share it)
+        log.addFilter(PeerGoneFilter())
     if threading.current_thread() is not threading.main_thread():
         return
     if multiprocessing.parent_process() is not None:  # a worker process the Nanny spawned (never the driver)

@@ -264,6 +264,34 @@ def test_embedded_workers_ignore_sigint():
         signal.signal(signal.SIGINT, old)
 
 
+def test_a_workers_error_about_a_lost_peer_is_dropped_others_show():
+    """A surviving worker logged Dask's "failed during get data" error with a ~20-line ConnectionResetError
+    traceback when the worker it served was lost (the driver reports the loss itself, one line); other errors of
+    the worker logger still show."""
+    import logging
+
+    from pipelines import worker_preload
+    log = logging.getLogger("distributed.worker")
+    before = list(log.filters)
+    old = signal.getsignal(signal.SIGINT)
+    try:
+        worker_preload.dask_setup(None)
+        worker_preload.dask_setup(None)  # a restart in the same process adds no second filter
+        mine = [f for f in log.filters if isinstance(f, worker_preload.PeerGoneFilter)]
+        assert len(mine) == 1
+
+        def record(msg, exc):
+            return logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1, msg, ("a", "b"),
+                                     (type(exc), exc, None) if exc is not None else None)
+        assert not log.filter(record("failed during get data with %s -> %s", ConnectionResetError(104, "reset")))
+        assert log.filter(record("failed during get data with %s -> %s", ValueError("a bug")))
+        assert log.filter(record("Compute Failed %s %s", OSError("disk")))
+        assert log.filter(record("failed during get data with %s -> %s", None))
+    finally:
+        signal.signal(signal.SIGINT, old)
+        log.filters[:] = before
+
+
 @pytest.mark.timeout(400)
 def test_ctrl_c_on_a_real_run_prints_one_line(tmp_path):
     """`python -m pipelines.run conf=smoke` in its own process group, SIGINT to the whole group (what a terminal's
