@@ -49,17 +49,27 @@ the next in that order. The report says why each was picked.
 `--video PATH.mp4` renders the replayed episodes one after another (the reset frame, then one frame per executed
 action, at the task's control frequency) from a second simulator instance created with `render_mode="rgb_array"`.
 Rendering on software Vulkan is slow: the first camera env in a process takes 15-30 s, then ~0.1-0.2 s a frame.
+The path is checked before anything is replayed (`tasks.video.check_mp4_path`): a path ending in .mp4, not a
+directory, in a directory that exists or can be created in a writable one (created when the video is written, as
+`pipelines.eval --out` and `record.out` create theirs; the report notes it).
+
+A damaged store (a chunk file of a complete step missing, which zarr would read as zeros; a garbled chunk file; a
+field's array metadata missing) is bad input, exit 2: the fields replay reads are checked when the store is opened
+(`TrajectoryStore.check_files`), and a read that fails is traced to the chunk file it failed on. The store cannot
+be trusted then: re-record the run or restore the store from a whole copy.
 
 Examples:
   python -m pipelines.replay runs/pushcube_ppo/20261201-151530-98db            # 3 episodes worth watching
   python -m pipelines.replay 20261201-151530-98db --episodes 0,3,10-12 --json  # a run id under --run-root
   python -m pipelines.replay RUN --num-episodes 2 --video replay.mp4 --video-size 256
 
-Exit codes: 0 every replayed episode verified, 1 otherwise, 2 bad input (one line `error: ...` on stderr).
+Exit codes: 0 every replayed episode verified, 1 otherwise, 2 bad input: a bad argument, a path that is not a store,
+a damaged store, an unwritable --video path (one line `error: ...` on stderr).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -118,7 +128,14 @@ def resolve_store(arg: str, run_root: str | os.PathLike = "runs") -> Path:
 
 
 def open_store(path: Path):
-    from storage.trajectories import TrajectoryStore
+    """The TrajectoryStore at `path`, checked for what replay needs: its replay fields, the attributes that rebuild
+    the env, and whole files behind the fields it reads (`read_fields`) at its complete steps.
+
+    Raises:
+        ReplayInputError: not a dagrl store, a field or attribute missing, or a damaged store (the message names
+            the array and chunk file: `storage.trajectories.DamagedStore`).
+    """
+    from storage.trajectories import DamagedStore, TrajectoryStore
 
     try:
         store = TrajectoryStore.open(path)
@@ -133,7 +150,36 @@ def open_store(path: Path):
     if need:
         raise ReplayInputError(f"trajectory store {path} lacks attributes {need} needed to rebuild the env; "
                                "it was not written by pipelines.run")
+    try:
+        store.check_files(read_fields(store))  # a missing chunk file would read as zeros: a false MISMATCH
+    except DamagedStore as exc:
+        raise ReplayInputError(str(exc)) from None
     return store
+
+
+def read_fields(store) -> list[str]:
+    """The fields replay reads: the `replay` fields of tasks.trajectory, and task_id / trial_id where stored."""
+    return [*_REQUIRED_FIELDS, *(f for f in ("task_id", "trial_id") if f in store.fields)]
+
+
+@contextlib.contextmanager
+def _reading(store, fields, steps=None):
+    """Around reads of `fields` at `steps` (default: the complete steps) of `store`: a read that fails (a garbled
+    chunk file: zarr/numcodecs raise their own errors) is traced to the chunk file it failed on.
+
+    Raises:
+        ReplayInputError: the files are damaged (`TrajectoryStore.check_files(..., decode=True)` names the array
+            and chunk file); any other error is raised as it was.
+    """
+    from storage.trajectories import DamagedStore
+    try:
+        yield
+    except Exception:
+        try:
+            store.check_files(fields, steps, decode=True)
+        except DamagedStore as exc:
+            raise ReplayInputError(str(exc)) from None
+        raise
 
 
 def run_env_settings(store_path: Path) -> tuple[dict, str | None]:
@@ -193,7 +239,7 @@ def render_video(cfg, rows: list[dict], path: Path, size: int | None) -> dict:
     fps = float(getattr(env, "fps", 20.0))
     total = sum(len(r["_actions"]) + 1 for r in rows)
     d_obs = 0.0
-    path.parent.mkdir(parents=True, exist_ok=True)
+    created = make_parent(path)
     try:
         writer = mp4_writer(path, fps, quality=8)
     except RuntimeError as exc:  # imageio-ffmpeg missing
@@ -219,7 +265,32 @@ def render_video(cfg, rows: list[dict], path: Path, size: int | None) -> dict:
         env.close()
     out = {"path": str(path), "frames": total, "fps": fps, "seconds": round(time.perf_counter() - t0, 1),
            "render_env_max_abs_obs_diff": d_obs}
+    if created is not None:
+        out["created_dir"] = str(created)
     return out
+
+
+def make_parent(path: Path) -> Path | None:
+    """Create the missing parent directories of `path` (checked up front by `tasks.video.check_mp4_path`);
+    returns the topmost one created, None when the parent existed.
+
+    Raises:
+        ReplayInputError: it cannot be created after all (changed since the check).
+    """
+    parent = path.absolute().parent
+    top = None
+    for d in (parent, *parent.parents):
+        if d.exists():
+            break
+        top = d
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReplayInputError(f"--video {path}: cannot create its directory {parent} ({exc.strerror or exc}); "
+                               "choose a path in a writable directory") from None
+    if top is not None:
+        print(f"replay: created {top} for --video {path}", file=sys.stderr, flush=True)
+    return top
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -230,7 +301,8 @@ def replay(store_path: Path, *, episode_ids: list[int] | None = None, num_episod
     """Replay episodes of the store at `store_path`; returns the report (see module docstring).
 
     Raises:
-        ReplayInputError: not a store, unknown or unreplayable episode id, nothing to replay.
+        ReplayInputError: not a store, a damaged store (`open_store`, `_reading`), unknown or unreplayable episode
+            id, nothing to replay, --video's directory not creatable.
     """
     from tqdm import tqdm
 
@@ -238,7 +310,8 @@ def replay(store_path: Path, *, episode_ids: list[int] | None = None, num_episod
     attrs = store.attrs
     run_env, cfg_note = run_env_settings(store_path)
     cfg = env_config_from_store(attrs, run_env)
-    idx = load_index(store)
+    with _reading(store, _INDEX_FIELDS):
+        idx = load_index(store)
     notes = [cfg_note] if cfg_note else []
     if len(idx.steps) == 0:
         raise ReplayInputError(f"trajectory store {store_path} has no complete step yet; nothing to replay "
@@ -264,7 +337,9 @@ def replay(store_path: Path, *, episode_ids: list[int] | None = None, num_episod
         if not complete:
             raise ReplayInputError(f"no complete episode in the complete steps of {store_path}; pass --episodes "
                                    f"IDS to replay a partial one (ids: {', '.join(map(str, list(episodes)[:8]))})")
-        order = worth_watching(stored_outcomes(store, idx, complete))
+        with _reading(store, ["rewards"], idx.steps):
+            outcomes = stored_outcomes(store, idx, complete)
+        order = worth_watching(outcomes)
         selected, why = [complete[i] for i, _ in order], dict(order)
         limit = num_episodes
 
@@ -295,7 +370,8 @@ def replay(store_path: Path, *, episode_ids: list[int] | None = None, num_episod
             if base_seed is not None and ep.seed != int(base_seed) + ep.id:
                 ep.notes.append(f"stored seed {ep.seed} differs from the seed rule base_seed + id = "
                                 f"{int(base_seed) + ep.id} (a custom seed_fn?): used the stored seed")
-            data = read_episode_data(store, idx, ep)
+            with _reading(store, ["obs", "actions", "rewards"], _episode_steps(idx, ep)):
+                data = read_episode_data(store, idx, ep)
             row = replay_episode(env, ep, idx, data, ignore_terminations=cfg.ignore_terminations,
                                  collect_actions=video is not None)
             if "skipped" in row:
@@ -304,7 +380,8 @@ def replay(store_path: Path, *, episode_ids: list[int] | None = None, num_episod
                                            f"{row['skipped']}; pick an episode that starts inside the store")
                 skipped.append({"episode": ep.id, "reason": row["skipped"]})
                 continue
-            _check_task_trial(store, row, env)
+            with _reading(store, ["task_id", "trial_id"] if "trial_id" in store.fields else [], idx.steps):
+                _check_task_trial(store, row, env)
             if ep.id in why:
                 row["picked"] = why[ep.id]
             rows.append(row)
@@ -340,6 +417,12 @@ def replay(store_path: Path, *, episode_ids: list[int] | None = None, num_episod
         r.pop("_actions", None)
         r.pop("_obs_after", None)
     return report
+
+
+def _episode_steps(idx: StoreIndex, ep: Episode) -> list[int]:
+    """The steps `read_episode_data` reads for `ep`: those of its positions and of the one after."""
+    P = len(idx.steps) * idx.T
+    return sorted({int(idx.steps[p // idx.T]) for p in [*ep.positions, ep.positions[-1] + 1] if p < P})
 
 
 def _check_task_trial(store, row: dict, env) -> None:
@@ -404,7 +487,9 @@ def format_report(rep: dict) -> str:
         lines.append(f"  note: {n}")
     if "video" in rep:
         v = rep["video"]
-        lines.append(f"video: {v['path']} ({v['frames']} frames at {v['fps']:g} fps, rendered in {v['seconds']} s)")
+        made = f"; created {v['created_dir']}" if "created_dir" in v else ""
+        lines.append(f"video: {v['path']} ({v['frames']} frames at {v['fps']:g} fps, rendered in {v['seconds']} s"
+                     f"{made})")
     return "\n".join(lines)
 
 
@@ -470,6 +555,19 @@ def _import_maniskill_quietly(cfg) -> None:
     check_interrupted()  # a Ctrl-C during the import that trimesh swallowed (its optional imports)
 
 
+def _check_video(path: Path) -> None:
+    """--video's path, before anything is replayed (`tasks.video.check_mp4_path`).
+
+    Raises:
+        ReplayInputError: not a .mp4, a directory, or not creatable in a writable directory (one line).
+    """
+    from tasks.video import check_mp4_path
+    try:
+        check_mp4_path(path)
+    except ValueError as exc:
+        raise ReplayInputError(f"--video {path}: {exc}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipelines.replay ...` (module docstring). Returns the exit code."""
     from pipelines.cli import UsageError
@@ -484,8 +582,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     quiet()
     try:
-        if args.video is not None and args.video.suffix.lower() != ".mp4":
-            raise ReplayInputError(f"--video {args.video}: give a path ending in .mp4")
+        if args.video is not None:
+            _check_video(args.video)
         if args.video_size is not None and (args.video_size < 16 or args.video_size % 2):
             raise ReplayInputError(f"--video-size {args.video_size}: use an even number of pixels >= 16")
         store_path = resolve_store(args.run_or_store, args.run_root)

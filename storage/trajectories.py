@@ -27,6 +27,10 @@ half-rewritten step (shard 0 new, shard 1 old) is never shown. A rollback or res
 :meth:`TrajectoryStore.invalidate_from` (k): steps >= k are not complete until they are redone.
 Stores written before attempts existed (no ``attempt`` array) read as before: ``complete[n]`` alone.
 
+Damage (files lost or garbled after the run wrote them): zarr reads a missing chunk file as the fill value, zeros,
+without a word. Every shard write stores all its chunk files, so a reader that must not take lost data for zeros
+(replay) calls :meth:`TrajectoryStore.check_files` first, which raises :class:`DamagedStore` naming the file.
+
 Concurrency (zarr 3 loses data when two writers touch one chunk, and on concurrent resizes):
 
 * the driver alone creates the store, grows ``N`` with :meth:`TrajectoryStore.reserve` and flips
@@ -92,6 +96,17 @@ class FieldSpec:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> FieldSpec:
         return cls(shape=tuple(d["shape"]), dtype=d["dtype"])
+
+
+class DamagedStore(ValueError):
+    """A trajectory store whose files contradict its own metadata: a field's array metadata missing or unreadable,
+    or a chunk file of a complete step missing (zarr would read it as the fill value, silently) or not decodable.
+    The message is one line naming the store, the array, the chunk file (step, envs) where known and the fix."""
+
+
+def _why(exc: BaseException) -> str:
+    """`Type: message` of an exception on one line (at most 200 characters of the message)."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
 
 
 def _check_json_attrs(attrs: Mapping[str, Any]) -> None:
@@ -426,7 +441,73 @@ class TrajectoryStore:
             raise IndexError(f"steps {idx.tolist()} out of range for N={arr.shape[0]} in {self._path}")
         return arr.oindex[idx]
 
+    def check_files(self, fields: Iterable[str] | None = None, steps: Iterable[int] | None = None, *,
+                    decode: bool = False) -> None:
+        """Check that the files behind ``fields`` (default: every field) at ``steps`` (default: the complete steps)
+        are whole, so that a read of them returns what the run wrote: each field's array metadata opens, and the
+        chunk file of every (step, shard) exists. Every shard write stores all its chunks, fill values included
+        (``write_empty_chunks``, since the first schema), so a chunk file missing from a complete step is damage
+        done after the run wrote it (a deleted or half-copied file) that zarr would read back silently as the
+        fill value (zeros, False). Steps passed explicitly are checked as given: pass only steps that were
+        written. With ``decode``, each of those chunks is also read and decoded (reads the data: for locating
+        the damage after a read failed, not for every open of a large store).
+
+        Raises:
+            DamagedStore: one line naming the store, the array (``fields/<name>``, or the step bookkeeping), the
+                chunk file with its step and envs where known, what is wrong, and the fix (re-record or restore).
+            KeyError: a field name not in the store's layout (names the known fields).
+        """
+        names = list(self._fields) if fields is None else list(fields)
+        unknown = [n for n in names if n not in self._fields]
+        if unknown:
+            raise KeyError(f"no field {unknown[0]!r} in {self._path}; known fields: {sorted(self._fields)}")
+        state = "written" if steps is not None else "complete"
+        if steps is None:
+            try:
+                steps = self.complete_steps()
+            except Exception as exc:  # noqa: BLE001 - zarr/numcodecs/json errors of damaged bookkeeping files
+                raise self._damaged(f"its step bookkeeping ({self._steps}/{_COMPLETE}, {_ATTEMPT}, "
+                                    f"{_SHARD_ATTEMPT}) cannot be read ({_why(exc)})") from None
+        steps = sorted({int(n) for n in steps})
+        S = self._shard_size
+        for name in names:
+            key = f"{_FIELDS_GROUP}/{name}"
+            try:
+                arr = self._group[key]
+            except Exception as exc:  # noqa: BLE001 - KeyError (no zarr.json), json/metadata errors
+                raise self._damaged(f"{key}: its array metadata ({key}/zarr.json) is missing or unreadable "
+                                    f"({_why(exc)})") from None
+            if not isinstance(arr, zarr.Array) or arr.ndim != 3 + len(self._fields[name].shape):
+                raise self._damaged(f"{key}: its array metadata ({key}/zarr.json) does not describe the field "
+                                    f"[N, T, B, *{list(self._fields[name].shape)}] of the store's layout")
+            if not steps or 0 in arr.shape[1:]:  # a field with a zero-size dim has no chunk files
+                continue
+            if steps[-1] >= arr.shape[0]:
+                raise self._damaged(f"{key}: holds {arr.shape[0]} steps, step {steps[-1]} is {state}")
+            missing = []
+            for n in steps:
+                for s in range(self.num_shards):
+                    chunk = arr.metadata.encode_chunk_key((n, 0, s) + (0,) * (arr.ndim - 3))
+                    envs = f"env {s}" if S == 1 else f"envs {s * S}-{(s + 1) * S - 1}"
+                    where = f"{key} chunk file {chunk} (step {n}, {envs})"
+                    if not (self._path / key / chunk).is_file():
+                        missing.append(where)
+                    elif decode and not missing:
+                        try:
+                            arr[n, :, s * S:(s + 1) * S]
+                        except Exception as exc:  # noqa: BLE001 - codec errors of a garbled chunk file
+                            raise self._damaged(f"{where} cannot be decoded ({_why(exc)})") from None
+            if missing:
+                fill = "False" if arr.dtype == np.bool_ else "zeros"
+                more = f" (and {len(missing) - 1} more chunk files of {key})" if len(missing) > 1 else ""
+                raise self._damaged(f"{missing[0]} is missing{more}, though the step is {state} (zarr would "
+                                    f"read it as {fill})")
+
     # ---- helpers ---------------------------------------------------------------------------------------
+    def _damaged(self, what: str) -> DamagedStore:
+        return DamagedStore(f"trajectory store {self._path} is damaged: {what}; its data cannot be trusted: "
+                            "re-record it, or restore it from a whole copy")
+
     def _field_array(self, name: str) -> zarr.Array:
         if name not in self._fields:
             raise KeyError(f"no field {name!r} in {self._path}; known fields: {sorted(self._fields)}")

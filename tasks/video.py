@@ -57,6 +57,25 @@ def caption(frame: np.ndarray, lines: list[str]) -> np.ndarray:
     return np.asarray(im)
 
 
+def check_mp4_path(path: str | Path) -> None:
+    """Pre-flight of an mp4 a command will write (`pipelines.replay --video`), before any simulation: the path
+    ends in .mp4, is not a directory, and its directory exists or can be created: its nearest existing parent is a
+    directory where files can be created (`storage.rundir.check_writable_dir`, the check `pipelines.eval --out`
+    and `record.out` get; like them, the missing directories are created when the file is written). Creates
+    nothing.
+
+    Raises:
+        ValueError: one line "why; fix" (the caller prefixes the option and the path).
+    """
+    from storage.rundir import check_writable_dir
+    p = Path(path)
+    if p.suffix.lower() != ".mp4":
+        raise ValueError("give a path ending in .mp4")
+    if p.is_dir():
+        raise ValueError(f"{p} is a directory; give a file path ending in .mp4")
+    check_writable_dir(p.absolute().parent)
+
+
 def mp4_writer(path: Path, fps: float, quality: int):
     """imageio's writer of an H.264 mp4 at `path` (`fps` frames per second, imageio's `quality` 0-10), through the
     ffmpeg plugin named explicitly: without imageio-ffmpeg imageio would pick another plugin by the extension
@@ -152,4 +171,4 @@ def eval_videos(cfg: Config, run_id: str, out_dir: str, step: int, *episode_list
     return {"videos": videos, "seconds": time.perf_counter() - t0, "setup_s": setup_s, "error": error}
 
 
-__all__ = ["caption", "eval_videos", "frame_steps", "write_episode_video"]
+__all__ = ["caption", "check_mp4_path", "eval_videos", "frame_steps", "write_episode_video"]
