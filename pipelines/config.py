@@ -327,7 +327,9 @@ def check_libero_run(cfg: Config) -> None:
 
 
 def check_model_path(cfg: Config) -> None:
-    """policy.model_path's config.json against the config: family, image size, chunk length. Raises ConfigError."""
+    """policy.model_path's config.json against the config: family, image size, chunk length, gripper convention,
+    the env it was trained on (`check_source_env`: config.json `env`, completed by its run's config.yaml) and the
+    state / action lengths the env's adapter knows offline. Raises ConfigError."""
     import json
     import os
     meta = json.loads(open(os.path.join(cfg.policy.model_path, "config.json")).read())
@@ -344,10 +346,82 @@ def check_model_path(cfg: Config) -> None:
                                              f"{p.num_action_chunks}")
     from tasks.envs import check_gripper_convention, state_dim
     check_gripper_convention(key, p.model_path, (meta.get("env") or {}).get("gripper_convention"), cfg.env)
+    check_source_env(key, p.model_path, model_source_env(p.model_path, meta), cfg.env, made="trained")
     want_o = state_dim(cfg.env)
     if want_o is not None and meta.get("obs_dim") not in (None, want_o):
         raise ConfigError(key, p.model_path, f"reads a {meta['obs_dim']}-D state, this env gives {want_o}-D "
                                              f"({_state_hint(cfg.env, meta['obs_dim'])})")
+    want_a = known_action_dim(cfg.env)
+    if want_a is not None and meta.get("action_dim") not in (None, want_a):
+        raise ConfigError(key, p.model_path, f"outputs {meta['action_dim']}-D actions, env.simulator="
+                                             f"{cfg.env.simulator} takes {want_a}-D ones: use a checkpoint trained "
+                                             f"on this simulator")
+
+
+# What a demo store (its attrs) and a policy checkpoint (config.json `env`, its run's config.yaml) record of the env
+# they were made on, compared with the configured env before anything starts. Each decides the layout of the data:
+# the simulator and env task the state vector and the prompts' task table (LIBERO: a stored task_id indexes its
+# suite's tasks), the control mode the action vector (ManiSkill PushCube-v1: pd_joint_delta_pos 8-D,
+# pd_ee_delta_pos 4-D). ManiSkill's state and action lengths are known only once an env is built
+# (tasks.rollout.env_dims, on a worker), so offline these recorded names are what shows a mismatch; LIBERO's
+# lengths are also checked directly (state_dim, known_action_dim). A name not recorded (stores and exports written
+# before it was) is not compared.
+SOURCE_ENV_KEYS = ("simulator", "env_id", "control_mode")
+SOURCE_ENV_WHY = {"simulator": "another simulator's observations and actions",
+                  "env_id": "another env task's observations and instructions",
+                  "control_mode": "another controller's actions, of another meaning and length"}
+
+
+def check_source_env(key: str, value, recorded: dict, env, *, made: str) -> None:
+    """Refuse a store or checkpoint (`key`=`value`) whose `recorded` env (SOURCE_ENV_KEYS -> value; absent or None:
+    not recorded) differs from `env` (EnvConfig). `made`: "recorded" (a store) or "trained" (a checkpoint).
+
+    Raises:
+        ConfigError(key, value): one line naming each differing env.KEY with the recorded and the configured value,
+            and the fix: make the data with this env, or set env.KEY to the recorded value.
+    """
+    diff = [(k, recorded[k], getattr(env, k)) for k in SOURCE_ENV_KEYS
+            if recorded.get(k) is not None and recorded[k] != getattr(env, k)]
+    if not diff:
+        return
+    have = ", ".join(f"env.{k}={r}" for k, r, _ in diff)
+    want = ", ".join(f"env.{k}={w}" for k, _, w in diff)
+    why = "; ".join(SOURCE_ENV_WHY[k] for k, _, _ in diff)
+    redo = "record the demos" if made == "recorded" else "train a checkpoint"
+    if any(k == "simulator" for k, _, _ in diff):  # not one key to set: a whole env group of that simulator
+        fix = f"{redo} with this env, or choose an env group of {diff[0][1]} (env=NAME)"
+    else:
+        fix = (f"{redo} with {' and '.join(f'env.{k}={w}' for k, _, w in diff)}, or set "
+               f"{' '.join(f'env.{k}={r}' for k, r, _ in diff)} to match it")
+    raise ConfigError(key, value, f"was {made} with {have}, this config has {want} ({why}); {fix}")
+
+
+def model_source_env(model_path, meta: dict) -> dict:
+    """What a checkpoint records of the env it was trained on: config.json `env` (hf/ exports: simulator, env_id,
+    gripper_convention: pipelines.graphs.export_env_meta), completed by the `env` section of its run's saved
+    config.yaml when `model_path` is a run's checkpoint (`RUN/checkpoints/global_step_N/hf`, `.../best/hf`), which
+    also names the control mode. {} when neither says anything; an unreadable config.yaml adds nothing."""
+    from pathlib import Path
+    out = {k: v for k, v in (meta.get("env") or {}).items() if v is not None}
+    try:
+        hf = Path(model_path).resolve()
+        ckpt = hf.parent if hf.name == "hf" else hf
+        saved = ckpt.parent.parent / "config.yaml"
+        if ckpt.parent.name == "checkpoints" and saved.is_file():
+            run_env = OmegaConf.to_container(OmegaConf.load(saved)).get("env") or {}
+            out = {**{k: run_env[k] for k in SOURCE_ENV_KEYS if run_env.get(k) is not None}, **out}
+    except Exception:  # noqa: BLE001 - not a run's checkpoint after all (or a damaged config.yaml): config.json only
+        pass
+    return out
+
+
+def known_action_dim(env) -> int | None:
+    """The action length of `env` (EnvConfig) when its adapter knows it offline (LIBERO: 7), else None
+    (ManiSkill: the controller's, known once an env is built: tasks.rollout.env_dims)."""
+    if env.simulator == "libero":
+        from tasks.envs.libero import ACTION_DIM
+        return ACTION_DIM
+    return None
 
 
 def _state_hint(env, other_dim: int) -> str:
@@ -360,7 +434,8 @@ def _state_hint(env, other_dim: int) -> str:
 
 
 def check_sft_store(cfg: Config) -> None:
-    """sft.store against the config: chunk length, images, and at least one selectable chunk step.
+    """sft.store against the config: gripper convention, the env it was recorded on (`check_source_env`: simulator,
+    env task, control mode), state length, chunk length, images, and at least one selectable chunk step.
 
     Raises ConfigError (sft.store) for each mismatch, and for a store that cannot be read (damaged metadata or
     chunk files: a half-copied or corrupted store) naming the error and the fix."""
@@ -385,6 +460,8 @@ def _check_sft_store(cfg: Config) -> None:
                                                       "interrupted or failed before writing its episode index); "
                                                       "record again to a new record.out")
     check_gripper_convention("sft.store", cfg.sft.store, st.attrs.get("gripper_convention"), cfg.env)
+    check_source_env("sft.store", cfg.sft.store, {k: st.attrs.get(k) for k in SOURCE_ENV_KEYS}, cfg.env,
+                     made="recorded")
     want_o, obs = state_dim(cfg.env), st.fields.get("obs")
     if want_o is not None and obs is not None and obs.shape[0] != want_o:
         raise ConfigError("sft.store", cfg.sft.store, f"stores a {obs.shape[0]}-D state, this env gives {want_o}-D "
