@@ -346,7 +346,12 @@ def check_model_path(cfg: Config) -> None:
                                              f"{p.num_action_chunks}")
     from tasks.envs import check_gripper_convention, state_dim
     check_gripper_convention(key, p.model_path, (meta.get("env") or {}).get("gripper_convention"), cfg.env)
-    check_source_env(key, p.model_path, model_source_env(p.model_path, meta), cfg.env, made="trained")
+    src = model_source_env(p.model_path, meta)
+    if cfg.env.simulator == "libero" and src.get("simulator") == "libero":
+        # LIBERO's suites share the robot, its state and its actions, and a VLA is instruction-conditioned: a
+        # checkpoint of one suite is evaluated or fine-tuned on another (libero_90 -> libero_10), as the papers do
+        src.pop("env_id", None)
+    check_source_env(key, p.model_path, src, cfg.env, made="trained")
     want_o = state_dim(cfg.env)
     if want_o is not None and meta.get("obs_dim") not in (None, want_o):
         raise ConfigError(key, p.model_path, f"reads a {meta['obs_dim']}-D state, this env gives {want_o}-D "

@@ -400,10 +400,12 @@ def build_checkpoint(*, run_id: str, step: int, run_dir: str, meta: dict, placem
 
 
 def export_env_meta(cfg: Config) -> dict:
-    """What an hf/ export records of the env it was trained on (config.json `env`): simulator, env_id and the
-    gripper convention (pipelines.config.check_model_path refuses a mismatch)."""
+    """What an hf/ export records of the env it was trained on (config.json `env`): simulator, env_id, control mode
+    and the gripper convention (pipelines.config.check_model_path refuses a mismatch, also for an hf dir copied
+    out of its run)."""
     from tasks.envs import gripper_convention
-    return {"simulator": cfg.env.simulator, "env_id": cfg.env.env_id, "gripper_convention": gripper_convention(cfg.env)}
+    return {"simulator": cfg.env.simulator, "env_id": cfg.env.env_id, "control_mode": cfg.env.control_mode,
+            "gripper_convention": gripper_convention(cfg.env)}
 
 
 def _export(run_id: str, checkpoint_path: str, env_meta: dict | None = None) -> str:

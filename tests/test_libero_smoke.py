@@ -21,7 +21,8 @@ def test_libero_smoke_trains_stores_and_records_the_gripper_convention(tmp_path)
     assert tuple(st.fields["rgb"].shape) == (32, 32, 3)  # the agentview per chunk step
     assert tuple(st.fields["obs"].shape) == (8,)  # the 8-D proprio state
     hf = json.loads((run_dir / "checkpoints" / "global_step_2" / "hf" / "config.json").read_text())
-    assert hf["env"] == {"simulator": "libero", "env_id": "libero_spatial", "gripper_convention": "close_positive"}
+    assert hf["env"] == {"simulator": "libero", "env_id": "libero_spatial", "control_mode": "OSC_POSE",
+                         "gripper_convention": "close_positive"}
     # every stored chunk step: task 5 (the run's only task); train trials from seeds 0 (both envs: one GRPO group)
     # in step 0 and 1 in step 1 (auto_reset=false: one episode per env per step)
     steps = st.complete_steps()
