@@ -491,9 +491,8 @@ def _check_sft_store(cfg: Config) -> None:
                           stacklevel=2)
     try:
         sft_index(cfg.sft.store, cfg.sft.only_success)
-    except DamagedStore as exc:
-        raise ConfigError("sft.store", cfg.sft.store, f"{str(exc).split(': ', 1)[-1]}; record it again or copy it "
-                                                      f"whole") from None
+    except DamagedStore as exc:  # its message names the damage and the fix
+        raise ConfigError("sft.store", cfg.sft.store, str(exc).split(": ", 1)[-1]) from None
     except ValueError as exc:
         raise ConfigError("sft.store", cfg.sft.store, f"{str(exc).split(': ', 1)[-1]}; record more episodes or set "
                                                       f"sft.only_success=false") from None

@@ -6,12 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from storage.trajectories import DamagedStore  # the one class of a damaged store (re-exported here)
 from tasks.config import Config
-
-
-class DamagedStore(ValueError):
-    """A trajectory store whose data contradicts its own invariants (chunk files missing: zarr reads them as the
-    fill value)."""
 
 
 def sft_index(store_path: str, only_success: bool) -> np.ndarray:
@@ -19,22 +15,20 @@ def sft_index(store_path: str, only_success: bool) -> np.ndarray:
     action, and (only_success) an episode whose success flag was set at some chunk step.
 
     Raises:
-        DamagedStore: missing data: a recording whose index lists episodes but no complete step, or a complete step
-            without any executed action (every env acts at a rollout's first chunk step; zarr reads a missing chunk
-            file as all-False).
+        DamagedStore: missing data: a recording whose index lists episodes but no complete step, or a chunk file of
+            a complete step missing or an array's metadata unreadable (`TrajectoryStore.check_files`: zarr would
+            read a missing chunk as the fill value, all-False).
         ValueError: the store holds no such chunk step (names the store and the filter).
     """
     from storage.trajectories import TrajectoryStore
     st = TrajectoryStore.open(store_path)
     steps = np.asarray(st.complete_steps(), np.int64)
     if not len(steps) and int(st.attrs.get("episodes", 0) or 0) > 0:
-        raise DamagedStore(f"sft.store={store_path}: its index lists {st.attrs['episodes']} episodes but no step is "
-                           f"marked complete (steps/complete chunk files missing?)")
+        raise DamagedStore(f"trajectory store {store_path} is damaged: its index lists {st.attrs['episodes']} "
+                           f"episodes but no step is marked complete (steps/complete chunk files missing?); "
+                           f"re-record it, or restore it from a whole copy")
+    st.check_files(("step_mask", "episode_id", "success") if only_success else ("step_mask", "episode_id"))
     mask = st.read("step_mask", steps).any(-1)  # [N, T, B]
-    if len(steps) and not mask.any(axis=(1, 2)).all():
-        bad = [int(steps[i]) for i in np.flatnonzero(~mask.any(axis=(1, 2)))]
-        raise DamagedStore(f"sft.store={store_path}: complete step(s) {bad[:5]} have no executed action at all "
-                           f"(fields/step_mask chunk files missing?)")
     ep_id = st.read("episode_id", steps)
     if only_success:
         succ = st.read("success", steps)

@@ -411,10 +411,10 @@ def test_a_damaged_sft_store_is_one_config_error_naming_it(tmp_path, damage):
             f.write_bytes(b"\x28\xb5\x2f\xfd garbage, not a zstd frame")
     elif damage == "missing_mask_chunks":
         shutil.rmtree(path / "fields" / "step_mask" / "c")
-        want = r"complete step\(s\) \[0\] have no executed action at all.*record it again"
+        want = r"fields/step_mask.*chunk file .*missing.*re-record it"
     else:
         shutil.rmtree(path / "steps" / "complete" / "c")
-        want = "lists 2 episodes but no step is marked complete.*record it again"
+        want = "lists 2 episodes but no step is marked complete.*re-record it"
     with pytest.raises(ConfigError, match=want) as e:
         load_config(["conf=pushcube_flow_sft", f"sft.store={path}"])
     assert e.value.key == "sft.store" and "\n" not in str(e.value)
