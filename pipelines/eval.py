@@ -115,15 +115,11 @@ def _check_intact(arg: str, ckpt: Path) -> None:
 
     Raises:
         tasks.config.ConfigError (key "source"): a file is missing or damaged, named, with the fix."""
-    from storage.checkpoints import verify_checkpoint
+    from storage.checkpoints import checkpoint_damage
     from tasks.config import ConfigError
-    try:
-        verify_checkpoint(ckpt, keys=("policy",))
-    except KeyError:  # no policy in it: loading says so, with its own message
-        return
-    except (OSError, ValueError) as exc:
-        raise ConfigError("source", arg, f"{' '.join(str(exc).split())}; evaluate another checkpoint of the run "
-                                         f"(checkpoints/global_step_N)") from None
+    why = checkpoint_damage(ckpt, keys=("policy",))
+    if why:
+        raise ConfigError("source", arg, f"{why}; evaluate another checkpoint of the run (checkpoints/global_step_N)")
 
 
 def eval_config(src: Source, overrides: list[str]):

@@ -132,16 +132,12 @@ def _check_teacher_intact(teacher: str, ckpt) -> None:
 
     Raises:
         tasks.config.ConfigError (key record.teacher): a file is missing or damaged, named, with the fix."""
-    from storage.checkpoints import verify_checkpoint
+    from storage.checkpoints import checkpoint_damage
     from tasks.config import ConfigError
-    try:
-        verify_checkpoint(ckpt, keys=("policy",))
-    except KeyError:  # no policy in it: loading says so, with its own message
-        return
-    except (OSError, ValueError) as exc:
-        raise ConfigError("record.teacher", teacher, f"{' '.join(str(exc).split())}; move the damaged checkpoint "
-                                                     f"aside (the teacher is the run's newest complete one) or "
-                                                     f"name another teacher run") from None
+    why = checkpoint_damage(ckpt, keys=("policy",))
+    if why:
+        raise ConfigError("record.teacher", teacher, f"{why}; move the damaged checkpoint aside (the teacher is the "
+                                                     f"run's newest complete one) or name another teacher run")
 
 
 def preflight_writes(cfg) -> list[tuple[str, str, Path]]:

@@ -309,6 +309,19 @@ def verify_checkpoint(path: str | os.PathLike, keys: tuple[str, ...] | None = No
     _verify_files(path, _index_for(path, keys)["files"])
 
 
+def checkpoint_damage(path: str | os.PathLike, keys: tuple[str, ...] | None = None) -> str | None:
+    """:func:`verify_checkpoint` as one line for an error message (whitespace collapsed), or None when the files
+    (of `keys`; None: all) are intact. A checkpoint without one of `keys` counts as intact here: loading it names
+    the missing key."""
+    try:
+        verify_checkpoint(path, keys)
+    except KeyError:
+        return None
+    except (OSError, ValueError) as exc:
+        return " ".join(str(exc).split())
+    return None
+
+
 def intact_before(run_dir: str | os.PathLike, step: int) -> Path | None:
     """The newest complete checkpoint of `run_dir` below `step` whose files all verify (:func:`verify_checkpoint`),
     or None: what a resume could start from when the newest checkpoint is damaged."""

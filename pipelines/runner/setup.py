@@ -148,16 +148,15 @@ def _check_intact(resume: str, run_dir: Path, ckpt_path: Path) -> None:
         ConfigError: a file is missing or damaged; the message names it and the newest intact older checkpoint
             the resume would start from once the damaged one is moved aside.
     """
-    from storage.checkpoints import checkpoint_step, intact_before, verify_checkpoint
+    from storage.checkpoints import checkpoint_damage, checkpoint_step, intact_before
 
-    try:
-        verify_checkpoint(ckpt_path)
-    except (OSError, ValueError) as exc:
+    why = checkpoint_damage(ckpt_path)
+    if why:
         older = intact_before(run_dir, checkpoint_step(ckpt_path))
         fix = (f"move it aside (mv {ckpt_path} {ckpt_path}.damaged) and the same command resumes from "
                f"{older.name}, the newest intact checkpoint" if older is not None else
                "no older checkpoint of this run is intact: start a new run")
-        raise ConfigError("runner.resume", resume, f"{' '.join(str(exc).split())}; {fix}") from None
+        raise ConfigError("runner.resume", resume, f"{why}; {fix}")
 
 
 def run_params(cfg: Config, mlflow_run_id: str | None, uri: str) -> tuple[dict, dict]:
