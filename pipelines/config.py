@@ -467,6 +467,13 @@ def _check_sft_store(cfg: Config) -> None:
     check_gripper_convention("sft.store", cfg.sft.store, st.attrs.get("gripper_convention"), cfg.env)
     check_source_env("sft.store", cfg.sft.store, {k: st.attrs.get(k) for k in SOURCE_ENV_KEYS}, cfg.env,
                      made="recorded")
+    stored_reward = st.attrs.get("reward_mode")
+    if cfg.sft.value_coef > 0 and stored_reward is not None and stored_reward != cfg.env.reward_mode:
+        raise ConfigError("sft.store", cfg.sft.store,
+                          f"stores rewards of env.reward_mode={stored_reward}, this config has env.reward_mode="
+                          f"{cfg.env.reward_mode}: sft.value_coef={cfg.sft.value_coef} would fit the critic an RL run "
+                          f"starts from to the other reward's scale; record with env.reward_mode="
+                          f"{cfg.env.reward_mode}, set env.reward_mode={stored_reward}, or sft.value_coef=0")
     want_o, obs = state_dim(cfg.env), st.fields.get("obs")
     if want_o is not None and obs is not None and obs.shape[0] != want_o:
         raise ConfigError("sft.store", cfg.sft.store, f"stores a {obs.shape[0]}-D state, this env gives {want_o}-D "

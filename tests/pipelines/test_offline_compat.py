@@ -220,3 +220,15 @@ def test_a_libero_checkpoint_of_another_action_length_is_refused_another_suite_i
     assert f"outputs {ACTION_DIM + 1}-D actions, env.simulator=libero takes {ACTION_DIM}-D" in line, line
     hf = _export(cfg, tmp_path / "hf7", obs_dim=state_dim(cfg.env), action_dim=ACTION_DIM)
     assert validate.main([*args, f"policy.model_path={hf}", "env.env_id=libero_goal"]) == 0, capsys.readouterr()
+
+
+def test_a_critic_warm_start_on_another_reward_is_refused_not_the_bc_alone(recorded_store, tmp_path, capsys):
+    """With `sft.value_coef > 0` the value head is fitted to the store's rewards: a recording of another
+    `reward_mode` would hand the RL run a critic on another scale. Behaviour cloning alone does not read rewards."""
+    from pipelines import validate
+    args = [*SFT, f"sft.store={recorded_store}", f"run_root={tmp_path / 'runs'}", "env.reward_mode=sparse"]
+    line = _refused(validate.main, [*args, "sft.value_coef=1.0"], capsys)
+    assert line.startswith(f"error: sft.store='{recorded_store}': stores rewards of env.reward_mode="
+                           f"normalized_dense, this config has env.reward_mode=sparse"), line
+    assert "sft.value_coef=0" in line, line
+    _accepted(validate.main, [*args, "sft.value_coef=0"], capsys)
