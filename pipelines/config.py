@@ -760,7 +760,13 @@ def check_record(cfg: Config, *, require_teacher: bool = True) -> None:
         raise ConfigError("record.action_noise", cfg.record.action_noise,
                           "applies to scripted teachers (record.teacher=scripted:NAME); a trained teacher samples "
                           "its own noise with record.deterministic=false")
-    run_dir, _ = resolve_teacher(cfg.record.teacher, cfg.run_root)
+    run_dir, ckpt = resolve_teacher(cfg.record.teacher, cfg.run_root)
+    from storage.checkpoints import checkpoint_damage
+    why = checkpoint_damage(ckpt, keys=("policy",))  # offline, before a cluster starts or the store is created
+    if why:
+        raise ConfigError("record.teacher", cfg.record.teacher, f"{why}; move the damaged checkpoint aside (the "
+                                                                f"teacher is the run's newest complete one) or name "
+                                                                f"another teacher run")
     tcfg = teacher_config(run_dir)
     if tcfg.policy.name != "mlp" or tcfg.env.obs_mode != "state":
         raise ConfigError("record.teacher", cfg.record.teacher,

@@ -48,8 +48,7 @@ def record(cfg, handle, *, echo=print) -> dict:
     if is_scripted_teacher(cfg.record.teacher):  # no run: the expert acts from the simulator's state
         run_dir, ckpt, tcfg = cfg.record.teacher, None, None
     else:
-        run_dir, ckpt = resolve_teacher(cfg.record.teacher, cfg.run_root)
-        _check_teacher_intact(cfg.record.teacher, ckpt)
+        run_dir, ckpt = resolve_teacher(cfg.record.teacher, cfg.run_root)  # its files verified by check_record
         tcfg = teacher_config(run_dir)
     out = record_output_path(cfg)
     client = handle.client
@@ -125,19 +124,6 @@ def record(cfg, handle, *, echo=print) -> dict:
     store.update_attrs(episodes=len(episodes), successful_episodes=n_succ, episode_index=index)
     partial.rename(out)  # atomic on one filesystem: `out` appears complete or not at all
     return summary
-
-
-def _check_teacher_intact(teacher: str, ckpt) -> None:
-    """The teacher checkpoint's policy files match its index (sha256), checked before the store is created.
-
-    Raises:
-        tasks.config.ConfigError (key record.teacher): a file is missing or damaged, named, with the fix."""
-    from storage.checkpoints import checkpoint_damage
-    from tasks.config import ConfigError
-    why = checkpoint_damage(ckpt, keys=("policy",))
-    if why:
-        raise ConfigError("record.teacher", teacher, f"{why}; move the damaged checkpoint aside (the teacher is the "
-                                                     f"run's newest complete one) or name another teacher run")
 
 
 def preflight_writes(cfg) -> list[tuple[str, str, Path]]:

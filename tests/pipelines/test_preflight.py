@@ -168,3 +168,36 @@ def test_record_output_directory_is_checked_before_the_cluster(tmp_path, a_file,
     err = _err_lines(capsys)
     _assert_one_line(rc, err, "record.out", out, f"{a_file}/demos", "not a directory")
     assert no_cluster == []
+
+
+def test_a_damaged_teacher_checkpoint_is_refused_before_the_cluster(tmp_path, capsys, no_cluster):
+    """A teacher whose policy file no longer matches its checkpoint's index (sha256) was found on a worker after
+    the cluster started (a traceback, a leftover `.partial` store): now by record's offline check (validate too)."""
+    from dataclasses import asdict
+
+    import torch
+
+    from pipelines import validate
+    from pipelines.config import load_config, to_yaml
+    from pipelines.runner.setup import RunState
+    from storage.checkpoints import save_checkpoint
+    from storage.rundir import new_run_dir, write_resolved_config
+    teacher_cfg, _ = load_config(["conf=smoke", f"run_root={tmp_path}"])
+    state = RunState(run_id="20260101-000000-beef", step=1, cursors=[None] * teacher_cfg.env.num_shards)
+    teacher = new_run_dir(tmp_path, "smoke", state.run_id)
+    write_resolved_config(teacher, to_yaml(teacher_cfg))
+    ckpt = save_checkpoint(teacher, 1, {"run": {"runner": asdict(state), "experiment": "smoke"},
+                                        "policy": {"w": torch.ones(64)}})
+    f = ckpt / "policy.pt"
+    data = bytearray(f.read_bytes())
+    data[-10] ^= 0xFF
+    f.write_bytes(bytes(data))
+    out = tmp_path / "demos" / "out.zarr"
+    args = ["conf=pushcube_record", f"run_root={tmp_path}", f"record.teacher={teacher}", f"record.out={out}"]
+    capsys.readouterr()
+    for main in (record.main, validate.main):
+        rc = main(args)
+        err = _err_lines(capsys)
+        assert rc == 2 and len(err) == 1 and err[0].startswith("error: record.teacher="), err
+        assert "policy.pt is corrupt" in err[0], err
+    assert no_cluster == [] and not (tmp_path / "demos").exists()
