@@ -332,8 +332,17 @@ def check_model_path(cfg: Config) -> None:
     state / action lengths the env's adapter knows offline. Raises ConfigError."""
     import json
     import os
-    meta = json.loads(open(os.path.join(cfg.policy.model_path, "config.json")).read())
+    from storage.checkpoints import export_damage
     p, key = cfg.policy, "policy.model_path"
+    damage = export_damage(p.model_path)
+    if damage:
+        raise ConfigError(key, p.model_path, f"is damaged: {damage}; export it again or use another checkpoint "
+                                             f"(a run keeps one hf/ per checkpoint: RUN/checkpoints/global_step_N/hf)")
+    try:
+        meta = json.loads(open(os.path.join(p.model_path, "config.json")).read())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(key, p.model_path, f"its config.json is unreadable ({type(exc).__name__}: {exc}); export "
+                                             f"it again or use another checkpoint") from None
     if meta.get("family") != p.name:
         raise ConfigError(key, p.model_path, f"holds a {meta.get('family')!r} checkpoint; policy.name={p.name}")
     want = cfg.env.image_size if cfg.env.obs_mode == "rgb" else None

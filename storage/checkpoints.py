@@ -42,6 +42,7 @@ import torch
 
 CHECKPOINTS_DIR = "checkpoints"
 INDEX_FILE = "index.json"
+EXPORT_INDEX = "dagrl_files.json"  # an export directory's (hf/) own index: index_export / export_damage
 META_FILE = "meta.json"
 _STEP_RE = re.compile(r"^global_step_(\d+)$")
 _KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -279,15 +280,16 @@ def _index_for(path: Path, keys: tuple[str, ...] | None) -> dict[str, Any]:
     return index
 
 
-def _verify_files(path: Path, files: Mapping[str, Any]) -> None:
+def _verify_files(path: Path, files: Mapping[str, Any], index_name: str = INDEX_FILE) -> None:
     for name, info in files.items():
         f = path / name
         if not f.is_file():
-            raise ValueError(f"checkpoint {path}: file {name} listed in {INDEX_FILE} is missing")
+            raise ValueError(f"checkpoint {path}: file {name} listed in {index_name} is missing")
         if f.stat().st_size != info["size"]:
-            raise ValueError(f"checkpoint {path}: file {name} has {f.stat().st_size} bytes, index says {info['size']}")
+            raise ValueError(f"checkpoint {path}: file {name} has {f.stat().st_size} bytes, {index_name} says "
+                             f"{info['size']}")
         if _sha256(f) != info["sha256"]:
-            raise ValueError(f"checkpoint {path}: file {name} is corrupt (sha256 differs from {INDEX_FILE})")
+            raise ValueError(f"checkpoint {path}: file {name} is corrupt (sha256 differs from {index_name})")
 
 
 def verify_checkpoint(path: str | os.PathLike, keys: tuple[str, ...] | None = None) -> None:
@@ -319,6 +321,37 @@ def checkpoint_damage(path: str | os.PathLike, keys: tuple[str, ...] | None = No
         return None
     except (OSError, ValueError) as exc:
         return " ".join(str(exc).split())
+    return None
+
+
+def index_export(path: str | os.PathLike) -> Path:
+    """Write ``<path>/dagrl_files.json`` (EXPORT_INDEX): size and sha256 of every other file of an export directory (a checkpoint's
+    ``hf/``, the `save_pretrained` layout `policy.model_path` takes), fsynced, written after the files. The index
+    travels with the directory when it is copied out of its run, so :func:`export_damage` can check it anywhere.
+    Returns the index's path."""
+    path = Path(path)
+    files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
+             for p in sorted(path.iterdir()) if p.is_file() and p.name != EXPORT_INDEX}
+    out = path / EXPORT_INDEX
+    _write_file(out, lambda f: f.write(json.dumps({"files": files}, indent=1, sort_keys=True).encode()))
+    return out
+
+
+def export_damage(path: str | os.PathLike) -> str | None:
+    """One line naming what is wrong with an export directory written with :func:`index_export` (a listed file
+    missing, of another size or other sha256; an unreadable index), or None when it is intact. An export without
+    the index (written before it existed, or by another tool) counts as intact: nothing to check it against."""
+    path = Path(path)
+    index = path / EXPORT_INDEX
+    if not index.is_file():
+        return None
+    try:
+        files = json.loads(index.read_text())["files"]
+        _verify_files(path, files, EXPORT_INDEX)
+    except (ValueError, KeyError, TypeError, OSError) as exc:
+        msg = str(exc) if isinstance(exc, (ValueError, OSError)) and str(exc).startswith("checkpoint ") else \
+            f"{index} is unreadable ({type(exc).__name__}: {exc})"
+        return " ".join(msg.split())
     return None
 
 

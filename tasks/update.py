@@ -300,28 +300,40 @@ def _restore_rng(checkpoint: dict) -> None:
         torch.set_rng_state(checkpoint["rng_torch"])
 
 
-def actor_export(run_id: str, checkpoint_path: str, env_meta: dict | None = None) -> str | None:
-    """Write the resident actor's policy in the `save_pretrained` layout to `<checkpoint_path>/hf` (policies that
-    have one: the VLAs); the directory `policy.model_path` takes. Written to a tmp dir, then renamed. `env_meta`
-    (simulator, env_id, gripper_convention) is added to its config.json as `env`."""
+def write_export(policy: torch.nn.Module, final: str, env_meta: dict | None = None) -> str:
+    """Write `policy` in the `save_pretrained` layout to the directory `final` (the one `policy.model_path` takes):
+    to a sibling tmp dir first, then renamed over `final`. `env_meta` (simulator, env_id, control_mode,
+    gripper_convention: pipelines.graphs.export_env_meta) is added to its config.json as `env`;
+    `dagrl_files.json` (storage.checkpoints.index_export, written last) lists every file's size and sha256, so a
+    damaged copy is refused offline (pipelines.config.check_model_path). Returns `final`."""
     import json
     import os
     import shutil
-    actor: Actor = resident.get(f"{run_id}/actor")
-    if actor is None or not hasattr(actor.policy, "save_pretrained"):
-        return None
-    final, tmp = os.path.join(checkpoint_path, "hf"), os.path.join(checkpoint_path, ".hf.tmp")
+    from storage.checkpoints import index_export
+    final = os.fspath(final)
+    tmp = os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    actor.policy.save_pretrained(tmp)
+    policy.save_pretrained(tmp)
     if env_meta:
         conf = os.path.join(tmp, "config.json")
         meta = json.loads(open(conf).read())
         meta["env"] = dict(env_meta)
         with open(conf, "w") as f:
             f.write(json.dumps(meta, indent=2, sort_keys=True))
+    index_export(tmp)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     return final
+
+
+def actor_export(run_id: str, checkpoint_path: str, env_meta: dict | None = None) -> str | None:
+    """Write the resident actor's policy to `<checkpoint_path>/hf` (:func:`write_export`; policies that have a
+    `save_pretrained`: the VLAs). Returns the directory, or None without an actor or such a policy."""
+    import os
+    actor: Actor = resident.get(f"{run_id}/actor")
+    if actor is None or not hasattr(actor.policy, "save_pretrained"):
+        return None
+    return write_export(actor.policy, os.path.join(checkpoint_path, "hf"), env_meta)
 
 
 def _flatten(samples: list[dict]) -> dict[str, torch.Tensor]:

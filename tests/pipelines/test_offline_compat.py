@@ -129,20 +129,19 @@ def test_a_libero_store_of_another_suite_is_refused(tmp_path, capsys):
 # ----- policy.model_path -----
 
 def _export(cfg, path: Path, *, obs_dim: int, action_dim: int) -> Path:
-    """A tiny policy of `cfg` written as a run's checkpoint export is: save_pretrained + config.json `env`."""
+    """A tiny policy of `cfg` written as a run's checkpoint export is (tasks.update.write_export, what
+    actor_export calls: save_pretrained, config.json `env`, dagrl_files.json)."""
     import torch
 
     from pipelines.graphs import export_env_meta
     from tasks.policies import make_policy
     from tasks.rollout import image_size, num_values
+    from tasks.update import write_export
     torch.manual_seed(0)
     pol = make_policy(cfg.policy, obs_dim=obs_dim, action_dim=action_dim, num_values=num_values(cfg),
                       image_size=image_size(cfg), load=False)
-    pol.save_pretrained(path)
-    meta = json.loads((path / "config.json").read_text())
-    meta["env"] = export_env_meta(cfg)
-    (path / "config.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
-    return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return Path(write_export(pol, path, export_env_meta(cfg)))
 
 
 @pytest.fixture(scope="module")
@@ -232,3 +231,66 @@ def test_a_critic_warm_start_on_another_reward_is_refused_not_the_bc_alone(recor
                            f"normalized_dense, this config has env.reward_mode=sparse"), line
     assert "sft.value_coef=0" in line, line
     _accepted(validate.main, [*args, "sft.value_coef=0"], capsys)
+
+
+# ----- a damaged policy.model_path (hf/ export) -----
+
+@pytest.mark.parametrize("damage", ["flip a byte", "truncate", "delete"])
+def test_a_damaged_export_is_refused_offline_naming_the_file(sft_run, tmp_path, capsys, monkeypatch, no_cluster,
+                                                             damage):
+    """An export's files are listed with size and sha256 in its dagrl_files.json (tasks.update.write_export). A
+    copy with one byte of its weights changed loaded silently (other weights, no error) and a truncated one failed
+    on a worker after the run started; now validate, run and eval of the hf dir refuse it before writing anything,
+    naming the file, and the intact export passes."""
+    from pipelines import eval as ev
+    from pipelines import run, validate
+    hf = tmp_path / "copy" / "hf"
+    shutil.copytree(sft_run / "checkpoints" / "global_step_3" / "hf", hf)
+    args = [GRPO, f"policy.model_path={hf}", f"run_root={tmp_path / 'runs'}"]
+    _accepted(validate.main, args, capsys)
+    weights = hf / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    if damage == "flip a byte":
+        data[-5] ^= 0xFF  # in the tensor data: safetensors itself would load it without complaint
+        weights.write_bytes(bytes(data))
+    elif damage == "truncate":
+        weights.write_bytes(bytes(data[: len(data) // 2]))
+    else:
+        weights.unlink()
+    monkeypatch.chdir(tmp_path)
+    for main, argv in ((validate.main, args), (run.main, args), (ev.main, [str(hf), *args[:1], args[2]])):
+        line = _refused(main, argv, capsys)
+        assert line.startswith(f"error: policy.model_path='{hf}': is damaged: "), line
+        assert "model.safetensors" in line and "export it again or use another checkpoint" in line, line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_export_without_the_index_still_loads_and_the_index_covers_every_file(sft_run, tmp_path, capsys):
+    """Exports written before dagrl_files.json (or by another tool) are accepted as before; the index lists every
+    other file of the directory with its real size and sha256."""
+    import hashlib
+
+    from pipelines import validate
+    from storage.checkpoints import EXPORT_INDEX
+    src = sft_run / "checkpoints" / "global_step_3" / "hf"
+    index = json.loads((src / EXPORT_INDEX).read_text())["files"]
+    on_disk = {p.name for p in src.iterdir() if p.name != EXPORT_INDEX}
+    assert set(index) == on_disk and "model.safetensors" in on_disk
+    for name, info in index.items():
+        assert info == {"size": (src / name).stat().st_size,
+                        "sha256": hashlib.sha256((src / name).read_bytes()).hexdigest()}
+    old = tmp_path / "old" / "hf"
+    shutil.copytree(src, old)
+    (old / EXPORT_INDEX).unlink()
+    _accepted(validate.main, [GRPO, f"policy.model_path={old}", f"run_root={tmp_path / 'runs'}"], capsys)
+
+
+def test_an_unreadable_config_json_is_one_error_not_a_traceback(sft_run, tmp_path, capsys):
+    from pipelines import validate
+    from storage.checkpoints import EXPORT_INDEX
+    hf = tmp_path / "hf"
+    shutil.copytree(sft_run / "checkpoints" / "global_step_3" / "hf", hf)
+    (hf / EXPORT_INDEX).unlink()  # no index to catch it first
+    (hf / "config.json").write_text("{not json")
+    line = _refused(validate.main, [GRPO, f"policy.model_path={hf}", f"run_root={tmp_path / 'runs'}"], capsys)
+    assert line.startswith(f"error: policy.model_path='{hf}': its config.json is unreadable (JSONDecodeError"), line
