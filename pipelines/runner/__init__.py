@@ -19,7 +19,9 @@ already in flight.
 Resume and interruption: a resume (`runner.resume=RUN_ID|latest`: the most recently started run of the experiment,
 an error naming it when it has no checkpoint) restores the RunState from the newest checkpoint; with the cursors
 (open episodes, per-shard RNG), the actor's weights, optimizer and process RNG in the checkpoint, the resumed run
-equals the uninterrupted one step for step. `request_stop` (pipelines.run: the first SIGINT/SIGTERM) ends the loop
+continues exactly what was saved. Not saved, and not savable: a ManiSkill CPU env's solver and contact state from
+its earlier episodes, which a freshly built env lacks; so a resumed run can leave the uninterrupted one's trajectory
+once contacts differ (benchmarks/env_history.py; README "Resume"). `request_stop` (pipelines.run: the first SIGINT/SIGTERM) ends the loop
 after the step(s) in flight with a checkpoint of the current step.
 """
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """Exact resume (issue 9 item 3): a run resumed from its checkpoint at step k reproduces the uninterrupted run
 STEP FOR STEP on CPU - every MLflow metric of the shared steps and the final weights (and optimizer state) equal,
-bit for bit - for the MLP PPO smoke config, a tiny flow-VLA GRPO config and a 2-rank actor.
+bit for bit - for the MLP PPO smoke config, a tiny flow-VLA GRPO config and a 2-rank actor. These short runs
+stay exact because the simulator's history does not change their episodes: a ManiSkill CPU env keeps solver and
+contact state across `reset` that a rebuilt env lacks, and longer runs with contacts (the default PushCube job)
+leave the uninterrupted trajectory after a resume (benchmarks/env_history.py; README "Resume").
 
 Each test starts one local cluster and runs on it: the uninterrupted run U (n steps), a run P stopped after k
 steps (its checkpoint at k), then P resumed to n. Between P and its resume every resident object of P (env shards,
