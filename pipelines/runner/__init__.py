@@ -21,7 +21,9 @@ an error naming it when it has no checkpoint) restores the RunState from the new
 (open episodes, per-shard RNG), the actor's weights, optimizer and process RNG in the checkpoint, the resumed run
 continues exactly what was saved. Not saved, and not savable: a ManiSkill CPU env's solver and contact state from
 its earlier episodes, which a freshly built env lacks; so a resumed run can leave the uninterrupted one's trajectory
-once contacts differ (benchmarks/env_history.py; README "Resume"). `request_stop` (pipelines.run: the first SIGINT/SIGTERM) ends the loop
+once contacts differ (benchmarks/env_history.py; README "Resume"), unless `runner.exact_resume`: then every
+checkpoint is followed by re-creating the env and eval shards from the saved cursors (`_fresh_envs`), so the
+uninterrupted run and a resume from that checkpoint step the same freshly built envs. `request_stop` (pipelines.run: the first SIGINT/SIGTERM) ends the loop
 after the step(s) in flight with a checkpoint of the current step.
 """
 from __future__ import annotations
@@ -422,5 +424,15 @@ class Runner(Scheduler, Setup, Recovery):
         if st.best_eval_step == st.step:  # written after the eval that set it: this checkpoint holds the best
             mark_best(self.run_dir, st.step, st.best_eval_success_once)
         prune_checkpoints(self.run_dir, self.cfg.runner.keep_checkpoints)  # never the best
+        if self.cfg.runner.exact_resume and self.cfg.env.simulator == "maniskill":
+            self._fresh_envs()
         self.perf.phase("checkpoint", st.step, time.perf_counter() - t0)
         return path
+
+    def _fresh_envs(self) -> None:
+        """runner.exact_resume: drop the run's env shards and eval shards on every worker; the next step and eval
+        re-create them from the cursors the checkpoint just saved (tasks.rollout.get_shard), the path a resume takes,
+        so the uninterrupted run and a resume from this checkpoint step the same freshly built envs."""
+        from tasks import resident
+        for part in ("shard", "eval"):
+            self._run_on(resident.release, f"{self.state.run_id}/{part}/", what=f"releasing the {part} envs")

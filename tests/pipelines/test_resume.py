@@ -3,7 +3,8 @@ STEP FOR STEP on CPU - every MLflow metric of the shared steps and the final wei
 bit for bit - for the MLP PPO smoke config, a tiny flow-VLA GRPO config and a 2-rank actor. These short runs
 stay exact because the simulator's history does not change their episodes: a ManiSkill CPU env keeps solver and
 contact state across `reset` that a rebuilt env lacks, and longer runs with contacts (the default PushCube job)
-leave the uninterrupted trajectory after a resume (benchmarks/env_history.py; README "Resume").
+leave the uninterrupted trajectory after a resume (benchmarks/env_history.py; README "Resume") unless
+`runner.exact_resume` (the slow test at the end of this file).
 
 Each test starts one local cluster and runs on it: the uninterrupted run U (n steps), a run P stopped after k
 steps (its checkpoint at k), then P resumed to n. Between P and its resume every resident object of P (env shards,
@@ -338,3 +339,32 @@ def test_rollback_redoes_the_steps_after_the_checkpoint_in_one_timeline(tmp_path
         assert [store.attempt(e) for e in range(3)] == [1, 1, 2]
     finally:
         handle.close()
+
+
+def _run_metrics(root, args: list[str]) -> dict[tuple[str, int], float]:
+    """`pipelines.run` with `args` under `root`; every compared metric of every MLflow run there, by (key, step)."""
+    import sqlite3
+
+    from pipelines.run import main as run_main
+    assert run_main([f"run_root={root}", "runner.progress=false", "cluster.dashboard_address=127.0.0.1:0", *args]) == 0
+    con = sqlite3.connect(str(root / "mlflow.db"))
+    rows = con.execute("select key, step, value from metrics").fetchall()
+    return {(k, s): v for k, s, v in rows if not k.startswith(WALL_CLOCK) and k not in EXCLUDED}
+
+
+@pytest.mark.slow  # 523 s on the idle 2-core VM: three default-job runs of 25-50 steps (64 envs, contacts: the case that shows the history)
+def test_exact_resume_of_the_default_job_replays_the_uninterrupted_run(tmp_path):
+    """The default PushCube job (64 envs, 50-step episodes: the robot pushes the cube) with runner.exact_resume:
+    stopped at step 25 (a periodic checkpoint) and resumed to 50, every metric of steps 1-50 equals the
+    uninterrupted 50-step run's. Without it the resumed run left the uninterrupted one at step 49 (3 of 64 envs,
+    from chunk step 9: the CPU simulator's solver and contact state across `reset`, which no checkpoint holds;
+    benchmarks/env_history.py); with it the uninterrupted run re-creates its env shards from the saved cursors
+    after each checkpoint, as the resume does."""
+    common = ["seed=2", "env.seed=200000", "runner.save_interval=25", "runner.exact_resume=true",
+              "runner.eval_videos=0"]
+    whole = _run_metrics(tmp_path / "u", [*common, "runner.max_steps=50"])
+    _run_metrics(tmp_path / "p", [*common, "runner.max_steps=25"])
+    resumed = _run_metrics(tmp_path / "p", [*common, "runner.max_steps=50", "runner.resume=latest"])
+    shared = [k for k in whole if k in resumed]
+    assert sum(1 for k, s in shared if k == "train/approx_kl" and s > 25) == 25  # the resumed steps are compared
+    assert [k for k in shared if not _same(whole[k], resumed[k])] == []
