@@ -600,7 +600,7 @@ def test_experiments_resolve_as_before_the_groups(name):
     conf=pushcube_flow_grpo's measured update: Flow-SDE, 256 envs, 4 epochs at lr 1e-4 with target_kl 0.01, 24
     steps, and the new key policy.temperature at its default 1.0, issue 11; the new keys env.object_state at its
     default false, record.action_noise at its default 0.0 and policy.normalize_actions at its default false, issue
-    12)."""
+    12; 2026-12-05 the new key runner.exact_resume at its default false, issue 13's resume finding)."""
     import json
     import tasks.config
     from omegaconf import OmegaConf
