@@ -10,12 +10,14 @@ and `rollout.inference=colocated`, plus any `--set KEY=VALUE`: state obs, pd_joi
 reward, physx_cpu, MLP 3x256 policy, T=100 chunk steps (1 action per chunk) per training step, PPO with 8 epochs x
 8 minibatches, target_kl 0.1, episodes of 50 steps (terminations ignored as the yaml says).
 
-(a) raw      N = os.cpu_count() processes, each stepping num_envs/N ManiSkill envs (one env instance per env,
-             as tasks.envs.maniskill.ManiSkillEnv builds them) with uniform random actions, resetting finished
-             episodes; after a warm-up, a fixed number of steps per env from a common start (barrier).
+(a) raw      N = os.cpu_count() processes, each stepping num_envs/N ManiSkill envs through the adapter the
+             pipeline uses (tasks.envs.maniskill.ManiSkillEnv: one env instance per env; its step is
+             tasks.envs.maniskill_fast's where env.fast_step applies, as in the pipeline, else ManiSkill's
+             env.step) with uniform random actions, resetting finished episodes; after a warm-up, a fixed number of steps per env from a common start (barrier).
              steps/s = all steps / slowest process's time.
 (b) baseline gymnasium AsyncVectorEnv (one subprocess per env, context "forkserver", CPUGymWrapper: ManiSkill's
-             ppo_cpu.py recipe) + an in-process PPO loop written out below with the same policy class
+             ppo_cpu.py recipe, so ManiSkill's own env.step: `--set env.fast_step=false` compares the pipeline
+             with the same env step) + an in-process PPO loop written out below with the same policy class
              (tasks.policies.make_policy) and hyper-parameters. steps/s per training iteration =
              num_envs * T / (rollout + update wall time); the median over the measured iterations after 2 warm-up
              iterations.
@@ -93,23 +95,22 @@ def _raw_worker(rank: int, n_envs: int, warmup: int, steps: int, overrides: list
     from tasks.seeding import raw_env_seed
     cfg = _config(overrides)
     ignore_term = cfg.env.ignore_terminations
-    envs = [make_single_env(cfg.env).env for _ in range(n_envs)]  # the gym env inside ManiSkillEnv
+    envs = [make_single_env(cfg.env) for _ in range(n_envs)]  # the adapter the pipeline steps (env.fast_step)
     rng = np.random.default_rng(rank)
     seed = 0  # resets so far in this process (tasks.seeding.raw_env_seed)
     for e in envs:
-        e.reset(seed=raw_env_seed(rank, seed))
+        e.reset(raw_env_seed(rank, seed))
         seed += 1
-    D = envs[0].action_space.shape[-1]
+    D = envs[0].action_dim
 
     def run(n: int) -> int:
         nonlocal seed
         resets = 0
         for _ in range(n):
             for e in envs:
-                a = torch.from_numpy(rng.uniform(-1, 1, (1, D)).astype(np.float32))
-                _, _, term, trunc, _ = e.step(a)
-                if bool(trunc[0]) or (bool(term[0]) and not ignore_term):
-                    e.reset(seed=raw_env_seed(rank, seed))
+                _, _, term, trunc, _ = e.step(rng.uniform(-1, 1, D).astype(np.float32))
+                if trunc or (term and not ignore_term):
+                    e.reset(raw_env_seed(rank, seed))
                     seed += 1
                     resets += 1
         return resets

@@ -14,7 +14,8 @@ SOURCE (the weights, and where the config comes from):
       -> the config is the run's config.yaml; overrides may change only the evaluation and where it runs:
          env.eval.* (num_episodes, num_envs, seed, ...), env.task_ids / env.num_trials (a LIBERO subset: the
          prompts are the suite's whatever the subset), env.robot_visual_lod (the same episodes' dynamics, the
-         arm rendered from decimated meshes: tasks.envs.mesh_lod), runner.eval_videos, runner.eval_video_size,
+         arm rendered from decimated meshes: tasks.envs.mesh_lod), env.fast_step (the same values),
+         runner.eval_videos, runner.eval_video_size,
          runner.progress, cluster.*, tracking.*, run_root (another key: exit 2, it would evaluate another policy
          or env than the run's)
   HF_DIR                       a `save_pretrained` directory elsewhere (config.json + model.safetensors): needs
@@ -58,8 +59,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # keys a run source's evaluation may override (prefixes end with "."): the rest is the run's policy and env
-EVAL_KEYS = ("env.eval.", "env.task_ids", "env.num_trials", "env.robot_visual_lod", "runner.eval_videos",
-             "runner.eval_video_size", "runner.progress", "cluster.", "tracking.", "run_root")
+EVAL_KEYS = ("env.eval.", "env.task_ids", "env.num_trials", "env.robot_visual_lod", "env.fast_step",
+             "runner.eval_videos", "runner.eval_video_size", "runner.progress", "cluster.", "tracking.", "run_root")
 EXTERNAL_DIR = "external_evals"
 
 

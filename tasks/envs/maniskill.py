@@ -209,6 +209,8 @@ class ManiSkillEnv:
             raise
         self.obs_dim = int(np.prod(self.env.observation_space.shape[1:]))
         self.action_dim = int(np.prod(self.env.action_space.shape[1:] or self.env.action_space.shape))
+        from tasks.envs.maniskill_fast import fast_step_for
+        self._fast_step = fast_step_for(self.env) if cfg.fast_step else None  # env.fast_step
         self.fps = float(getattr(self.env.unwrapped, "control_freq", 20) or 20)  # actions per second (videos)
 
     def reset(self, seed: int) -> np.ndarray:
@@ -216,6 +218,8 @@ class ManiSkillEnv:
         return obs.reshape(-1).cpu().numpy().astype(np.float32, copy=False)
 
     def step(self, action: np.ndarray):
+        if self._fast_step is not None:  # the same values as env.step (tasks.envs.maniskill_fast)
+            return self._fast_step(action)
         import torch
         obs, r, term, trunc, info = self.env.step(torch.from_numpy(action).reshape(1, -1))
         return (obs.reshape(-1).cpu().numpy().astype(np.float32, copy=False), float(r.reshape(-1)[0]),

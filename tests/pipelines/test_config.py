@@ -444,6 +444,7 @@ INERT = [
     # env
     (["env.image_size=32"], "env.image_size", "obs_mode=rgb"),
     (["conf=libero_smoke", "env.robot_visual_lod=0.1"], "env.robot_visual_lod", "does not read it"),
+    (["conf=libero_smoke", "env.fast_step=false"], "env.fast_step", "does not read it"),
     # algorithm: keys of another algorithm, a switched-off option, a no-op device setting
     ([GRPO, NO_SFT, "algorithm.gamma=0.9"], "algorithm.gamma", "critic-free"),
     ([GRPO, NO_SFT, "algorithm.gae_lambda=0.9"], "algorithm.gae_lambda", "critic-free"),
@@ -600,7 +601,8 @@ def test_experiments_resolve_as_before_the_groups(name):
     conf=pushcube_flow_grpo's measured update: Flow-SDE, 256 envs, 4 epochs at lr 1e-4 with target_kl 0.01, 24
     steps, and the new key policy.temperature at its default 1.0, issue 11; the new keys env.object_state at its
     default false, record.action_noise at its default 0.0 and policy.normalize_actions at its default false, issue
-    12; 2026-12-05 the new key runner.exact_resume at its default false, issue 13's resume finding)."""
+    12; 2026-12-05 the new key runner.exact_resume at its default false, issue 13's resume finding, and the new key
+    env.fast_step at its default true (the same values, faster; issue 13))."""
     import json
     import tasks.config
     from omegaconf import OmegaConf

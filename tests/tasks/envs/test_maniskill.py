@@ -167,7 +167,7 @@ def test_images_and_observations_reach_numpy_from_a_cuda_render_device(monkeypat
         unwrapped=None, reset=lambda seed: (OnDevice(obs), {}),
         step=lambda a: (OnDevice(obs), torch.tensor([0.5]), torch.tensor([False]), torch.tensor([True]),
                         {"success": torch.tensor([False])}))
-    env = types.SimpleNamespace(env=fake_env, image_shape=(2, 2, 3))
+    env = types.SimpleNamespace(env=fake_env, image_shape=(2, 2, 3), _fast_step=None)  # ManiSkill's step path
     np.testing.assert_array_equal(ms.ManiSkillEnv.render_rgb(env), img[0].numpy())
     np.testing.assert_array_equal(ms.ManiSkillEnv.reset(env, 0), [1.0, 2.0, 3.0])
     o, r, term, trunc, succ = ms.ManiSkillEnv.step(env, np.zeros(2, np.float32))
