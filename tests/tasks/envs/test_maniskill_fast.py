@@ -11,12 +11,16 @@ from tasks.envs import make_shard
 from tasks.envs.maniskill import ManiSkillEnv
 
 
-def _pair(**kw):
-    cfg = EnvConfig(env_id="PushCube-v1", **kw)
-    ref = ManiSkillEnv(EnvConfig(env_id="PushCube-v1", fast_step=False, **kw))
-    fast = ManiSkillEnv(cfg)
+def _pair(env_id: str = "PushCube-v1", **kw):
+    ref = ManiSkillEnv(EnvConfig(env_id=env_id, fast_step=False, **kw))
+    fast = ManiSkillEnv(EnvConfig(env_id=env_id, **kw))
     assert ref._fast_step is None and fast._fast_step is not None
     return ref, fast
+
+
+def _same(a, b, i) -> None:
+    assert np.array_equal(a[0], b[0]) and a[0].dtype == b[0].dtype == np.float32, (i, np.abs(a[0] - b[0]).max())
+    assert a[1:] == b[1:] and isinstance(b[1], float), (i, a[1:], b[1:])
 
 
 def _teleport(env: ManiSkillEnv, where: str, dz: float = 0.0) -> None:
@@ -56,8 +60,7 @@ def test_fast_step_equals_maniskills_step_bit_for_bit(reward_mode):
             for env in (ref, fast):
                 _teleport(env, "tcp", dz=0.002 * (phase - 20))
         a, b = ref.step(action), fast.step(action)
-        assert np.array_equal(a[0], b[0]) and a[0].dtype == b[0].dtype == np.float32, i
-        assert a[1:] == b[1:] and isinstance(b[1], float), (i, a[1:], b[1:])
+        _same(a, b, i)
         counts["steps"] += 1
         counts["success"] += a[4]
         counts["reached"] += _reached(ref) and not a[4]
@@ -103,10 +106,65 @@ def test_shards_with_and_without_fast_step_give_the_same_rollout():
     assert ends >= 4  # 30 chunks of 4 actions in 20-step episodes: episodes end and reset inside the rollout
 
 
-@pytest.mark.parametrize("kw", [dict(env_id="PickCube-v1"), dict(reward_mode="sparse")])
+def test_pickcube_fast_step_equals_maniskills_step_with_grasps_and_successes():
+    """PickCube-v1: the grasp flag (in the observation and the reward), the placed-and-static success, the
+    arm-static bonus, terminations: all as ManiSkill's step."""
+    import sapien
+    ref, fast = _pair("PickCube-v1")
+    rng = np.random.default_rng(5)
+    ref.reset(21), fast.reset(21)
+    counts = dict(grasped=0, success=0, placed_moving=0, terminated=0)
+    for i in range(300):
+        phase = i % 50
+        action = rng.uniform(-1, 1, ref.action_dim).astype(np.float32)
+        if 5 <= phase < 20:  # the cube held between the open fingers while they close: a grasp
+            action[:7], action[7] = 0.0, -1.0
+            if phase < 8:
+                for env in (ref, fast):
+                    base = env.env.unwrapped
+                    base.cube.set_pose(sapien.Pose(p=base.agent.tcp.pose.p[0].tolist()))
+        elif 30 <= phase < 40:  # the cube at the goal: placed, the arm moving (35-39: held still, success)
+            action[:] *= 0.0 if phase >= 35 else 1.0
+            for env in (ref, fast):
+                base = env.env.unwrapped
+                base.cube.set_pose(sapien.Pose(p=base.goal_site.pose.p[0].tolist()))
+        a, b = ref.step(action), fast.step(action)
+        _same(a, b, i)
+        counts["grasped"] += bool(ref.env.unwrapped.agent.is_grasping(ref.env.unwrapped.cube)[0])
+        counts["success"] += a[4]
+        counts["placed_moving"] += 30 <= phase < 35 and not a[4]
+        counts["terminated"] += a[2]
+        if a[2] or a[3]:
+            assert np.array_equal(ref.reset(300 + i), fast.reset(300 + i))
+    assert counts["grasped"] >= 3 and counts["success"] >= 1 and counts["terminated"] >= 1, counts
+    assert counts["placed_moving"] >= 3, counts  # the arm-static bonus of a placed cube
+    ref.close(), fast.close()
+
+
+@pytest.mark.parametrize("env_id, control_mode", [("StackCube-v1", "pd_joint_delta_pos"),
+                                                  ("PushCube-v1", "pd_ee_delta_pose")])
+def test_one_part_fast_the_other_maniskills(env_id, control_mode):
+    """An env task without a computation here (StackCube-v1: ManiSkill's observation and reward after the fast
+    controller), a controller without a fast path (pd_ee_delta_pose: ManiSkill's controller, PushCube's
+    computation): the same values as ManiSkill's step."""
+    ref, fast = _pair(env_id, control_mode=control_mode)
+    rng = np.random.default_rng(2)
+    ref.reset(4), fast.reset(4)
+    for i in range(60):
+        action = rng.uniform(-1, 1, ref.action_dim).astype(np.float32)
+        a, b = ref.step(action), fast.step(action)
+        _same(a, b, i)
+        if a[2] or a[3]:
+            ref.reset(50 + i), fast.reset(50 + i)
+    ref.close(), fast.close()
+
+
+@pytest.mark.parametrize("kw", [dict(env_id="StackCube-v1", control_mode="pd_ee_delta_pose"),
+                                dict(env_id="PushCube-v1", control_mode="pd_ee_delta_pose", reward_mode="sparse"),
+                                dict(env_id="PushCube-v1", fast_step=False)])
 def test_no_fast_path_falls_back_to_maniskills_step(kw):
-    env = ManiSkillEnv(EnvConfig(**{"env_id": "PushCube-v1", **kw}))
-    assert env._fast_step is None  # an env task / reward mode tasks.envs.maniskill_fast does not cover
+    env = ManiSkillEnv(EnvConfig(**kw))
+    assert env._fast_step is None  # nothing tasks.envs.maniskill_fast covers, or env.fast_step=false
     env.reset(0)
     obs, r, term, trunc, succ = env.step(np.zeros(env.action_dim, np.float32))
     assert obs.shape == (env.obs_dim,) and np.isfinite(r)
