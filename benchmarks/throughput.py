@@ -24,7 +24,11 @@ reward, physx_cpu, MLP 3x256 policy, T=100 chunk steps (1 action per chunk) per 
 (c) pipeline `python -m pipelines.run` with the default cluster (2 env workers + 1 GPU worker, colocated inference),
              eval off during the measurement, trajectories stored. steps/s = median over steps 3.. of
              num_envs * T / time/step from MLflow, overhead = median time/overhead_share
-             (1 - (max shard rollout time + update time) / step wall time).
+             (1 - (max shard rollout time + update time) / step wall time). With steps ahead
+             (`--set runner.max_staleness=1`) steps overlap, so a step's time/step (submission to end) is no
+             throughput: steps/s = the env steps of steps 3.. / the wall time from step 2's MLflow log to the
+             last step's (MLflow logging included; before 2026-12-05 this row took the per-step median, which
+             over-counted, e.g. 2521 against 1563 env steps/s end to end in one run).
 
 The machine's limit ("bound" line): the raw simulator's CPU time for one training step's env steps on all cores
 plus the update's CPU time, spread over all cores with nothing idle: per_step / (per_step / raw steps/s +
@@ -315,8 +319,17 @@ def read_pipeline_metrics(run_root: str) -> dict:
         raise RuntimeError(f"no pipeline steps after the first {WARMUP_STEPS} in {run_root}/mlflow.db")
     # wall time between consecutive metric logs: the whole loop iteration, MLflow logging included
     loop = [per[s]["_ts"] - per[s - 1]["_ts"] for s in steps if s > WARMUP_STEPS and s - 1 in per]
+    # with steps ahead (runner.max_staleness > 0; no time/overhead_share logged) a step's time/step runs from its
+    # submission to its end and overlaps its neighbours': env steps / time/step is no throughput. There the figure
+    # is the measured window's: env steps of steps WARMUP+1.. over the wall time from step WARMUP's log to the last
+    overlapped = all(math.isnan(x.get("time/overhead_share", float("nan"))) for x in m)
+    if overlapped and WARMUP_STEPS in per and len(m) > 1:
+        window_env_steps = sum(x["rollout/env_steps_per_s"] * x["time/step"] for x in m)
+        steps_per_s = window_env_steps / (per[steps[-1]]["_ts"] - per[WARMUP_STEPS]["_ts"])
+    else:
+        steps_per_s = statistics.median(x["rollout/env_steps_per_s"] for x in m)
     return {"steps": {s: {k: v for k, v in per[s].items()} for s in steps},
-            "steps_per_s": statistics.median(x["rollout/env_steps_per_s"] for x in m),
+            "steps_per_s": steps_per_s, "overlapped": overlapped,
             # logged by synchronous runs only (with steps ahead the update overlaps the next rollout): nan
             "overhead_share": statistics.median(x.get("time/overhead_share", float("nan")) for x in m),
             "step_s": statistics.median(x["time/step"] for x in m),

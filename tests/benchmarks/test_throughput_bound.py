@@ -29,3 +29,41 @@ def test_actor_threads_follow_the_cluster_rule(tp, monkeypatch):
     assert tp.actor_threads(cfg) == 14
     cfg.cluster.actor_threads = 2
     assert tp.actor_threads(cfg) == 2
+
+
+def _mlflow_db(path, steps: dict[int, dict], log_times: dict[int, float]) -> None:
+    """A minimal MLflow sqlite store: the metrics table read_pipeline_metrics queries (timestamps in ms)."""
+    import sqlite3
+    con = sqlite3.connect(path / "mlflow.db")
+    con.execute("CREATE TABLE metrics (key TEXT, value REAL, timestamp INTEGER, step INTEGER)")
+    for step, m in steps.items():
+        for key, value in m.items():
+            con.execute("INSERT INTO metrics VALUES (?, ?, ?, ?)", (key, value, int(log_times[step] * 1000), step))
+    con.commit()
+    con.close()
+
+
+def _step(wall: float, **extra) -> dict:
+    return {"rollout/env_steps_per_s": 1600 / wall, "time/step": wall, "time/rollout_total_max": 0.5,
+            "time/update": 0.3, "train/minibatch_updates": 64.0, **extra}
+
+
+def test_overlapping_steps_are_measured_over_the_window_not_per_step(tp, tmp_path):
+    """With steps ahead each step takes 1.0 s from submission to end but one ends every 0.5 s: 1600 env steps per
+    0.5 s = 3200 env steps/s, not the per-step 1600 / 1.0."""
+    n = tp.WARMUP_STEPS + 6
+    _mlflow_db(tmp_path, {s: _step(1.0) for s in range(1, n + 1)}, {s: 10.0 + 0.5 * s for s in range(1, n + 1)})
+    m = tp.read_pipeline_metrics(str(tmp_path))
+    assert m["overlapped"] and m["steps_per_s"] == pytest.approx(3200.0)
+
+
+def test_synchronous_steps_keep_the_per_step_median(tp, tmp_path):
+    walls = [1.0, 0.8, 1.0, 4.0, 1.0, 1.0, 1.0, 1.0]  # one slow step does not move the median
+    steps = {s: _step(w, **{"time/overhead_share": 0.05}) for s, w in enumerate(walls, start=1)}
+    times, t = {}, 0.0
+    for s, w in enumerate(walls, start=1):
+        t += w
+        times[s] = t
+    _mlflow_db(tmp_path, steps, times)
+    m = tp.read_pipeline_metrics(str(tmp_path))
+    assert not m["overlapped"] and m["steps_per_s"] == pytest.approx(1600.0)
