@@ -28,7 +28,8 @@ reward, physx_cpu, MLP 3x256 policy, T=100 chunk steps (1 action per chunk) per 
              (`--set runner.max_staleness=1`) steps overlap, so a step's time/step (submission to end) is no
              throughput: steps/s = the env steps of steps 3.. / the wall time from step 2's MLflow log to the
              last step's (MLflow logging included; before 2026-12-05 this row took the per-step median, which
-             over-counted, e.g. 2521 against 1563 env steps/s end to end in one run).
+             over-counted, e.g. 2521 against 1563 env steps/s end to end in one run; the runner's
+             rollout/env_steps_per_s now counts an overlapped step from the previous step's end).
 
 The machine's limit ("bound" line): the raw simulator's CPU time for one training step's env steps on all cores
 plus the update's CPU time, spread over all cores with nothing idle: per_step / (per_step / raw steps/s +
@@ -292,8 +293,8 @@ def phase_baseline(args) -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 # (c) the dagrl pipeline, from MLflow
 # ---------------------------------------------------------------------------------------------------------------
-PIPE_KEYS = ("rollout/env_steps_per_s", "time/step", "time/rollout_total_max", "time/update", "time/overhead_share",
-             "time/store_max", "train/minibatch_updates")
+PIPE_KEYS = ("rollout/env_steps_per_s", "rollout/env_steps_total", "time/step", "time/rollout_total_max",
+             "time/update", "time/overhead_share", "time/store_max", "train/minibatch_updates")
 
 
 def pipeline_overrides(args, run_root: str) -> list[str]:
@@ -324,7 +325,7 @@ def read_pipeline_metrics(run_root: str) -> dict:
     # is the measured window's: env steps of steps WARMUP+1.. over the wall time from step WARMUP's log to the last
     overlapped = all(math.isnan(x.get("time/overhead_share", float("nan"))) for x in m)
     if overlapped and WARMUP_STEPS in per and len(m) > 1:
-        window_env_steps = sum(x["rollout/env_steps_per_s"] * x["time/step"] for x in m)
+        window_env_steps = per[steps[-1]]["rollout/env_steps_total"] - per[WARMUP_STEPS]["rollout/env_steps_total"]
         steps_per_s = window_env_steps / (per[steps[-1]]["_ts"] - per[WARMUP_STEPS]["_ts"])
     else:
         steps_per_s = statistics.median(x["rollout/env_steps_per_s"] for x in m)
@@ -347,8 +348,7 @@ def pipeline_cpu(p: dict) -> tuple[float, float]:
 
     def at(t: float) -> float:
         return min(p["cpu_trace"], key=lambda x: abs(x[0] - t))[1]
-    env_steps = sum(p["steps"][s]["rollout/env_steps_per_s"] * p["steps"][s]["time/step"]
-                    for s in steps if s > WARMUP_STEPS)
+    env_steps = p["steps"][steps[-1]]["rollout/env_steps_total"] - p["steps"][WARMUP_STEPS]["rollout/env_steps_total"]
     return at(t_b) - at(t_a), env_steps
 
 

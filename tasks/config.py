@@ -469,9 +469,10 @@ class RunnerConfig:
     progress: bool = True
     # every eval films its first N episodes (at most env.eval.num_episodes; mp4 with step, reward, return, success
     # on the frames, <= 10 fps; tasks.video), logged to MLflow under videos/step_<step>; 0: none; GPU simulation:
-    # none. A frame costs ~0.1-0.3 s on a CPU (lavapipe): 2 PushCube episodes add ~10-15 s to an eval eval_video_size: the square frames' side in pixels
+    # none. A frame costs ~0.1-0.3 s on a CPU (lavapipe): 2 PushCube episodes add ~10-15 s to an eval (the default
+    # job films 1: ~1.9 s of its ~3.7 s eval at 256 px, 2026-12-05)
     eval_videos: int = 2
-    eval_video_size: int = 256
+    eval_video_size: int = 256  # the square frames' side in pixels
     # training steps (numbered as MLflow's: the first is 1) run under distributed.performance_report, written to
     # <run dir>/profile/step_N.html and logged to MLflow under profile/ (pipelines.runner.perf); [] : none
     profile_steps: list[int] = field(default_factory=list)

@@ -270,10 +270,16 @@ class Scheduler:
         env_steps = self._env_steps_per_step()
         st.env_steps += env_steps
         st.step += 1
-        wall = time.perf_counter() - t0
+        now = time.perf_counter()
+        wall = now - t0
+        # env steps per second of wall time: over the step's own time, or with steps ahead (they overlap: a step's
+        # time/step runs from its submission) since the previous step ended, whichever is shorter
+        last = getattr(self, "_last_step_end", None)
+        since = now - max(t0, last) if last is not None else wall
+        self._last_step_end = now
         m = out["metrics"]
         m["time/step"] = wall
-        m["rollout/env_steps_per_s"] = env_steps / wall
+        m["rollout/env_steps_per_s"] = env_steps / since
         m["rollout/env_steps_total"] = float(st.env_steps)
         if self.cfg.runner.max_staleness == 0:  # with steps ahead the update overlaps the next rollout: no share
             m["time/overhead_share"] = max(0.0, 1.0 - (m["time/rollout_total_max"] + m["time/update"]) / wall)

@@ -43,23 +43,23 @@ def _mlflow_db(path, steps: dict[int, dict], log_times: dict[int, float]) -> Non
     con.close()
 
 
-def _step(wall: float, **extra) -> dict:
-    return {"rollout/env_steps_per_s": 1600 / wall, "time/step": wall, "time/rollout_total_max": 0.5,
-            "time/update": 0.3, "train/minibatch_updates": 64.0, **extra}
+def _step(step: int, wall: float, **extra) -> dict:
+    return {"rollout/env_steps_per_s": 1600 / wall, "rollout/env_steps_total": 1600.0 * step, "time/step": wall,
+            "time/rollout_total_max": 0.5, "time/update": 0.3, "train/minibatch_updates": 64.0, **extra}
 
 
 def test_overlapping_steps_are_measured_over_the_window_not_per_step(tp, tmp_path):
     """With steps ahead each step takes 1.0 s from submission to end but one ends every 0.5 s: 1600 env steps per
     0.5 s = 3200 env steps/s, not the per-step 1600 / 1.0."""
     n = tp.WARMUP_STEPS + 6
-    _mlflow_db(tmp_path, {s: _step(1.0) for s in range(1, n + 1)}, {s: 10.0 + 0.5 * s for s in range(1, n + 1)})
+    _mlflow_db(tmp_path, {s: _step(s, 1.0) for s in range(1, n + 1)}, {s: 10.0 + 0.5 * s for s in range(1, n + 1)})
     m = tp.read_pipeline_metrics(str(tmp_path))
     assert m["overlapped"] and m["steps_per_s"] == pytest.approx(3200.0)
 
 
 def test_synchronous_steps_keep_the_per_step_median(tp, tmp_path):
     walls = [1.0, 0.8, 1.0, 4.0, 1.0, 1.0, 1.0, 1.0]  # one slow step does not move the median
-    steps = {s: _step(w, **{"time/overhead_share": 0.05}) for s, w in enumerate(walls, start=1)}
+    steps = {s: _step(s, w, **{"time/overhead_share": 0.05}) for s, w in enumerate(walls, start=1)}
     times, t = {}, 0.0
     for s, w in enumerate(walls, start=1):
         t += w

@@ -4,6 +4,7 @@ executing) does not count for the retry's attempt. No cluster."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from pipelines import graphs
 from pipelines.cluster import Placement
@@ -51,3 +52,32 @@ def test_a_late_write_of_a_given_up_attempt_does_not_count(tmp_path):
     graphs._store(str(store.path), 0, 1, traj, first)  # the first attempt's shard-1 task, finishing late
     reopened = TrajectoryStore.open(store.path)
     assert reopened.shards_written(0).tolist() == [True, False]  # shard 1 now holds the old attempt: not whole
+
+
+def test_env_steps_per_s_counts_an_overlapped_step_from_the_previous_steps_end(monkeypatch):
+    """rollout/env_steps_per_s (the progress bar's env_sps): a synchronous step's env steps over its own wall time;
+    with steps ahead (submitted while the previous one runs) over the time since the previous step ended, so two
+    overlapping 1.0 s steps that end 0.5 s apart count 0.5 s, not 1.0 s."""
+    import types
+
+    from pipelines.runner import scheduler as sch
+
+    clock = {"t": 100.0}
+    monkeypatch.setattr(sch.time, "perf_counter", lambda: clock["t"])
+    cfg = Config()
+    fake = types.SimpleNamespace(state=types.SimpleNamespace(step=0, env_steps=0, cursors=None), ranks=1,
+                                 store=None, cfg=cfg, _env_steps_per_step=lambda: 1600,
+                                 _account_perf=lambda *a, **k: None)
+
+    def finish(t0: float, end: float) -> dict:
+        clock["t"] = end
+        out = {"metrics": {"train/weight_version": 1.0, "time/rollout_total_max": 0.4, "time/update": 0.3},
+               "cursors": None}
+        return sch.Scheduler._finish_step(fake, 1, None, out, [], 0, t0)
+
+    m = finish(t0=100.0, end=101.0)  # the first step: its own wall time
+    assert m["time/step"] == 1.0 and m["rollout/env_steps_per_s"] == 1600.0
+    m = finish(t0=101.2, end=102.0)  # synchronous: submitted after the previous end
+    assert m["time/step"] == pytest.approx(0.8) and m["rollout/env_steps_per_s"] == pytest.approx(2000.0)
+    m = finish(t0=101.5, end=102.5)  # overlapped: submitted at 101.5, the previous ended at 102.0
+    assert m["time/step"] == pytest.approx(1.0) and m["rollout/env_steps_per_s"] == pytest.approx(3200.0)
