@@ -59,7 +59,7 @@ class Runner(Scheduler, Setup, Recovery):
         self.cfg, self.handle, self.client, self.echo = cfg, handle, handle.client, self._bar_safe(echo)
         self.root = Path(cfg.run_root).resolve()
         self.placement: Placement = plan_placement(cfg, self.client)
-        self._placed_ids = self._worker_ids()
+        self._placed_ids = self._placed_worker_ids()
         self.state, ckpt, resume = self._start_or_resume()  # refuses a bad resume before writing anything
         self.group: dict | None = None  # multi-rank actor: {"master_addr", "master_port"} of the current generation
         self.actor_weights = None  # what the ranks take as weights: the init's (to build from), then {"version"}

@@ -413,3 +413,24 @@ def test_memory_paused_cluster_exits_with_one_line(tmp_path):
     paused = [ln for ln in proc.stdout.splitlines() if "paused for memory" in ln]
     assert len(paused) == 1 and "pause fraction 0.01" in paused[0] and "cluster.memory_limit" in paused[0]
     assert time.monotonic() - t0 < 200
+
+
+def test_placed_worker_ids_are_not_taken_from_a_starved_answer(monkeypatch):
+    """The ids the watch compares with are recorded from an answer that lists every placed worker: one
+    scheduler_info() reply that lists none (a starved machine) is looked past; recorded, it made every placed
+    worker look restarted at the next check (a spurious loss of all workers and a rollback)."""
+    from pipelines.runner import recovery
+
+    full = {"tcp://a": {"id": "A", "name": "env-0"}, "tcp://b": {"id": "B", "name": "env-1"},
+            "tcp://g": {"id": "G", "name": "gpu-0"}}
+    answers = [{}, {"tcp://g": full["tcp://g"]}, full]
+
+    class Client:
+        def scheduler_info(self, n_workers=-1):
+            return {"workers": answers.pop(0) if answers else full}
+
+    monkeypatch.setattr(recovery.time, "sleep", lambda s: None)
+    placement = SimpleNamespace(shard_workers=["tcp://a", "tcp://b"], actor_workers=["tcp://g"], rollout_workers=[])
+    watcher = recovery.Watcher(None, Client(), placement)
+    assert watcher._placed_ids == {"tcp://a": "A", "tcp://b": "B", "tcp://g": "G"}
+    assert watcher._lost_workers() == set()  # nothing lost against the recorded ids
