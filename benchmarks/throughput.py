@@ -13,7 +13,8 @@ reward, physx_cpu, MLP 3x256 policy, T=100 chunk steps (1 action per chunk) per 
 (a) raw      N = os.cpu_count() processes, each stepping num_envs/N ManiSkill envs through the adapter the
              pipeline uses (tasks.envs.maniskill.ManiSkillEnv: one env instance per env; its step is
              tasks.envs.maniskill_fast's where env.fast_step applies, as in the pipeline, else ManiSkill's
-             env.step) with uniform random actions, resetting finished episodes; after a warm-up, a fixed number of steps per env from a common start (barrier).
+             env.step) with uniform random actions, resetting finished episodes; after a warm-up, a fixed number
+             of steps per env from a common start (barrier).
              steps/s = all steps / slowest process's time.
 (b) baseline gymnasium AsyncVectorEnv (one subprocess per env, context "forkserver", CPUGymWrapper: ManiSkill's
              ppo_cpu.py recipe, so ManiSkill's own env.step: `--set env.fast_step=false` compares the pipeline
@@ -348,7 +349,8 @@ def pipeline_cpu(p: dict) -> tuple[float, float]:
 
     def at(t: float) -> float:
         return min(p["cpu_trace"], key=lambda x: abs(x[0] - t))[1]
-    env_steps = p["steps"][steps[-1]]["rollout/env_steps_total"] - p["steps"][WARMUP_STEPS]["rollout/env_steps_total"]
+    total = "rollout/env_steps_total"
+    env_steps = p["steps"][steps[-1]][total] - p["steps"][WARMUP_STEPS][total]
     return at(t_b) - at(t_a), env_steps
 
 

@@ -23,8 +23,9 @@ continues exactly what was saved. Not saved, and not savable: a ManiSkill CPU en
 its earlier episodes, which a freshly built env lacks; so a resumed run can leave the uninterrupted one's trajectory
 once contacts differ (benchmarks/env_history.py; README "Resume"), unless `runner.exact_resume`: then every
 checkpoint is followed by re-creating the env and eval shards from the saved cursors (`_fresh_envs`), so the
-uninterrupted run and a resume from that checkpoint step the same freshly built envs. `request_stop` (pipelines.run: the first SIGINT/SIGTERM) ends the loop
-after the step(s) in flight with a checkpoint of the current step.
+uninterrupted run and a resume from that checkpoint step the same freshly built envs. `request_stop`
+(pipelines.run: the first SIGINT/SIGTERM) ends the loop after the step(s) in flight with a checkpoint of the
+current step.
 """
 from __future__ import annotations
 
