@@ -49,6 +49,10 @@ from tasks import distributed, rollout, seeding, trajectory, update, video, weig
 from tasks.config import Config
 
 
+STEP_PRIORITY = 1  # Dask priority of the nodes on a training step's critical path that would otherwise queue
+# behind side work (stores) on the same worker
+
+
 @dataclass
 class GraphBuilder:
     """Accumulates nodes (one layer each) with their annotations and dependencies."""
@@ -57,12 +61,16 @@ class GraphBuilder:
     deps: dict[str, set] = field(default_factory=dict)
 
     def add(self, key: str, fn, *args, deps: tuple[str, ...] = (), worker: str | None = None,
-            resources: dict | None = None) -> str:
+            resources: dict | None = None, priority: int | None = None) -> str:
+        """Add node `key` = fn(*args) after `deps`; `worker` pins it, `resources` are Dask resources, `priority`
+        Dask's annotation (higher runs first among a worker's ready tasks)."""
         annotations: dict[str, Any] = {}
         if worker is not None:
             annotations.update(workers=[worker], allow_other_workers=False)
         if resources:
             annotations["resources"] = resources
+        if priority is not None:
+            annotations["priority"] = priority
         self.layers[key] = MaterializedLayer({key: (fn, *args)}, annotations=annotations or None)
         self.deps[key] = {d for d in deps if d in self.layers}
         return key
@@ -189,7 +197,10 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
         if store_path is not None:
             stores.append(g.add(f"store_s{s}-{tag}", _store, store_path, step, s, traj, store_attempt,
                                 deps=(traj,)))
-        advs.append(g.add(f"advantages_s{s}-{tag}", update.advantages, cfg, traj, s, deps=(traj,)))
+        # the update waits for the advantages, nothing waits for the store: on the shard's worker (where both run,
+        # next to the trajectory) the advantages go first (measured: a store of ~20 ms ran first in half the steps)
+        advs.append(g.add(f"advantages_s{s}-{tag}", update.advantages, cfg, traj, s, deps=(traj,),
+                          priority=STEP_PRIORITY))
     R = cfg.algorithm.num_actor_ranks
     if R == 1:
         fn = update.actor_update_offload if cfg.algorithm.offload else update.actor_update

@@ -192,7 +192,8 @@ class Scheduler:
             for old in [v for v in self._w if v < step + 1 - k]:  # weights no later rollout takes
                 del self._w[old]
             out, *store_out = got
-            return self._finish_step(step, futs[0], out, store_out, attempt, t0, graph)
+            start = min(t0, self._submitted_at.pop(step, t0))  # a step submitted ahead began before this call
+            return self._finish_step(step, futs[0], out, store_out, attempt, start, graph)
 
         return self._retrying(once, "training step")
 
@@ -202,6 +203,7 @@ class Scheduler:
         self._w = {self.state.step: self.weights}  # step j -> the weights update j starts from (v(j))
         self._w_base = self.state.step
         self._after: list | None = None  # futures of the newest submitted step's last env nodes
+        self._submitted_at: dict[int, float] = {}  # step -> when its graph was submitted (perf_counter)
 
     def _may_submit_ahead(self, j: int) -> bool:
         """Whether step j's graph may be submitted while step j-1's is still in flight."""
@@ -238,6 +240,7 @@ class Scheduler:
         self._w[j + 1] = futs[0]
         self._after = futs[n:]
         self._ahead.append((j, sg.graph, futs[:n]))
+        self._submitted_at[j] = time.perf_counter()
 
     def _update_trace(self, n: int) -> str | None:
         """Where training step n's update writes its torch profiler trace (`runner.profile_update_step`), else
@@ -257,7 +260,11 @@ class Scheduler:
     def _finish_step(self, step: int, upd_f, out: dict, store_out: list, retries: int, t0: float,
                      graph=None) -> dict:
         """Account a finished training step: weights, store step, cursors, counters, its perf event (`graph`: the
-        step's graph); return its metrics."""
+        step's graph); return its metrics. `t0`: when the step was submitted (or this call began, if later).
+
+        time/step is the step's own share of the wall: from its submission, or from the previous step's end when
+        it was submitted while that one ran (steps ahead overlap; their time/step values add up to the wall, and
+        rollout/env_steps_per_s is env steps over it)."""
         st = self.state
         version = int(out["metrics"]["train/weight_version"])
         if self.ranks > 1:  # the group lives on with the weights; a rebuild comes with a new init's weights
@@ -271,17 +278,14 @@ class Scheduler:
         st.env_steps += env_steps
         st.step += 1
         now = time.perf_counter()
-        wall = now - t0
-        # env steps per second of wall time: over the step's own time, or with steps ahead (they overlap: a step's
-        # time/step runs from its submission) since the previous step ended, whichever is shorter
         last = getattr(self, "_last_step_end", None)
-        since = now - max(t0, last) if last is not None else wall
+        wall = now - (max(t0, last) if last is not None else t0)
         self._last_step_end = now
         m = out["metrics"]
         m["time/step"] = wall
-        m["rollout/env_steps_per_s"] = env_steps / since
+        m["rollout/env_steps_per_s"] = env_steps / wall
         m["rollout/env_steps_total"] = float(st.env_steps)
-        if self.cfg.runner.max_staleness == 0:  # with steps ahead the update overlaps the next rollout: no share
+        if self.cfg.runner.max_staleness == 0:  # asynchronous steps: the update overlaps the next rollout, no share
             m["time/overhead_share"] = max(0.0, 1.0 - (m["time/rollout_total_max"] + m["time/update"]) / wall)
         if store_out:
             m["time/store_max"] = max(s["seconds"] for s in store_out)

@@ -114,6 +114,8 @@ def test_placement_annotations():
                            "resources": {"GPU": 1}}
         elif kind == "update_handle":  # where the new weights are: nothing but the handle leaves that worker
             assert ann == {"workers": [PLACEMENT.actor_worker], "allow_other_workers": False}
+        elif kind.startswith("advantages_s"):  # anywhere, ahead of the store on its worker (the update waits)
+            assert ann == {"priority": graphs.STEP_PRIORITY} and graphs.STEP_PRIORITY > 0, (key, ann)
         else:  # stateless nodes: anywhere
             assert ann == {}, (key, ann)
     assert sg.graph.dependencies[sg.update] == {f"advantages_s0-{RUN_A}-0", f"advantages_s1-{RUN_A}-0"}

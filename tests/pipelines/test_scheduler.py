@@ -55,9 +55,9 @@ def test_a_late_write_of_a_given_up_attempt_does_not_count(tmp_path):
 
 
 def test_env_steps_per_s_counts_an_overlapped_step_from_the_previous_steps_end(monkeypatch):
-    """rollout/env_steps_per_s (the progress bar's env_sps): a synchronous step's env steps over its own wall time;
-    with steps ahead (submitted while the previous one runs) over the time since the previous step ended, so two
-    overlapping 1.0 s steps that end 0.5 s apart count 0.5 s, not 1.0 s."""
+    """time/step and rollout/env_steps_per_s (the progress bar's env_sps): a synchronous step's own wall time;
+    with steps ahead (submitted while the previous one runs) the time since the previous step ended, so two
+    overlapping 1.0 s steps that end 0.5 s apart count 0.5 s, not 1.0 s (time/step values add up to the wall)."""
     import types
 
     from pipelines.runner import scheduler as sch
@@ -80,4 +80,4 @@ def test_env_steps_per_s_counts_an_overlapped_step_from_the_previous_steps_end(m
     m = finish(t0=101.2, end=102.0)  # synchronous: submitted after the previous end
     assert m["time/step"] == pytest.approx(0.8) and m["rollout/env_steps_per_s"] == pytest.approx(2000.0)
     m = finish(t0=101.5, end=102.5)  # overlapped: submitted at 101.5, the previous ended at 102.0
-    assert m["time/step"] == pytest.approx(1.0) and m["rollout/env_steps_per_s"] == pytest.approx(3200.0)
+    assert m["time/step"] == pytest.approx(0.5) and m["rollout/env_steps_per_s"] == pytest.approx(3200.0)
