@@ -239,9 +239,9 @@ class Recovery:
 
     def _lost_workers(self) -> set[str]:
         """Placed workers gone (or restarted with a new id), confirmed by a second look 2 s later: on a starved
-        machine one scheduler_info() answer was seen to list none of the workers that were still alive."""
-        only = getattr(self, "_watch_only", None)
-        placed = set(only) if only else {*self.placement.shard_workers, *self.placement.actor_workers[:self.ranks]}
+        machine one scheduler_info() answer was seen to list none of the workers that were still alive. The
+        placed workers are `_placed()`'s: env, actor and rollout (inference) workers, or the watch's narrowed set."""
+        placed = self._placed()
 
         def missing() -> set[str]:
             now = self._worker_ids()

@@ -434,3 +434,27 @@ def test_placed_worker_ids_are_not_taken_from_a_starved_answer(monkeypatch):
     watcher = recovery.Watcher(None, Client(), placement)
     assert watcher._placed_ids == {"tcp://a": "A", "tcp://b": "B", "tcp://g": "G"}
     assert watcher._lost_workers() == set()  # nothing lost against the recorded ids
+
+
+def test_a_lost_rollout_worker_counts_as_lost(monkeypatch):
+    """Disaggregated inference on its own GPU worker (`placement.rollout_workers`, not the actor's): the
+    `policy_infer` nodes are pinned to it, so its loss must end the wait like an env or actor worker's (before,
+    only env and actor workers were compared with the recorded ids: the step waited on a dead worker for ever)."""
+    from pipelines.runner import recovery
+
+    full = {"tcp://a": {"id": "A", "name": "env-0"}, "tcp://g": {"id": "G", "name": "gpu-0"},
+            "tcp://r": {"id": "R", "name": "gpu-1"}}
+    now = dict(full)
+
+    class Client:
+        def scheduler_info(self, n_workers=-1):
+            return {"workers": dict(now)}
+
+    monkeypatch.setattr(recovery.time, "sleep", lambda s: None)
+    placement = SimpleNamespace(shard_workers=["tcp://a"], actor_workers=["tcp://g"], rollout_workers=["tcp://r"])
+    watcher = recovery.Watcher(None, Client(), placement)
+    assert watcher._lost_workers() == set()
+    del now["tcp://r"]
+    assert watcher._lost_workers() == {"tcp://r"}
+    now["tcp://r"] = {"id": "R2", "name": "gpu-1"}  # restarted by its Nanny: a new id, its replica gone
+    assert watcher._lost_workers() == {"tcp://r"}
