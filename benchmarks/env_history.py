@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("--envs", type=int, default=None, help="envs to test (default: all)")
     args = ap.parse_args()
     import numpy as np
-    from storage.trajectories import TrajectoryStore
+    import zarr
 
     from pipelines.config import load_saved_config
     from tasks.envs.maniskill import ManiSkillEnv
@@ -62,9 +62,9 @@ def main() -> None:
     cfg = load_saved_config(store.parent / "config.yaml")
     if cfg.env.simulator != "maniskill":
         sys.exit(f"error: {store}: env.simulator={cfg.env.simulator}; this check replays ManiSkill episodes")
-    st = TrajectoryStore.open(store)  # its arrays may hold rows past N (storage.trajectories: allocation)
-    ep = st.read("episode_id")
-    n_steps, T, B = ep.shape
+    f = zarr.open(str(store), mode="r")["fields"]
+    n_steps, T, B = f["episode_id"].shape
+    ep = f["episode_id"][:]
     if not (ep == ep[:, :1, :]).all():
         sys.exit(f"error: {store}: an episode spans training steps; this check needs one whole episode per env per "
                  f"step (auto_reset with rollout.chunk_steps = the episode length)")
@@ -72,7 +72,7 @@ def main() -> None:
     if not args.history <= k < n_steps:
         sys.exit(f"error: --step must be in {args.history + 1}..{n_steps} with --history {args.history}")
     rows = slice(k - args.history, k + 1)
-    seeds, actions = st.read("episode_seed")[rows, 0, :], st.read("actions")[rows]  # [H+1, B], [H+1, T, B, C, D]
+    seeds, actions = f["episode_seed"][rows, 0, :], f["actions"][rows]  # [H+1, B], [H+1, T, B, C, D]
     envs = range(min(B, args.envs or B))
     t0, diffs = time.perf_counter(), []
     for e in envs:

@@ -31,12 +31,6 @@ Damage (files lost or garbled after the run wrote them): zarr reads a missing ch
 without a word. Every shard write stores all its chunk files, so a reader that must not take lost data for zeros
 (replay) calls :meth:`TrajectoryStore.check_files` first, which raises :class:`DamagedStore` naming the file.
 
-Allocation: ``complete`` holds exactly ``N`` steps; the field arrays and the other per-step arrays are grown
-``_GROW_STEPS`` steps at a time (``N`` rounded up; resizing every array at every step cost the driver ~36 ms per
-training step in zarr 3, and every worker a re-open of its arrays), so they may hold more rows than ``N``: rows past
-``N`` were never reserved, every read stops at ``N``. Stores written before grew every array to ``N`` exactly; both
-read the same.
-
 Concurrency (zarr 3 loses data when two writers touch one chunk, and on concurrent resizes):
 
 * the driver alone creates the store, grows ``N`` with :meth:`TrajectoryStore.reserve` and flips
@@ -73,7 +67,6 @@ _ATTEMPT = "attempt"
 _SHARD_ATTEMPT = "shard_attempt"
 _BOOKKEEPING = (_COMPLETE, _ATTEMPT, _SHARD_ATTEMPT)  # per-step arrays that are not per-step scalars
 _STEP_CHUNK = 1024
-_GROW_STEPS = 64  # reserve() allocates every per-step array but `complete` this many steps at a time (below)
 _ARRAY_CONFIG = {"write_empty_chunks": True}
 
 
@@ -194,7 +187,7 @@ class TrajectoryStore:
         self._num_envs = int(layout["num_envs"])
         self._shard_size = int(layout["shard_size"])
         self._fields = {name: FieldSpec.from_json(d) for name, d in layout["fields"].items()}
-        self._allocated: int | None = None  # rows every array but `complete` holds (None: not read yet)
+        self._growing: list[zarr.Array] | None = None  # reserve()'s array handles, opened once (driver only)
 
     # ---- construction ----------------------------------------------------------------------------------
     @classmethod
@@ -331,16 +324,12 @@ class TrajectoryStore:
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         need = step + 1
-        if need > self._allocated_rows():  # the field and per-step arrays first, a block of steps at a time
-            rows = -(-need // _GROW_STEPS) * _GROW_STEPS
-            for arr in self._grown_arrays():
-                if arr.shape[0] < rows:
-                    arr.resize((rows, *arr.shape[1:]))
-            self._allocated = rows
-        complete = self._step_array(_COMPLETE)  # last, exactly: it defines N
-        if complete.shape[0] < need:
-            complete.resize((need,))
-        complete[step] = False  # first: a reader never sees the step complete mid-attempt
+        arrays = self._growing_arrays()
+        if need > arrays[-1].shape[0]:
+            for arr in arrays:  # `complete` last: it defines N
+                if arr.shape[0] < need:
+                    arr.resize((need, *arr.shape[1:]))  # zarr 3: updates this handle's shape too
+        arrays[-1][step] = False  # first: a reader never sees the step complete mid-attempt
         if not self._has_attempts():
             return 1
         att = self._step_array(_ATTEMPT)
@@ -348,18 +337,17 @@ class TrajectoryStore:
         att[step] = new
         return new
 
-    def _grown_arrays(self) -> list:
-        """Every array `reserve` grows a block at a time: the fields, the per-step scalars, the attempt arrays."""
-        steps = self._group[self._steps]
-        return [self._field_array(n) for n in self._fields] + [
-            self._step_array(n) for n in [*self.step_scalar_names, _SHARD_ATTEMPT, _ATTEMPT] if n in steps]
-
-    def _allocated_rows(self) -> int:
-        """Rows every array of `_grown_arrays` holds (read once per handle: only this driver-side handle grows
-        them)."""
-        if self._allocated is None:
-            self._allocated = min(a.shape[0] for a in self._grown_arrays())
-        return self._allocated
+    def _growing_arrays(self) -> list:
+        """Every array `reserve` grows, `complete` last: handles opened once per store handle (re-opening ~20
+        arrays at every step cost the driver ~14 of reserve's ~36 ms per training step in zarr 3). Only the driver
+        grows a store, through this handle, so the handles' shapes stay current; `mark_complete` drops them when it
+        adds a per-step scalar."""
+        if self._growing is None:
+            steps = self._group[self._steps]
+            self._growing = [self._field_array(n) for n in self._fields] + [
+                self._step_array(n) for n in [*self.step_scalar_names, _SHARD_ATTEMPT, _ATTEMPT, _COMPLETE]
+                if n in steps]
+        return self._growing
 
     def attempt(self, step: int) -> int:
         """The latest attempt id of ``step`` (0: never reserved; 1 for stores written before attempts existed)."""
@@ -425,8 +413,8 @@ class TrajectoryStore:
                     dtype, fill = "float64", math.nan
                 else:
                     raise ValueError(f"per-step scalar {name!r} must be bool/int/float, got {value.dtype}")
-                eg.create_array(name, shape=(max(E, self._allocated_rows()),), chunks=(_STEP_CHUNK,), dtype=dtype,
-                                fill_value=fill)
+                eg.create_array(name, shape=(E,), chunks=(_STEP_CHUNK,), dtype=dtype, fill_value=fill)
+                self._growing = None  # reserve() must grow the new array too
             arr = self._step_array(name)
             cast = value.astype(arr.dtype)
             if arr.dtype.kind != "f" and cast.item() != value.item():
@@ -439,32 +427,30 @@ class TrajectoryStore:
         """Steps whose latest attempt is whole: ``complete[n]`` set and every shard wrote ``attempt[n]``.
         int64 ``[n]``, ascending. The one list every reader of a store's data should use."""
         done = self._step_array(_COMPLETE)[:]
-        N = done.shape[0]
         if self._has_attempts() and done.any():
-            whole = (self._step_array(_SHARD_ATTEMPT)[:N] == self._step_array(_ATTEMPT)[:N][:, None]).all(axis=1)
-            done &= whole
+            whole = (self._step_array(_SHARD_ATTEMPT)[:] == self._step_array(_ATTEMPT)[:][:, None]).all(axis=1)
+            done &= whole[:done.shape[0]]
         return np.flatnonzero(done).astype(np.int64)
 
     def step_scalar(self, name: str) -> np.ndarray:
         """Per-step scalar array ``[N]`` (int fill -1, float fill NaN where never set)."""
         if name not in _BOOKKEEPING and name not in self.step_scalar_names:
             raise KeyError(f"no per-step scalar {name!r} in {self._path}; known: {self.step_scalar_names}")
-        return self._step_array(name)[:self.num_steps]
+        return self._step_array(name)[:]
 
     def to_dask(self, field: str):
         """Lazy ``[N, T, B, ...]`` dask array, one dask chunk per zarr chunk (step x shard)."""
         import dask.array as da
 
-        return da.from_zarr(self._field_array(field))[:self.num_steps]
+        return da.from_zarr(self._field_array(field))
 
     def read(self, field: str, steps: Iterable[int] | None = None) -> np.ndarray:
-        """Field ``field`` ``[N, T, B, *shape]``, or its rows ``steps`` (IndexError: a step outside [0, N))."""
-        arr, N = self._field_array(field), self.num_steps
+        arr = self._field_array(field)
         if steps is None:
-            return arr[:N]
+            return arr[:]
         idx = np.asarray(list(steps), dtype=np.int64)
-        if idx.size and (idx.min() < 0 or idx.max() >= N):
-            raise IndexError(f"steps {idx.tolist()} out of range for N={N} in {self._path}")
+        if idx.size and (idx.min() < 0 or idx.max() >= arr.shape[0]):
+            raise IndexError(f"steps {idx.tolist()} out of range for N={arr.shape[0]} in {self._path}")
         return arr.oindex[idx]
 
     def check_files(self, fields: Iterable[str] | None = None, steps: Iterable[int] | None = None, *,
@@ -569,7 +555,7 @@ def _ensure_attempt_arrays(group: zarr.Group, num_shards: int) -> None:
 # ---- worker side -----------------------------------------------------------------------------------------
 @dataclass
 class _Opened:
-    E: int  # rows every array this writer touches holds (>= N: see the module docstring's allocation)
+    E: int
     T: int
     num_envs: int
     shard_size: int
@@ -577,7 +563,6 @@ class _Opened:
     arrays: dict[str, zarr.Array]
     attempt: zarr.Array | None = None  # steps/attempt (None: a store written before attempts existed)
     shard_attempt: zarr.Array | None = None
-    N: int = 0  # steps reserved (steps/complete's length) when last read
 
 
 _CACHE: dict[str, _Opened] = {}
@@ -593,14 +578,7 @@ def _open_for_write(path: str) -> _Opened:
     att = eg[_ATTEMPT] if _ATTEMPT in eg else None
     sha = eg[_SHARD_ATTEMPT].with_config(_ARRAY_CONFIG) if _SHARD_ATTEMPT in eg else None
     E = min([a.shape[0] for a in arrays.values()] + [a.shape[0] for a in (att, sha) if a is not None] or [0])
-    return _Opened(E, int(layout["T"]), int(layout["num_envs"]), int(layout["shard_size"]), fields, arrays, att, sha,
-                   N=int(eg[_COMPLETE].shape[0]))
-
-
-def _reserved_steps(path: str) -> int:
-    """N of the store at `path` now: the length of steps/complete (one array's metadata read)."""
-    group = _open_group(Path(path))
-    return int(group[f"{_steps_group(group)}/{_COMPLETE}"].shape[0])
+    return _Opened(E, int(layout["T"]), int(layout["num_envs"]), int(layout["shard_size"]), fields, arrays, att, sha)
 
 
 def clear_cache() -> None:
@@ -628,10 +606,8 @@ def write_shard(path: str, *, step: int, shard: int, data: Mapping[str, np.ndarr
         opened = _open_for_write(key)
         with _CACHE_LOCK:
             _CACHE[key] = opened
-    elif step >= opened.N:  # the arrays are long enough: only N is re-read, not every array's metadata
-        opened.N = _reserved_steps(key)
-    if not 0 <= step < min(opened.E, opened.N):
-        raise ValueError(f"step {step} is not allocated in {key} (N={opened.N}); "
+    if not 0 <= step < opened.E:
+        raise ValueError(f"step {step} is not allocated in {key} (N={opened.E}); "
                          "the driver must call TrajectoryStore.reserve(step) before the shard writes")
     num_shards = opened.num_envs // opened.shard_size
     if not 0 <= shard < num_shards:

@@ -134,40 +134,6 @@ def test_reserve_and_mark_complete(tmp_path):
     assert "weight_version" in text and "PickCube-v1" in text
 
 
-def test_arrays_grow_a_block_of_steps_at_a_time_and_reads_stop_at_n(tmp_path):
-    """reserve() grows the field and per-step arrays _GROW_STEPS rows at a time and `complete` exactly (it is N);
-    every read returns N rows, a write to a row past N is refused though the arrays hold it, and a fresh handle
-    and a fresh writer see the same."""
-    import zarr
-
-    from storage import trajectories as tr
-    path = tmp_path / "traj"
-    store = _make(path)
-    G = tr._GROW_STEPS
-    store.reserve(2)
-    g = zarr.open_group(str(path), mode="r")
-    assert store.num_steps == 3 and g["steps/complete"].shape == (3,)
-    assert g["fields/obs"].shape[0] == G and g["steps/attempt"].shape == (G,) and g["steps/shard_attempt"].shape[0] == G
-    clear_cache()
-    _write_all(path, 2)
-    with pytest.raises(ValueError, match=r"step 3 is not allocated .*\(N=3\)"):
-        write_shard(str(path), step=3, shard=0, data=_shard_data(3, 0))
-    store.mark_complete(2, weight_version=5)
-    assert zarr.open_group(str(path), mode="r")["steps/weight_version"].shape == (G,)
-    for reader in (store, TrajectoryStore.open(path)):
-        assert reader.read("obs").shape == (3, T, B, 2, 5) and reader.to_dask("reward").shape == (3, T, B)
-        assert reader.step_scalar("weight_version").tolist() == [-1, -1, 5]
-        assert reader.complete_steps().tolist() == [2]
-        with pytest.raises(IndexError, match="N=3"):
-            reader.read("obs", steps=[3])
-    np.testing.assert_array_equal(store.read("obs", steps=[2])[0, :, :S], _shard_data(2, 0)["obs"])
-    TrajectoryStore.open(path).reserve(G)  # past the block, from a fresh handle: the next block
-    g = zarr.open_group(str(path), mode="r")
-    assert g["steps/complete"].shape == (G + 1,) and g["fields/obs"].shape[0] == 2 * G
-    _write_all(path, G)  # the writer's cached arrays are too short now: it re-opens them
-    assert TrajectoryStore.open(path).shards_written(G).all()
-
-
 def test_create_on_existing_identical_reopens_with_data(tmp_path):
     path = tmp_path / "traj"
     store = _make(path)
