@@ -21,8 +21,8 @@ Measured (2026-12-05, 2-core VM, the default job with `seed=2 env.seed=200000`, 
 174 s): 5 of 64 episodes differ, from action 9-17 on (first by 2e-7 to 1e-2, then up to 1.3 in a state entry): the
 CPU simulator keeps solver and contact state across `reset`. ManiSkill's `reconfigure` reset (the scene rebuilt)
 removed the difference (64 of 64 episodes equal to a fresh env's), at ~146 ms per reset against ~1.3 ms; re-adding
-the cube and table to the PhysX scene after a reset (cheap) removed most of it but not all, replaying the last 1-2 episodes on a fresh
-env none of it.
+the cube and table to the PhysX scene after a reset (cheap) removed most of it but not all, replaying the last 1-2
+episodes on a fresh env none of it.
 """
 from __future__ import annotations
 

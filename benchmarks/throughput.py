@@ -28,8 +28,9 @@ reward, physx_cpu, MLP 3x256 policy, T=100 chunk steps (1 action per chunk) per 
              (1 - (max shard rollout time + update time) / step wall time). With steps ahead
              (`--set runner.max_staleness=1`) steps overlap (an overlapped step's time/step counts from the
              previous step's end; before 2026-12-05 from its submission): steps/s = the env steps of steps 3.. /
-             the wall time from step 2's MLflow log to the last step's (MLflow logging included; before 2026-12-05 this row took the per-step median, which
-             over-counted, e.g. 2521 against 1563 env steps/s end to end in one run).
+             the wall time from step 2's MLflow log to the last step's (MLflow logging included; before
+             2026-12-05 this row took the per-step median, which over-counted, e.g. 2521 against 1563 env steps/s
+             end to end in one run).
 
 The machine's limit ("bound" line): the raw simulator's CPU time for one training step's env steps on all cores
 plus the update's CPU time, spread over all cores with nothing idle: per_step / (per_step / raw steps/s +

@@ -260,7 +260,8 @@ class Scheduler:
     def _finish_step(self, step: int, upd_f, out: dict, store_out: list, retries: int, t0: float,
                      graph=None) -> dict:
         """Account a finished training step: weights, store step, cursors, counters, its perf event (`graph`: the
-        step's graph); return its metrics. `t0`: when the step was submitted (or this call began, if later).
+        step's graph); return its metrics. `t0`: when the step began, the earlier of its submission and the
+        `train_step` call that waited for it (a step submitted ahead was submitted before that call).
 
         time/step is the step's own share of the wall: from its submission, or from the previous step's end when
         it was submitted while that one ran (steps ahead overlap; their time/step values add up to the wall, and
