@@ -87,6 +87,7 @@ class StepGraph:
     stores: list[str]  # keys of store_s{s}: written zarr regions
     ranks: list[str] = field(default_factory=list)  # keys of actor_update_r{r} (empty with one rank)
     last_env: list[str] = field(default_factory=list)  # per shard (x stage), the rollout's last env node
+    trajs: list[str] = field(default_factory=list)  # per shard, the trajectory node (what `build_step_store` writes)
 
 
 @dataclass
@@ -184,7 +185,7 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
             (tasks.profiling.profiled; `runner.profile_update_step`); None: not profiled.
     """
     g = GraphBuilder()
-    tag = f"{run_id}-{step}" + (f"-retry{attempt}" if attempt else "")
+    tag = _step_tag(run_id, step, attempt)
     advs, stores, last = [], [], []
     full_weights, weights = weights, _weights_handle(g, "weights_handle", tag, weights, placement)
     if cfg.rollout.inference == "colocated":
@@ -193,10 +194,9 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
         if dims is None:
             raise ValueError("disaggregated inference needs the env dims (obs_dim, action_dim)")
         trajs = _disaggregated_rollout(g, cfg, tag, run_id, weights, cursors, placement, dims, after, last)
+    if store_path is not None:
+        stores = _store_nodes(g, tag, store_path, step, trajs, store_attempt)
     for s, traj in enumerate(trajs):
-        if store_path is not None:
-            stores.append(g.add(f"store_s{s}-{tag}", _store, store_path, step, s, traj, store_attempt,
-                                deps=(traj,)))
         # the update waits for the advantages, nothing waits for the store: on the shard's worker (where both run,
         # next to the trajectory) the advantages go first (measured: a store of ~20 ms ran first in half the steps)
         advs.append(g.add(f"advantages_s{s}-{tag}", update.advantages, cfg, traj, s, deps=(traj,),
@@ -209,7 +209,7 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
                     worker=placement.actor_worker, resources={"GPU": 1})
         h = _weights_handle(g, "update_handle", tag, upd, placement)
         met = g.add(f"step_metrics-{tag}", step_metrics, h, *trajs, *advs, deps=(h, *trajs, *advs))
-        return StepGraph(g.graph(), upd, met, stores, last_env=last)
+        return StepGraph(g.graph(), upd, met, stores, last_env=last, trajs=trajs)
     if update_weights is not None:
         raise ValueError("update_weights (asynchronous steps) is wired for the one-rank update only")
     ranks = _rank_nodes(g, "actor_update", tag, R, group, placement, distributed.actor_update_rank, cfg, run_id,
@@ -218,7 +218,31 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
     h = _weights_handle(g, "update_handle", tag, ranks[0], placement, worker=placement.actor_workers[0])
     met = g.add(f"step_metrics-{tag}", step_metrics_ranks, R - 1, h, *ranks[1:], *trajs, *advs,
                 deps=(h, *ranks[1:], *trajs, *advs))
-    return StepGraph(g.graph(), ranks[0], met, stores, ranks, last_env=last)
+    return StepGraph(g.graph(), ranks[0], met, stores, ranks, last_env=last, trajs=trajs)
+
+
+def _step_tag(run_id: str, step: int, attempt: int) -> str:
+    """The suffix of every key of training step `step`'s graph: `{run_id}-{step}`, `-retry{attempt}` after a loss."""
+    return f"{run_id}-{step}" + (f"-retry{attempt}" if attempt else "")
+
+
+def _store_nodes(g: GraphBuilder, tag: str, store_path: str, step: int, trajs: list, store_attempt) -> list[str]:
+    """Per shard s a `store_s{s}-{tag}` node writing trajectory `trajs[s]` (a key of `g`, or a Future) to the
+    store's step `step` (pipelines.graphs._store)."""
+    return [g.add(f"store_s{s}-{tag}", _store, store_path, step, s, traj, store_attempt, deps=(traj,))
+            for s, traj in enumerate(trajs)]
+
+
+def build_step_store(*, run_id: str, step: int, attempt: int, store_path: str, trajs: list,
+                     store_attempt: int) -> tuple[HighLevelGraph, list[str]]:
+    """The store writes of a training step submitted apart from its graph (`build_train_step` with
+    `store_path=None`): the same `store_s{s}-{tag}` nodes, each taking shard s's trajectory from `trajs[s]` (the
+    Futures of `StepGraph.trajs`). The scheduler submits them once `TrajectoryStore.reserve(step)` has returned
+    `store_attempt`, so the reserve runs while the step's rollout does instead of before it. Returns (graph,
+    the store keys in shard order)."""
+    g = GraphBuilder()
+    keys = _store_nodes(g, _step_tag(run_id, step, attempt), store_path, step, trajs, store_attempt)
+    return g.graph(), keys
 
 
 def _weights_handle(g: GraphBuilder, name: str, tag: str, weights, placement: Placement, worker: str | None = None):

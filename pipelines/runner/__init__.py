@@ -8,13 +8,14 @@
 - `pipelines.runner.perf`: the perf events of each step, eval and checkpoint, and the `perf_summary.json` (time
   per phase from Dask's task stream, throughput, every process's peak memory, retries) written at the end.
 
-Only this package and pipelines.run hold a Dask client. Per step (`Runner.run`): the scheduler reserves the
-store's step, builds and submits the step graph, waits for `step_metrics` and the store writes, marks the step
-complete; the driver evaluates every `val_check_interval` steps, logs one MLflow batch (before the checkpoint: the
-MLflow run a checkpoint records holds every point through its step, which is what a resume copies), checkpoints
-every `save_interval` steps and at every eval that sets a new best (marked `checkpoints/best`, never pruned;
-`evaluate`) and advances the progress bar. A run stopped by `max_wall_time_s` finishes the steps
-already in flight.
+Only this package and pipelines.run hold a Dask client. Per step (`Runner.run`): the scheduler builds and submits
+the step graph, then, while its rollout runs, marks the previous step complete in the store and reserves this one's
+store step and submits its store writes; it waits for `step_metrics` and the store writes (the mark of a step comes
+at the next submission, or before a checkpoint, a rollback and the run's end); the driver evaluates every
+`val_check_interval` steps, logs one MLflow batch (before the checkpoint: the MLflow run a checkpoint records holds
+every point through its step, which is what a resume copies), checkpoints every `save_interval` steps and at every
+eval that sets a new best (marked `checkpoints/best`, never pruned; `evaluate`) and advances the progress bar. A run
+stopped by `max_wall_time_s` finishes the steps already in flight.
 
 Resume and interruption: a resume (`runner.resume=RUN_ID|latest`: the most recently started run of the experiment,
 an error naming it when it has no checkpoint) restores the RunState from the newest checkpoint; with the cursors
@@ -82,6 +83,7 @@ class Runner(Scheduler, Setup, Recovery):
             self.last_eval: dict = {}
             self._stopping = False  # submit nothing more (the run is done; steps in flight drain)
             self._submits: dict[int, int] = {}  # step -> graphs submitted for it (retry keys stay unique)
+            self._pending_complete: tuple[int, int] | None = None  # (store step, weight version) to mark complete
             self.stop_requested: str | None = None  # request_stop(): end after the step in flight, checkpointed
             self.after_step = None  # optional hook(runner) called after each step is accounted (tests, tools)
             self._reset_pipeline()
@@ -119,6 +121,7 @@ class Runner(Scheduler, Setup, Recovery):
             status = "KILLED"
             raise
         finally:
+            self._flush_complete_at_end()
             if bar is not None:
                 bar.close()
             self._bar = None
@@ -128,6 +131,16 @@ class Runner(Scheduler, Setup, Recovery):
                          self.store.path if self.store is not None else None, st.step, st.env_steps,
                          time.perf_counter() - t_start, self.last_eval, self.perf.cluster_peak_bytes() / 2**30,
                          interrupted=self.stop_requested)
+
+    def _flush_complete_at_end(self) -> None:
+        """The last finished step's store mark (Scheduler._flush_complete) when the loop ends, also by an error or an
+        interrupt: its shards were all written, so it is shown; a failure to mark it is printed, not raised over
+        the error that ended the run."""
+        try:
+            self._flush_complete()
+        except Exception as exc:  # noqa: BLE001 - the run is ending; the step stays unshown, which is safe
+            self.echo(f"dagrl: could not mark the last finished step complete in {self.store.path}: "
+                      f"{type(exc).__name__}: {exc}")
 
     def _wait_init(self) -> None:
         """Wait (watched, nothing fetched) for the init graph's weights, so that the first step's wall holds the
@@ -412,6 +425,7 @@ class Runner(Scheduler, Setup, Recovery):
         t0 = time.perf_counter()
         if self._ahead:  # the actor would be read while a later update may run (scheduler docstring)
             raise RuntimeError(f"checkpoint at step {st.step} with {len(self._ahead)} step(s) in flight")
+        self._flush_complete()  # every step the checkpoint covers is complete in the store before it is written
 
         def build(attempt: int):
             meta = {"runner": {**asdict(st), "elapsed_s": elapsed}, "experiment": self.cfg.experiment}

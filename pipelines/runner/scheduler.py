@@ -32,6 +32,16 @@ from pipelines.runner.recovery import RunStalled, bounded, one_line
 from tasks.config import ConfigError
 
 
+def _merged(sg, store_graph):
+    """Step graph `sg` (a StepGraph) and its store writes (`graphs.build_step_store`) as one HighLevelGraph, each
+    store node depending on its shard's trajectory node: what the perf accounting and the recovery read."""
+    from dask.highlevelgraph import HighLevelGraph
+    deps = {**sg.graph.dependencies}
+    for s, key in enumerate(store_graph.layers):
+        deps[key] = {sg.trajs[s]}
+    return HighLevelGraph({**sg.graph.layers, **store_graph.layers}, deps)
+
+
 class StepFailed(RuntimeError):
     """A training step failed inside a task for a reason a retry does not fix (a non-finite value); one line."""
 
@@ -223,7 +233,6 @@ class Scheduler:
         if not self._ahead:  # drained (start, after an eval/checkpoint, a recovery or a rollback): restart the
             self._reset_pipeline()  # pipeline from the current step and weights, whoever changed them
         j = st.step + len(self._ahead)
-        store_attempt = self.store.reserve(j) if self.store is not None else None
         attempt = self._submits.get(j, 0)  # keys unique per resubmission of step j (released keys may linger)
         self._submits[j] = attempt + 1
         ahead = bool(self._ahead)
@@ -231,16 +240,36 @@ class Scheduler:
         behaviour = self._w[max(j - cfg.runner.max_staleness, self._w_base)] if ahead else self._w[j]
         sg = graphs.build_train_step(
             cfg, run_id=st.run_id, step=j, weights=behaviour, cursors=st.cursors, placement=self.placement,
-            dims=self.dims, store_path=str(self.store.path) if self.store is not None else None,
-            store_attempt=store_attempt, attempt=attempt, group=self._group_specs(),
+            dims=self.dims, store_path=None, attempt=attempt, group=self._group_specs(),
             actor_weights=self.actor_weights, update_weights=self._w[j] if ahead else None,
             after=self._after if ahead else None, profile_trace=self._update_trace(j + 1))
-        futs = self.client.get(sg.graph, [sg.update, sg.metrics, *sg.stores, *sg.last_env], sync=False)
-        n = 2 + len(sg.stores)
-        self._w[j + 1] = futs[0]
-        self._after = futs[n:]
-        self._ahead.append((j, sg.graph, futs[:n]))
+        L = len(sg.last_env)
+        futs = self.client.get(sg.graph, [sg.update, sg.metrics, *sg.last_env, *sg.trajs], sync=False)
         self._submitted_at[j] = time.perf_counter()
+        self._w[j + 1] = futs[0]
+        self._after = futs[2:2 + L]
+        entry = (j, sg.graph, futs[:2])
+        self._ahead.append(entry)
+        # the driver's store bookkeeping runs while this step's rollout does (it took ~30 ms of every synchronous
+        # step's wall before the graph went out and after it came back): the previous step's mark_complete, then
+        # this step's reserve; its store writes go out once the reserve has returned their attempt id
+        self._flush_complete()
+        if self.store is not None:
+            store_attempt = self.store.reserve(j)
+            g2, keys = graphs.build_step_store(run_id=st.run_id, step=j, attempt=attempt,
+                                               store_path=str(self.store.path), trajs=futs[2 + L:],
+                                               store_attempt=store_attempt)
+            entry[2].extend(self.client.get(g2, keys, sync=False))
+            self._ahead[-1] = (j, _merged(sg, g2), entry[2])
+
+    def _flush_complete(self) -> None:
+        """Mark the newest finished step complete in the store (`_finish_step` defers it to the next submission,
+        so that it runs behind that step's rollout). Called there, and before anything that reads or changes
+        the store's completeness or commits the run's progress: a checkpoint, a rollback, the run's end."""
+        pending, self._pending_complete = getattr(self, "_pending_complete", None), None
+        if pending is not None and self.store is not None:
+            step, behaviour = pending
+            self.store.mark_complete(step, weight_version=behaviour, global_step=step)
 
     def _update_trace(self, n: int) -> str | None:
         """Where training step n's update writes its torch profiler trace (`runner.profile_update_step`), else
@@ -270,9 +299,9 @@ class Scheduler:
         version = int(out["metrics"]["train/weight_version"])
         if self.ranks > 1:  # the group lives on with the weights; a rebuild comes with a new init's weights
             self.actor_weights = {"version": version}
-        if self.store is not None:
-            behaviour = int(out["metrics"].get("train/behaviour_version", version - 1))
-            self.store.mark_complete(step, weight_version=behaviour, global_step=step)
+        if self.store is not None:  # marked complete at the next submission or commit point (_flush_complete)
+            self._flush_complete()
+            self._pending_complete = (step, int(out["metrics"].get("train/behaviour_version", version - 1)))
         self.weights = upd_f
         st.cursors = out["cursors"]
         env_steps = self._env_steps_per_step()

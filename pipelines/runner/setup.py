@@ -308,6 +308,7 @@ class Setup:
             if f.name not in self._NOT_ROLLED_BACK:
                 setattr(st, f.name, getattr(saved, f.name))
         if self.store is not None:
+            self._flush_complete()  # a step finished before the loss is marked first, then invalidated if rolled back
             self.store.invalidate_from(st.step)
         self._one_timeline_on_disk()
         st.mlflow_run_id = self.tracker.fork(st.step, reason=f"rollback to {'step %d' % st.step if ckpt else 'start'}")

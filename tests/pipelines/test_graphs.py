@@ -84,6 +84,15 @@ def test_keys_are_readable_and_unique():
     # without a store path there are no store nodes
     no_store = build(cfg, store_path=None)
     assert no_store.stores == [] and not any(key_split(k).startswith("store") for k in dict(no_store.graph))
+    # the store writes submitted apart (the scheduler, after the reserve) are the same nodes on the same inputs
+    apart, keys = graphs.build_step_store(run_id=RUN_A, step=0, attempt=0, store_path="/nonexistent/trajectories.zarr",
+                                          trajs=no_store.trajs, store_attempt=None)
+    assert keys == steps[0].stores and dict(apart) == {k: dict(steps[0].graph)[k] for k in keys}
+    assert no_store.trajs == [f"trajectory_s0-{RUN_A}-0", f"trajectory_s1-{RUN_A}-0"]
+    retry, keys = graphs.build_step_store(run_id=RUN_A, step=4, attempt=2, store_path="/p", trajs=["a", "b"],
+                                          store_attempt=3)
+    assert keys == [f"store_s0-{RUN_A}-4-retry2", f"store_s1-{RUN_A}-4-retry2"]
+    assert [dict(retry)[k][1:] for k in keys] == [("/p", 4, 0, "a", 3), ("/p", 4, 1, "b", 3)]
 
 
 @pytest.mark.parametrize("chunk_steps, per_node", [(6, 2), (6, 6), (6, 1)])

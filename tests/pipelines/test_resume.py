@@ -368,3 +368,39 @@ def test_exact_resume_of_the_default_job_replays_the_uninterrupted_run(tmp_path)
     shared = [k for k in whole if k in resumed]
     assert sum(1 for k, s in shared if k == "train/approx_kl" and s > 25) == 25  # the resumed steps are compared
     assert [k for k in shared if not _same(whole[k], resumed[k])] == []
+
+
+def test_store_marks_a_step_complete_before_a_checkpoint_covers_it_and_when_the_run_ends(tmp_path):
+    """The scheduler marks a finished step complete in the store at the next step's submission (behind its rollout);
+    a checkpoint, and the end of the run (also by an error), must not wait for that: when a checkpoint of step n
+    exists, store steps 0..n-1 are complete (a resume from it redoes only steps >= n, so a step left unmarked would
+    stay hidden for good), and a run ended by an error leaves every step it finished complete."""
+    from storage.checkpoints import checkpoint_step, latest_checkpoint
+    from storage.trajectories import TrajectoryStore
+    quiet = dict(echo=lambda *a: None)
+    base = ["conf=smoke", "policy.hidden_sizes=[32,32]", "rollout.chunk_steps=4", "rollout.chunk_steps_per_node=4",
+            "env.max_episode_steps=6", "runner.progress=false", "cluster.dashboard_address=127.0.0.1:0",
+            f"run_root={tmp_path}", "runner.val_check_interval=10"]
+    cfg, _ = load_config([*base, "runner.max_steps=3", "runner.save_interval=1"])
+    handle = start_cluster(cfg)
+    try:
+        r = Runner(cfg, handle, **quiet)
+        seen = []
+        r.after_step = lambda rn: seen.append((checkpoint_step(latest_checkpoint(rn.run_dir)),
+                                               TrajectoryStore.open(rn.store.path).complete_steps().tolist()))
+        res = r.run()
+        assert seen == [(1, [0]), (2, [0, 1]), (3, [0, 1, 2])]
+        assert TrajectoryStore.open(res.store_path).complete_steps().tolist() == [0, 1, 2]
+        del r
+        cfg2, _ = load_config([*base, "runner.max_steps=5", "runner.save_interval=10"])
+        r2 = Runner(cfg2, handle, **quiet)
+
+        def fail_at_2(rn):
+            if rn.state.step == 2:
+                raise RuntimeError("a hook failed after step 2")
+        r2.after_step = fail_at_2
+        with pytest.raises(RuntimeError, match="a hook failed"):
+            r2.run()
+        assert TrajectoryStore.open(r2.store.path).complete_steps().tolist() == [0, 1]
+    finally:
+        handle.close()
