@@ -10,10 +10,14 @@ dash-number, so it shows `env_step_s0`, `trajectory_s0`, `store_s0`, `advantages
 One training step, colocated inference (policy replica inside the env_step nodes; `rollout.chunk_steps_per_node`
 chunk steps per node so each node carries seconds of work against ~15 ms of scheduling):
 
-    weights(v) ─┬─> env_step_s{s}-…-0 ─> env_step_s{s}-…-1 ─> … ─> trajectory_s{s} ─┬─> store_s{s} (zarr region)
-                │                                                                └─> advantages_s{s} ─┐
+    weights(v) ─┬─> env_step_s{s}-…-0 ─> env_step_s{s}-…-1 ─> … ─┬─> trajectory_s{s} ─> store_s{s} (zarr region)
+                │                                                └─> advantages_s{s} ─┐
                 └──────────────────────────────────────────────────────────────────> actor_update ◄───┘ -> weights(v+1)
                                                                        step_metrics ◄─ (trajectories, update)
+
+The advantages take the shard's env_step outputs themselves (not its trajectory node: one Dask hop less on the
+way to the update); the store writes may be submitted apart, once the driver has reserved the store's step
+(`build_step_store`, as the runner does).
 
 With `algorithm.num_actor_ranks` = R > 1 the update is R nodes `actor_update_r{r}` (tasks.distributed: one
 torch.distributed group living across steps), rank r pinned to `placement.actor_workers[r]`, all in the step's
@@ -32,7 +36,8 @@ Disaggregated inference runs on the rollout's GPU workers (`cluster.component_pl
 actor's): stage j's policy_infer nodes on rollout worker j mod n.
 
 Weights (tasks.weights): when `weights` is a Future (the runner's), a `weights_handle` node on the actor's worker
-turns it into a handle (version, key, size; no tensors) and the rollout nodes take the handle: a replica pulls
+turns it into a handle (version, key, size; no tensors) and the rollout nodes take the handle (or the
+`update_handle` of the step that made the weights, passed as `weights_handle`: no node then): a replica pulls
 the state dict worker to worker, and only when its version changed. `step_metrics` likewise takes the update's
 handle (`update_handle`), so the new weights never leave the actor's worker except to replicas that need them.
 With `algorithm.offload` the update node runs `tasks.update.actor_update_offload` (same key).
@@ -88,6 +93,7 @@ class StepGraph:
     ranks: list[str] = field(default_factory=list)  # keys of actor_update_r{r} (empty with one rank)
     last_env: list[str] = field(default_factory=list)  # per shard (x stage), the rollout's last env node
     trajs: list[str] = field(default_factory=list)  # per shard, the trajectory node (what `build_step_store` writes)
+    handle: str | None = None  # key of update_handle: the new weights' handle (a later step's `weights_handle`)
 
 
 @dataclass
@@ -163,7 +169,7 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
                      dims: tuple[int, int] | None = None, attempt: int = 0,
                      group: list[dict] | None = None, actor_weights=None, update_weights=None,
                      after: list | None = None, store_attempt: int | None = None,
-                     profile_trace: str | None = None) -> StepGraph:
+                     profile_trace: str | None = None, weights_handle=None) -> StepGraph:
     """One training step's graph. `weights` is a Future (or value) of the versioned weights to roll out with.
 
     Args:
@@ -183,13 +189,18 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
             a given-up attempt that runs late does not count for the retry's attempt.
         profile_trace: run the update node (rank 0's) under torch.profiler and write a Chrome trace JSON there
             (tasks.profiling.profiled; `runner.profile_update_step`); None: not profiled.
+        weights_handle: a Future of the handle of `weights` (the `StepGraph.handle` of the step that made them):
+            the rollout takes it and the graph has no `weights_handle` node (one Dask hop, ~6 ms, less before
+            the rollout starts); None: the node makes the handle.
     """
     g = GraphBuilder()
     tag = _step_tag(run_id, step, attempt)
-    advs, stores, last = [], [], []
-    full_weights, weights = weights, _weights_handle(g, "weights_handle", tag, weights, placement)
+    advs, stores, last, segments = [], [], [], []
+    full_weights = weights
+    weights = weights_handle if weights_handle is not None else \
+        _weights_handle(g, "weights_handle", tag, weights, placement)
     if cfg.rollout.inference == "colocated":
-        trajs = _colocated_rollout(g, cfg, tag, run_id, weights, cursors, placement, after, last)
+        trajs = _colocated_rollout(g, cfg, tag, run_id, weights, cursors, placement, after, last, segments)
     else:
         if dims is None:
             raise ValueError("disaggregated inference needs the env dims (obs_dim, action_dim)")
@@ -199,8 +210,11 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
     for s, traj in enumerate(trajs):
         # the update waits for the advantages, nothing waits for the store: on the shard's worker (where both run,
         # next to the trajectory) the advantages go first (measured: a store of ~20 ms ran first in half the steps)
-        advs.append(g.add(f"advantages_s{s}-{tag}", update.advantages, cfg, traj, s, deps=(traj,),
-                          priority=STEP_PRIORITY))
+        # colocated: from the shard's env_step segments, not its trajectory node (one Dask hop, ~4 ms, less
+        # between the rollout's end and the update; the trajectory is concatenated twice, ~0.3 ms)
+        fn, src, deps = (_segment_advantages, segments[s], segments[s]) if segments else \
+            (update.advantages, traj, (traj,))
+        advs.append(g.add(f"advantages_s{s}-{tag}", fn, cfg, src, s, deps=tuple(deps), priority=STEP_PRIORITY))
     R = cfg.algorithm.num_actor_ranks
     if R == 1:
         fn = update.actor_update_offload if cfg.algorithm.offload else update.actor_update
@@ -209,7 +223,7 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
                     worker=placement.actor_worker, resources={"GPU": 1})
         h = _weights_handle(g, "update_handle", tag, upd, placement)
         met = g.add(f"step_metrics-{tag}", step_metrics, h, *trajs, *advs, deps=(h, *trajs, *advs))
-        return StepGraph(g.graph(), upd, met, stores, last_env=last, trajs=trajs)
+        return StepGraph(g.graph(), upd, met, stores, last_env=last, trajs=trajs, handle=h)
     if update_weights is not None:
         raise ValueError("update_weights (asynchronous steps) is wired for the one-rank update only")
     ranks = _rank_nodes(g, "actor_update", tag, R, group, placement, distributed.actor_update_rank, cfg, run_id,
@@ -218,7 +232,7 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
     h = _weights_handle(g, "update_handle", tag, ranks[0], placement, worker=placement.actor_workers[0])
     met = g.add(f"step_metrics-{tag}", step_metrics_ranks, R - 1, h, *ranks[1:], *trajs, *advs,
                 deps=(h, *ranks[1:], *trajs, *advs))
-    return StepGraph(g.graph(), ranks[0], met, stores, ranks, last_env=last, trajs=trajs)
+    return StepGraph(g.graph(), ranks[0], met, stores, ranks, last_env=last, trajs=trajs, handle=h)
 
 
 def _step_tag(run_id: str, step: int, attempt: int) -> str:
@@ -280,10 +294,17 @@ def _profiled(trace: str | None, fn) -> tuple:
     return (profiled, trace, fn)
 
 
+def _segment_advantages(cfg: Config, segments: list[dict], shard: int) -> dict:
+    """tasks.update.advantages of the trajectory that shard `shard`'s env_step `segments` make
+    (tasks.rollout.trajectory)."""
+    return update.advantages(cfg, rollout.trajectory(*segments), shard)
+
+
 def _colocated_rollout(g: GraphBuilder, cfg: Config, tag: str, run_id: str, weights, cursors, placement,
-                       after: list | None, last: list[str]) -> list[str]:
+                       after: list | None, last: list[str], segments: list | None = None) -> list[str]:
     """Per shard a chain of env_step nodes, each running `chunk_steps_per_node` chunk steps with inference inside;
-    shard s's first node follows `after[s]` when given. Appends each shard's last node to `last`."""
+    shard s's first node follows `after[s]` when given. Appends each shard's last node to `last` and its list of
+    env_step nodes to `segments` (when given)."""
     out = []
     nseg, per = cfg.num_segments, cfg.rollout.chunk_steps_per_node
     for s in range(cfg.env.num_shards):
@@ -296,6 +317,8 @@ def _colocated_rollout(g: GraphBuilder, cfg: Config, tag: str, run_id: str, weig
             segs.append(key)
             prev = key
         last.append(prev)
+        if segments is not None:
+            segments.append(segs)
         out.append(g.add(f"trajectory_s{s}-{tag}", rollout.trajectory, *segs, deps=tuple(segs)))
     return out
 

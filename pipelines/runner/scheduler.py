@@ -186,14 +186,16 @@ class Scheduler:
                 self._submit_step()
             while len(self._ahead) <= k and self._may_submit_ahead(st.step + len(self._ahead)):
                 self._submit_step()
-            step, _, futs = self._ahead[0]
+            step = self._ahead[0][0]
+            got = self._store_step(step)  # once its rollout is done: the store bookkeeping, during its update
             try:
-                got = self._await(futs, keep=1)
+                got = got or self._await(self._ahead[0][2], keep=1)
             except Exception as exc:
                 if not _is_nonfinite(exc):
                     raise
                 self._cancel_pipeline()
                 raise StepFailed(f"training step {step + 1}: {_one_line(exc)}") from exc
+            futs = self._ahead[0][2]
             if isinstance(got, set):
                 busy = set().union(*(self._busy_rank_workers(g) for _, g, _ in self._ahead))
                 self._cancel_pipeline()  # every step in flight: the retry starts from the current step
@@ -201,6 +203,7 @@ class Scheduler:
             _, graph, _ = self._ahead.pop(0)
             for old in [v for v in self._w if v < step + 1 - k]:  # weights no later rollout takes
                 del self._w[old]
+                self._h.pop(old, None)
             out, *store_out = got
             start = min(t0, self._submitted_at.pop(step, t0))  # a step submitted ahead began before this call
             return self._finish_step(step, futs[0], out, store_out, attempt, start, graph)
@@ -210,10 +213,17 @@ class Scheduler:
     def _reset_pipeline(self) -> None:
         """Start the pipeline afresh from `self.weights` at the current step (`_submit_step` with nothing in flight)."""
         self._ahead: list[tuple[int, object, list]] = []  # submitted steps (step, graph, futures), oldest first
-        self._w = {self.state.step: self.weights}  # step j -> the weights update j starts from (v(j))
+        j, w, h = self.state.step, getattr(self, "_w", {}), getattr(self, "_h", {})
+        # the handle of the current weights survives a drain (after every synchronous step) when they are still the
+        # weights it was made from (not after a rollback or a re-init: then the step's graph makes one)
+        keep = h.get(j) if j in w and w[j] is self.weights else None
+        self._w = {j: self.weights}  # step j -> the weights update j starts from (v(j))
+        self._h: dict[int, object] = {} if keep is None else {j: keep}  # step j -> a Future of v(j)'s handle
         self._w_base = self.state.step
         self._after: list | None = None  # futures of the newest submitted step's last env nodes
         self._submitted_at: dict[int, float] = {}  # step -> when its graph was submitted (perf_counter)
+        self._unstored: dict[int, tuple] = {}  # step -> (trajectory futures, its StepGraph, key attempt): the store
+        # writes not submitted yet (_store_step)
 
     def _may_submit_ahead(self, j: int) -> bool:
         """Whether step j's graph may be submitted while step j-1's is still in flight."""
@@ -228,7 +238,8 @@ class Scheduler:
         return c.env.num_envs * c.rollout.chunk_steps * c.policy.num_action_chunks
 
     def _submit_step(self) -> None:
-        """Reserve the store's step and submit the next step's graph (j = current step + steps in flight)."""
+        """Submit the next step's graph (j = current step + steps in flight); its store writes follow in
+        `_store_step`."""
         cfg, st = self.cfg, self.state
         if not self._ahead:  # drained (start, after an eval/checkpoint, a recovery or a rollback): restart the
             self._reset_pipeline()  # pipeline from the current step and weights, whoever changed them
@@ -237,30 +248,47 @@ class Scheduler:
         self._submits[j] = attempt + 1
         ahead = bool(self._ahead)
         # with nothing in flight the newest weights cost no waiting: a drained pipeline restarts on-policy
-        behaviour = self._w[max(j - cfg.runner.max_staleness, self._w_base)] if ahead else self._w[j]
+        v = max(j - cfg.runner.max_staleness, self._w_base) if ahead else j
+        behaviour = self._w[v]
         sg = graphs.build_train_step(
             cfg, run_id=st.run_id, step=j, weights=behaviour, cursors=st.cursors, placement=self.placement,
             dims=self.dims, store_path=None, attempt=attempt, group=self._group_specs(),
             actor_weights=self.actor_weights, update_weights=self._w[j] if ahead else None,
-            after=self._after if ahead else None, profile_trace=self._update_trace(j + 1))
-        L = len(sg.last_env)
-        futs = self.client.get(sg.graph, [sg.update, sg.metrics, *sg.last_env, *sg.trajs], sync=False)
+            after=self._after if ahead else None, profile_trace=self._update_trace(j + 1),
+            weights_handle=self._h.get(v))
+        L, trajs = len(sg.last_env), (sg.trajs if self.store is not None else [])
+        futs = self.client.get(sg.graph, [sg.update, sg.metrics, sg.handle, *sg.last_env, *trajs], sync=False)
         self._submitted_at[j] = time.perf_counter()
         self._w[j + 1] = futs[0]
+        self._h[j + 1] = futs.pop(2)
         self._after = futs[2:2 + L]
-        entry = (j, sg.graph, futs[:2])
-        self._ahead.append(entry)
-        # the driver's store bookkeeping runs while this step's rollout does (it took ~30 ms of every synchronous
-        # step's wall before the graph went out and after it came back): the previous step's mark_complete, then
-        # this step's reserve; its store writes go out once the reserve has returned their attempt id
-        self._flush_complete()
+        self._ahead.append((j, sg.graph, futs[:2]))
         if self.store is not None:
-            store_attempt = self.store.reserve(j)
-            g2, keys = graphs.build_step_store(run_id=st.run_id, step=j, attempt=attempt,
-                                               store_path=str(self.store.path), trajs=futs[2 + L:],
-                                               store_attempt=store_attempt)
-            entry[2].extend(self.client.get(g2, keys, sync=False))
-            self._ahead[-1] = (j, _merged(sg, g2), entry[2])
+            self._unstored[j] = (futs[2 + L:], sg, attempt)
+
+    def _store_step(self, j: int) -> set:
+        """Step j's store writes, once its rollout is done: wait for its trajectories (under the watch), mark the
+        previous step complete (`_flush_complete`), reserve step j in the store and submit the writes with the
+        attempt id the reserve returned (graphs.build_step_store). The driver's store bookkeeping (~40 ms of zarr
+        calls, measured) so runs while the update holds one core and the other is free; before the graph went out
+        it delayed every step, and beside the rollout it slowed the env workers on 2 cores. Returns the lost or
+        stalled placed workers (empty: done, or nothing to do: no store, a failed trajectory whose error the step's
+        own wait reports)."""
+        if j not in self._unstored:
+            return set()
+        trajs, sg, attempt = self._unstored[j]
+        lost = self._wait_or_lost(trajs)
+        if lost or any(f.status != "finished" for f in trajs):
+            return lost
+        del self._unstored[j]
+        self._flush_complete()
+        store_attempt = self.store.reserve(j)
+        g2, keys = graphs.build_step_store(run_id=self.state.run_id, step=j, attempt=attempt,
+                                           store_path=str(self.store.path), trajs=trajs, store_attempt=store_attempt)
+        i = next(i for i, (s, _, _) in enumerate(self._ahead) if s == j)
+        futs = self._ahead[i][2] + self.client.get(g2, keys, sync=False)
+        self._ahead[i] = (j, _merged(sg, g2), futs)
+        return set()
 
     def _flush_complete(self) -> None:
         """Mark the newest finished step complete in the store (`_finish_step` defers it to the next submission,
@@ -282,8 +310,10 @@ class Scheduler:
         """Give up every step in flight, newest first and one graph at a time: a step's outputs go only after the
         later steps that depend on them (its update, its last env nodes) are gone. Released, not cancelled
         (recovery._drop: the scheduler's assertion on an inner node's dependents)."""
-        for _, _, futs in reversed(self._ahead):
+        for j, _, futs in reversed(self._ahead):
             self._drop(futs)
+            self._drop(self._unstored.pop(j, ([],))[0])
+            self._drop([h for h in (self._h.pop(j + 1, None),) if h is not None])
         self._ahead, self._after = [], None
 
     def _finish_step(self, step: int, upd_f, out: dict, store_out: list, retries: int, t0: float,

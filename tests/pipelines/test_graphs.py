@@ -132,6 +132,29 @@ def test_placement_annotations():
     assert sg.graph.dependencies[handle] == {sg.update}
     assert sg.graph.dependencies[sg.metrics] == {handle, *(f"{p}_s{s}-{RUN_A}-0" for p in ("trajectory", "advantages")
                                                            for s in (0, 1))}
+    assert sg.handle == handle
+    # the advantages take the shard's env_step segments directly (not its trajectory node)
+    for s in (0, 1):
+        segs = {k for k in sg.graph.layers if key_split(k) == f"env_step_s{s}"}
+        assert len(segs) > 1 and sg.graph.dependencies[f"advantages_s{s}-{RUN_A}-0"] == segs
+
+
+def test_a_given_weights_handle_replaces_the_weights_handle_node():
+    """The scheduler passes the previous step's update_handle (a Future) as `weights_handle`: the rollout nodes
+    take it and the graph has no weights_handle node; without it, the node makes the handle from a weights key."""
+    cfg = small_config()
+    made = graphs.build_train_step(cfg, run_id=RUN_A, step=1, weights="actor_update-x-0", cursors=[None, None],
+                                   placement=PLACEMENT, store_path=None)
+    tasks = dict(made.graph)
+    assert f"weights_handle-{RUN_A}-1" in tasks
+    assert tasks[f"env_step_s0-{RUN_A}-1-0"][4] == f"weights_handle-{RUN_A}-1"
+    given = graphs.build_train_step(cfg, run_id=RUN_A, step=1, weights="actor_update-x-0", cursors=[None, None],
+                                    placement=PLACEMENT, store_path=None, weights_handle="update_handle-x-0")
+    tasks = dict(given.graph)
+    assert not any(key_split(k) == "weights_handle" for k in tasks)
+    assert {tasks[k][4] for k in tasks if key_split(k).startswith("env_step")} == {"update_handle-x-0"}
+    # the update still starts from the weights themselves
+    assert "actor_update-x-0" in tasks[given.update][1:]
 
 
 # ----- the step graph executed for real, synchronously, on a fake simulator -----------------------------------
