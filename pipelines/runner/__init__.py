@@ -9,13 +9,13 @@
   per phase from Dask's task stream, throughput, every process's peak memory, retries) written at the end.
 
 Only this package and pipelines.run hold a Dask client. Per step (`Runner.run`): the scheduler builds and submits
-the step graph, then, while its rollout runs, marks the previous step complete in the store and reserves this one's
-store step and submits its store writes; it waits for `step_metrics` and the store writes (the mark of a step comes
-at the next submission, or before a checkpoint, a rollback and the run's end); the driver evaluates every
-`val_check_interval` steps, logs one MLflow batch (before the checkpoint: the MLflow run a checkpoint records holds
-every point through its step, which is what a resume copies), checkpoints every `save_interval` steps and at every
-eval that sets a new best (marked `checkpoints/best`, never pruned; `evaluate`) and advances the progress bar. A run
-stopped by `max_wall_time_s` finishes the steps already in flight.
+the step graph, then, once its trajectories are done (during the update, when one core is free), marks the previous
+step complete in the store, reserves this one's store step and submits its store writes; it waits for `step_metrics`
+and the store writes (a step's mark comes in the next step's bookkeeping, or before a checkpoint, a rollback and the
+run's end); the driver evaluates every `val_check_interval` steps, logs one MLflow batch (before the checkpoint: the
+MLflow run a checkpoint records holds every point through its step, which is what a resume copies), checkpoints
+every `save_interval` steps and at every eval that sets a new best (marked `checkpoints/best`, never pruned;
+`evaluate`) and advances the progress bar. A run stopped by `max_wall_time_s` finishes the steps already in flight.
 
 Resume and interruption: a resume (`runner.resume=RUN_ID|latest`: the most recently started run of the experiment,
 an error naming it when it has no checkpoint) restores the RunState from the newest checkpoint; with the cursors

@@ -291,9 +291,10 @@ class Scheduler:
         return set()
 
     def _flush_complete(self) -> None:
-        """Mark the newest finished step complete in the store (`_finish_step` defers it to the next submission,
-        so that it runs behind that step's rollout). Called there, and before anything that reads or changes
-        the store's completeness or commits the run's progress: a checkpoint, a rollback, the run's end."""
+        """Mark the newest finished step complete in the store (`_finish_step` defers it to the next step's store
+        bookkeeping, `_store_step`, which runs during that step's update). Called there, and before anything that
+        reads or changes the store's completeness or commits the run's progress: a checkpoint, a rollback, the
+        run's end."""
         pending, self._pending_complete = getattr(self, "_pending_complete", None), None
         if pending is not None and self.store is not None:
             step, behaviour = pending
@@ -329,7 +330,7 @@ class Scheduler:
         version = int(out["metrics"]["train/weight_version"])
         if self.ranks > 1:  # the group lives on with the weights; a rebuild comes with a new init's weights
             self.actor_weights = {"version": version}
-        if self.store is not None:  # marked complete at the next submission or commit point (_flush_complete)
+        if self.store is not None:  # marked complete in the next step's _store_step or at a commit point
             self._flush_complete()
             self._pending_complete = (step, int(out["metrics"].get("train/behaviour_version", version - 1)))
         self.weights = upd_f
