@@ -373,8 +373,8 @@ def test_exact_resume_of_the_default_job_replays_the_uninterrupted_run(tmp_path)
 def test_store_marks_a_step_complete_before_a_checkpoint_covers_it_and_when_the_run_ends(tmp_path):
     """The scheduler marks a finished step complete in the store in the next step's store bookkeeping (during its
     update); a checkpoint, and the end of the run (also by an error), must not wait for that: when a checkpoint of
-    step n exists, store steps 0..n-1 are complete (a resume from it redoes only steps >= n, so a step left unmarked would
-    stay hidden for good), and a run ended by an error leaves every step it finished complete."""
+    step n exists, store steps 0..n-1 are complete (a resume from it redoes only steps >= n, so a step left unmarked
+    would stay hidden for good), and a run ended by an error leaves every step it finished complete."""
     from storage.checkpoints import checkpoint_step, latest_checkpoint
     from storage.trajectories import TrajectoryStore
     quiet = dict(echo=lambda *a: None)
