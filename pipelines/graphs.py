@@ -252,8 +252,8 @@ def build_step_store(*, run_id: str, step: int, attempt: int, store_path: str, t
     """The store writes of a training step submitted apart from its graph (`build_train_step` with
     `store_path=None`): the same `store_s{s}-{tag}` nodes, each taking shard s's trajectory from `trajs[s]` (the
     Futures of `StepGraph.trajs`). The scheduler submits them once `TrajectoryStore.reserve(step)` has returned
-    `store_attempt`, so the reserve runs while the step's rollout does instead of before it. Returns (graph,
-    the store keys in shard order)."""
+    `store_attempt`, after the step's trajectories are done, so the reserve runs during the update instead of
+    before the graph goes out. Returns (graph, the store keys in shard order)."""
     g = GraphBuilder()
     keys = _store_nodes(g, _step_tag(run_id, step, attempt), store_path, step, trajs, store_attempt)
     return g.graph(), keys
