@@ -412,6 +412,13 @@ def eval_video_count(cfg: Config) -> int:
     return min(cfg.runner.eval_videos, cfg.env.eval.num_episodes)
 
 
+def films_eval(cfg: Config, step: int) -> bool:
+    """Whether the training run's eval at `step` films (`eval_video_count(cfg)` episodes): at steps that are
+    multiples of `runner.eval_video_interval` (step 0 included) and at `runner.max_steps`, the run's last."""
+    r = cfg.runner
+    return eval_video_count(cfg) > 0 and (step % r.eval_video_interval == 0 or step == r.max_steps)
+
+
 def build_eval(cfg: Config, *, run_id: str, step: int, weights, placement: Placement,
                attempt: int = 0, video_dir: str | None = None) -> tuple[HighLevelGraph, list[str]]:
     """Deterministic evaluation on every eval shard with the given weights; returns (graph, keys): the shards'

@@ -474,6 +474,10 @@ class RunnerConfig:
     # job films 1: ~1.9 s of its ~3.7 s eval at 256 px, 2026-12-05)
     eval_videos: int = 2
     eval_video_size: int = 256  # the square frames' side in pixels
+    # film only the evals whose training step is a multiple of this (the step-0 eval counts), and the eval after
+    # the run's last step (runner.max_steps); 1: every eval. The video is the eval's serial tail (the default job:
+    # ~1.5 s of its ~3.2 s eval, 2026-12-05), so a long run films every few evals
+    eval_video_interval: int = 1
     # training steps (numbered as MLflow's: the first is 1) run under distributed.performance_report, written to
     # <run dir>/profile/step_N.html and logged to MLflow under profile/ (pipelines.runner.perf); [] : none
     profile_steps: list[int] = field(default_factory=list)
@@ -500,6 +504,8 @@ class RunnerConfig:
              "must be >= 0 (the eval episodes filmed per evaluation; 0: none)"),
             ("runner.eval_video_size", n.eval_video_size, 64 <= n.eval_video_size <= 1024,
              "must be in [64, 1024] (pixels of the square video frames)"),
+            ("runner.eval_video_interval", n.eval_video_interval, n.eval_video_interval >= 1,
+             "must be >= 1 (evals at steps that are multiples of it are filmed, and the last step's; 1: every eval)"),
             ("runner.stop_on_eval_success", n.stop_on_eval_success,
              n.stop_on_eval_success is None or 0 < n.stop_on_eval_success <= 1, "must be in (0, 1] or null"),
         ]:
@@ -1022,12 +1028,13 @@ def inert_keys(cfg: Config, command: str = "run", cuda_count: int = 0) -> list[t
 
     if command == "run":
         if e.sim_backend == "physx_cuda":
-            off(["runner.eval_videos", "runner.eval_video_size"],
+            off(["runner.eval_videos", "runner.eval_video_size", "runner.eval_video_interval"],
                 "films eval episodes by replaying their actions on the CPU simulator; GPU simulation "
                 "(env.sim_backend=physx_cuda) keeps no action log and is not replayable there: drop it")
         elif cfg.runner.eval_videos == 0:
-            off(["runner.eval_video_size"], "sizes the eval videos, and runner.eval_videos=0 films none: drop it "
-                                            "or set runner.eval_videos")
+            off(["runner.eval_video_size", "runner.eval_video_interval"],
+                "sizes or spaces the eval videos, and runner.eval_videos=0 films none: drop it or set "
+                "runner.eval_videos")
 
     # ----- cluster -----
     if c.address:

@@ -307,7 +307,7 @@ class Runner(Scheduler, Setup, Recovery):
         """
         st, ev = self.state, self.cfg.env.eval
         t0 = time.perf_counter()
-        video_dir = self.run_dir / "videos" / f"step_{st.step}" if graphs.eval_video_count(self.cfg) else None
+        video_dir = self.run_dir / "videos" / f"step_{st.step}" if graphs.films_eval(self.cfg, st.step) else None
         _, parts = self._compute(lambda attempt: graphs.build_eval(
             self.cfg, run_id=st.run_id, step=st.step, weights=self.weights, placement=self.placement,
             attempt=attempt, video_dir=None if video_dir is None else str(video_dir)), "evaluation")

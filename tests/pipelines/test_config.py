@@ -602,7 +602,8 @@ def test_experiments_resolve_as_before_the_groups(name):
     steps, and the new key policy.temperature at its default 1.0, issue 11; the new keys env.object_state at its
     default false, record.action_noise at its default 0.0 and policy.normalize_actions at its default false, issue
     12; 2026-12-05 the new key runner.exact_resume at its default false, issue 13's resume finding, and the new key
-    env.fast_step at its default true (the same values, faster; issue 13))."""
+    env.fast_step at its default true (the same values, faster; issue 13), the new key runner.eval_video_interval
+    at its default 1 and the default job's 50 (issue 13))."""
     import json
     import tasks.config
     from omegaconf import OmegaConf

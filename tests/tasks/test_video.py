@@ -126,7 +126,8 @@ def test_eval_videos_film_task_by_task_starting_with_the_instance_task(monkeypat
 
 def test_eval_video_keys_are_checked_and_counted():
     from pipelines.graphs import eval_video_count
-    for key, value in (("eval_videos", -1), ("eval_video_size", 16), ("eval_video_size", 4096)):
+    for key, value in (("eval_videos", -1), ("eval_video_size", 16), ("eval_video_size", 4096),
+                       ("eval_video_interval", 0)):
         cfg = Config()
         setattr(cfg.runner, key, value)
         with pytest.raises(ConfigError, match=f"runner.{key}"):
@@ -138,6 +139,20 @@ def test_eval_video_keys_are_checked_and_counted():
     assert eval_video_count(cfg) == 0
     cfg.runner.eval_videos, cfg.env.sim_backend = 2, "physx_cuda"
     assert eval_video_count(cfg) == 0  # no action log to replay
+
+
+def test_films_eval_at_multiples_of_the_interval_and_at_the_last_step():
+    """runner.eval_video_interval: a training run's eval films when its step is a multiple of the interval (the
+    step-0 eval too) or is runner.max_steps; never with runner.eval_videos=0."""
+    from pipelines.graphs import films_eval
+    cfg = Config()
+    cfg.runner.eval_videos, cfg.runner.max_steps, cfg.runner.eval_video_interval = 1, 205, 50
+    filmed = [s for s in range(0, 206, 5) if films_eval(cfg, s)]
+    assert filmed == [0, 50, 100, 150, 200, 205]
+    cfg.runner.eval_video_interval = 1
+    assert all(films_eval(cfg, s) for s in range(0, 206, 5))
+    cfg.runner.eval_videos = 0
+    assert not any(films_eval(cfg, s) for s in range(0, 206, 5))
 
 
 def test_mp4_writer_writes_h264_through_ffmpeg_and_names_the_missing_package(tmp_path, monkeypatch):
