@@ -6,8 +6,9 @@
 Without --run-id it takes the latest active run of the experiment. Per run it prints a markdown table (the README's
 curve) and the first step, env steps and training wall time at which eval/success_once reached --threshold; with
 --hold, also the lowest eval at every later evaluation and whether it stayed >= --hold (issue 13's check: >= 0.9
-once, never below 0.8 after). With several run ids (e.g. one per seed) it ends with one summary table. --png plots
-every run's eval curve against env steps.
+once, never below 0.8 after). With several run ids (e.g. one per seed) it ends with one summary table and the mean
+training wall time and step to --threshold over the runs that reached it, with Student-t 95 % intervals. --png
+plots every run's eval curve against env steps.
 
 One timeline: a resumed or rolled-back run continues in a new MLflow run and the superseded one is soft-deleted
 (storage.tracking); a --run-id of a superseded run is followed (tag `dagrl.superseded_by`) to the run that holds
@@ -20,6 +21,24 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+
+def mean_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high): the mean of `values` (one per seed) with its Student-t interval,
+    mean +- t_{(1+confidence)/2, n-1} * s / sqrt(n), s the sample standard deviation (ddof 1). One value: (v, nan,
+    nan). Raises ValueError on no values."""
+    import math
+
+    from scipy.stats import t
+    n = len(values)
+    if n == 0:
+        raise ValueError("mean_interval: no values")
+    mean = sum(values) / n
+    if n == 1:
+        return mean, float("nan"), float("nan")
+    s = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = float(t.ppf((1 + confidence) / 2, n - 1)) * s / math.sqrt(n)
+    return mean, mean - half, mean + half
 
 
 def first_and_hold(evals: dict[int, float], threshold: float) -> tuple[int | None, float | None]:
@@ -147,6 +166,13 @@ def main() -> None:
             print(f"| {run.info.run_name} | {run.data.params.get('seed', '?')} | {step if step else 'never'} | "
                   f"{'' if n is None else f'{n:.0f}'} | {'' if w is None else f'{w:.0f}'} | "
                   f"{'' if low is None else f'{low:.3f}'} |")
+        walls = [w for _, step, _, _, w in summary if step is not None and w is not None]
+        steps = [step for _, step, _, _, _ in summary if step is not None]
+        if walls:
+            m, lo, hi = mean_interval(walls)
+            ms, slo, shi = mean_interval([float(x) for x in steps])
+            print(f"\n{len(steps)} of {len(summary)} runs reached {args.threshold}; over those: training wall to it "
+                  f"mean {m:.0f} s, 95 % t-interval [{lo:.0f}, {hi:.0f}]; step mean {ms:.0f} [{slo:.0f}, {shi:.0f}]")
     if args.png:
         plot([(f"seed {r.data.params.get('seed', '?')}", curve(client, r)) for r in runs],
              f"{args.experiment}: eval on {runs[0].data.params.get('env.eval.num_episodes', '?')} episodes", args.png)

@@ -14,6 +14,17 @@ def test_first_step_at_threshold_and_the_lowest_eval_after_it(lc):
     assert lc.first_and_hold({20: 0.5, 10: 0.91, 30: 0.95}, 0.9) == (10, 0.5)  # steps in time order, not insertion
 
 
+def test_mean_interval_is_the_student_t_interval_over_seeds(lc):
+    """[1, 2, 3]: mean 2, sample sd 1, t_{0.975, 2} = 4.302653 (tables): 2 +- 4.302653 / sqrt(3) = 2 +- 2.484138."""
+    m, lo, hi = lc.mean_interval([1.0, 2.0, 3.0])
+    assert m == 2.0 and lo == pytest.approx(2 - 2.484138, abs=1e-5) and hi == pytest.approx(2 + 2.484138, abs=1e-5)
+    assert lc.mean_interval([5.0, 5.0]) == (5.0, 5.0, 5.0)  # no spread, no width
+    m, lo, hi = lc.mean_interval([7.0])
+    assert m == 7.0 and lo != lo and hi != hi  # one seed: no interval (nan)
+    with pytest.raises(ValueError):
+        lc.mean_interval([])
+
+
 def test_never_reached_and_reached_at_the_last_eval(lc):
     assert lc.first_and_hold({10: 0.5, 20: 0.89}, 0.9) == (None, None)
     assert lc.first_and_hold({10: 0.5, 20: 0.9}, 0.9) == (20, None)  # reached (>=) at the last eval: nothing to hold
