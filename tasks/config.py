@@ -468,15 +468,15 @@ class RunnerConfig:
     max_staleness: int = 0  # asynchronous steps: rollouts in flight ahead of the update (k); the rollout of step
     # n+k runs on weights v(n) while update n runs, and the update corrects with decoupled PPO. 0: synchronous
     progress: bool = True
-    # every eval films its first N episodes (at most env.eval.num_episodes; mp4 with step, reward, return, success
-    # on the frames, <= 10 fps; tasks.video), logged to MLflow under videos/step_<step>; 0: none; GPU simulation:
-    # none. A frame costs ~0.1-0.3 s on a CPU (lavapipe): 2 PushCube episodes add ~10-15 s to an eval (the default
-    # job films 1: ~1.9 s of its ~3.7 s eval at 256 px, 2026-12-05)
+    # an eval films its first N episodes (at most env.eval.num_episodes; mp4 with step, reward, return, success
+    # on the frames, <= 10 fps; tasks.video; which evals: eval_video_interval), logged to MLflow under
+    # videos/step_<step>; 0: none; GPU simulation: none. A frame costs ~0.05-0.3 s on a CPU (lavapipe) with the
+    # load: one 26-frame PushCube episode ~1.3 s on the idle 2-core VM (2026-12-05), ~10-15 s for 2 under load
     eval_videos: int = 2
     eval_video_size: int = 256  # the square frames' side in pixels
     # film only the evals whose training step is a multiple of this (the step-0 eval counts), and the eval after
     # the run's last step (runner.max_steps); 1: every eval. The video is the eval's serial tail (the default job:
-    # ~1.5 s of its ~3.2 s eval, 2026-12-05), so a long run films every few evals
+    # ~1.3 s of its ~2.9 s eval on the idle 2-core VM, 2026-12-05), so a long run films every few evals
     eval_video_interval: int = 1
     # training steps (numbered as MLflow's: the first is 1) run under distributed.performance_report, written to
     # <run dir>/profile/step_N.html and logged to MLflow under profile/ (pipelines.runner.perf); [] : none
