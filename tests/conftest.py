@@ -69,9 +69,10 @@ def reused_clusters():
 
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory):
-    """The run root of one `conf=smoke` run (experiment dir `smoke/`, MLflow under the root), exit code asserted."""
+    """The run root of one `conf=smoke` run (experiment dir `smoke/`, MLflow under the root), exit code asserted.
+    Its one eval (step 3, the last) films one episode although 3 is no multiple of `runner.eval_video_interval`."""
     from pipelines.run import main
     root = tmp_path_factory.mktemp("smoke_run")
     assert main(["conf=smoke", f"run_root={root}", "cluster.dashboard_address=127.0.0.1:0",
-                 "runner.eval_videos=1"]) == 0
+                 "runner.eval_videos=1", "runner.eval_video_interval=2"]) == 0
     return root

@@ -121,7 +121,8 @@ def test_smoke_run_checkpoint_loads(smoke):
 
 
 def test_smoke_run_films_its_eval_episode(smoke):
-    """runner.eval_videos=1: the step-3 eval's episode 0 as an mp4 in the run dir and in MLflow under
+    """runner.eval_videos=1 (runner.eval_video_interval=2: step 3 films as the run's last step): the step-3 eval's
+    episode 0 as an mp4 in the run dir and in MLflow under
     videos/step_3; the replay reproduced the eval's return (CPU determinism); the reset frame and one every 2nd
     action (10 fps real time), 256 px, the caption bar on top; the robot moves; the cost logged as
     time/eval_video."""
