@@ -412,11 +412,12 @@ def eval_video_count(cfg: Config) -> int:
     return min(cfg.runner.eval_videos, cfg.env.eval.num_episodes)
 
 
-def films_eval(cfg: Config, step: int) -> bool:
+def films_eval(cfg: Config, step: int, last: bool = False) -> bool:
     """Whether the training run's eval at `step` films (`eval_video_count(cfg)` episodes): at steps that are
-    multiples of `runner.eval_video_interval` (step 0 included) and at `runner.max_steps`, the run's last."""
+    multiples of `runner.eval_video_interval` (step 0 included), at `runner.max_steps`, and when `last` (the
+    runner's eval after the run's last step, whatever ended it: max_steps, max_env_steps, the wall-time limit)."""
     r = cfg.runner
-    return eval_video_count(cfg) > 0 and (step % r.eval_video_interval == 0 or step == r.max_steps)
+    return eval_video_count(cfg) > 0 and (step % r.eval_video_interval == 0 or step == r.max_steps or last)
 
 
 def build_eval(cfg: Config, *, run_id: str, step: int, weights, placement: Placement,

@@ -227,7 +227,7 @@ class Runner(Scheduler, Setup, Recovery):
         best eval), bar (at the run's step), hook."""
         st, r = self.state, self.cfg.runner
         if st.step % r.val_check_interval == 0:
-            m.update(self.evaluate())
+            m.update(self.evaluate(last=self._done(t_start)))  # the run's last eval also films (films_eval)
         self.tracker.log_metrics(m, step=st.step)  # before the checkpoint (module docstring)
         if st.step % r.save_interval == 0 or self._best_unmarked():  # a new best eval is checkpointed too
             self._last_ckpt = self.checkpoint(st.elapsed_s + time.perf_counter() - t_start)
@@ -249,7 +249,7 @@ class Runner(Scheduler, Setup, Recovery):
         stopped = self.stop_requested
         if stopped is None and (not self.last_eval or st.step % cfg.runner.val_check_interval) \
                 and not self._eval_logged(st.step):  # a resume at the end: the kept timeline has it
-            self.tracker.log_metrics(self.evaluate(), step=st.step)
+            self.tracker.log_metrics(self.evaluate(last=True), step=st.step)
         elapsed = st.elapsed_s + time.perf_counter() - t_start
         if self._last_ckpt is None or st.step % cfg.runner.save_interval or self._best_unmarked():
             self._last_ckpt = self.checkpoint(elapsed)
@@ -288,7 +288,7 @@ class Runner(Scheduler, Setup, Recovery):
         return False
 
     # ----- eval and checkpoint graphs -----
-    def evaluate(self, echo: bool = True) -> dict:
+    def evaluate(self, echo: bool = True, last: bool = False) -> dict:
         """The eval graph on the current weights; returns `eval/*` metrics (and updates the best eval).
 
         Every eval plays the same fixed episodes (episode i: reset seed `env.eval.seed + i`); the metrics hold the
@@ -300,14 +300,17 @@ class Runner(Scheduler, Setup, Recovery):
         first eval on; else its first eval. The per-episode outcomes go to `<run_dir>/evals/step_<N>.json` (seed ->
         success_once, success_at_end, return, episode_len). An eval significantly below the baseline (the paired
         interval entirely below 0) prints one warning line and sets the MLflow tag `dagrl.regression=step N`.
-        `echo`: print the eval's one line (with the gain and what it is against).
+        `echo`: print the eval's one line (with the gain and what it is against). `last`: the run is done after this
+        step (`_done`) or this is `_finish_run`'s eval, so it films whatever `runner.eval_video_interval` says
+        (`graphs.films_eval`).
 
         Raises:
             RuntimeError: the eval's episodes are not exactly the fixed ones (a bug: evals would not be paired).
         """
         st, ev = self.state, self.cfg.env.eval
         t0 = time.perf_counter()
-        video_dir = self.run_dir / "videos" / f"step_{st.step}" if graphs.films_eval(self.cfg, st.step) else None
+        video_dir = self.run_dir / "videos" / f"step_{st.step}" if graphs.films_eval(self.cfg, st.step, last) \
+            else None
         _, parts = self._compute(lambda attempt: graphs.build_eval(
             self.cfg, run_id=st.run_id, step=st.step, weights=self.weights, placement=self.placement,
             attempt=attempt, video_dir=None if video_dir is None else str(video_dir)), "evaluation")

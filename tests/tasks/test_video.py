@@ -143,16 +143,17 @@ def test_eval_video_keys_are_checked_and_counted():
 
 def test_films_eval_at_multiples_of_the_interval_and_at_the_last_step():
     """runner.eval_video_interval: a training run's eval films when its step is a multiple of the interval (the
-    step-0 eval too) or is runner.max_steps; never with runner.eval_videos=0."""
+    step-0 eval too), is runner.max_steps or is the run's last eval; never with runner.eval_videos=0."""
     from pipelines.graphs import films_eval
     cfg = Config()
     cfg.runner.eval_videos, cfg.runner.max_steps, cfg.runner.eval_video_interval = 1, 205, 50
     filmed = [s for s in range(0, 206, 5) if films_eval(cfg, s)]
     assert filmed == [0, 50, 100, 150, 200, 205]
+    assert films_eval(cfg, 35, last=True)  # the run's last eval, ended before max_steps (max_env_steps, wall time)
     cfg.runner.eval_video_interval = 1
     assert all(films_eval(cfg, s) for s in range(0, 206, 5))
     cfg.runner.eval_videos = 0
-    assert not any(films_eval(cfg, s) for s in range(0, 206, 5))
+    assert not any(films_eval(cfg, s, last=True) for s in range(0, 206, 5))
 
 
 def test_mp4_writer_writes_h264_through_ffmpeg_and_names_the_missing_package(tmp_path, monkeypatch):
