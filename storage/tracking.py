@@ -82,9 +82,50 @@ def _store_init_lock(uri: str):
     with open(db.with_name(db.name + ".lock"), "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
+            if not db.exists():
+                _create_sqlite_store(db)
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _create_sqlite_store(db: Path) -> None:
+    """Create a new MLflow sqlite store at `db` atomically: MLflow's schema (~40 alembic migrations, ~1-2 s) is
+    built in `<db>.creating-<pid>` beside it, which then replaces `db` in one rename.
+
+    Why: MLflow migrates a new database in place, and a Ctrl-C during that (measured 2026-12-05: a SIGINT 0.8 s
+    after `dagrl: experiment`, the machine under load) left `_alembic_tmp_trace_tags` in the file, after which every
+    later run on that store died with `table _alembic_tmp_trace_tags already exists`. Now an interrupted creation
+    leaves no `db` (the next run creates it again); the temporary file is removed on the way out (a process killed
+    outright leaves it beside the store, unused)."""
+    import os
+
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    tmp = db.with_name(f"{db.name}.creating-{os.getpid()}")
+    try:
+        store = SqlAlchemyStore(f"sqlite:///{tmp}", (db.parent / "mlartifacts").as_uri())
+        store.engine.dispose()
+        os.replace(tmp, db)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+MIGRATION_LEFTOVER = "_alembic_tmp_"  # alembic's batch tables on sqlite, dropped when a migration completes
+
+
+def _interrupted_migration(db: Path) -> str | None:
+    """The name of a table an interrupted MLflow schema migration left in the sqlite file `db`, or None."""
+    import sqlite3
+    try:
+        con = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True)
+        try:
+            row = con.execute("SELECT name FROM sqlite_master WHERE type='table' AND name LIKE ? ESCAPE '!'",
+                              (MIGRATION_LEFTOVER.replace("_", "!_") + "%",)).fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return None  # not readable as sqlite: MLflow's own error says so
+    return None if row is None else row[0]
 
 
 def _plain(value: Any) -> Any:
@@ -372,7 +413,8 @@ def check_tracking_uri(uri: str, *, must_exist: bool = False, timeout_s: float =
       client's retries); https honours MLFLOW_TRACKING_INSECURE_TLS and MLFLOW_TRACKING_SERVER_CERT_PATH as
       MLflow's client does;
     - ``sqlite:///<path>``: the database file (``must_exist``: a store to read, it must exist) or, when it does
-      not exist yet, its nearest existing parent directory must be writable (probed with a temporary file);
+      not exist yet, its nearest existing parent directory must be writable (probed with a temporary file); a
+      file an interrupted schema migration left half-done (an ``_alembic_tmp_*`` table) is refused with the fix;
     - ``file:`` or a plain path (MLflow's file store): the same for the directory;
     - ``postgresql``/``mysql``/``mssql``(``+driver``) and ``databricks``: only the scheme is checked (the driver
       connects when the run starts);
@@ -396,8 +438,15 @@ def check_tracking_uri(uri: str, *, must_exist: bool = False, timeout_s: float =
         if not uri.startswith("sqlite:///") or uri[len("sqlite:///"):].split("?", 1)[0] in ("", ":memory:"):
             raise ValueError("an in-memory sqlite store loses the run when it ends; name a file: "
                              "sqlite:////absolute/path/mlflow.db")
-        return _check_local_store(Path(uri[len("sqlite:///"):].split("?", 1)[0]), must_exist=must_exist,
-                                  what="database file")
+        db = Path(uri[len("sqlite:///"):].split("?", 1)[0]).expanduser()
+        _check_local_store(db, must_exist=must_exist, what="database file")
+        leftover = _interrupted_migration(db) if db.is_file() else None
+        if leftover is not None:
+            raise ValueError(f"the MLflow database {db} holds table {leftover!r}: a schema migration of it was "
+                             f"interrupted, and MLflow fails on it; if it holds no runs you need, move it aside "
+                             f"(the next run creates a new one), else back it up and drop that table "
+                             f"(sqlite3 {db} 'DROP TABLE {leftover}')")
+        return None
     if base == "file":
         return _check_local_store(Path(urlparse(uri).path), must_exist=must_exist, what="directory")
     return None  # a database server or databricks: its client connects when the run starts

@@ -6,8 +6,9 @@ image once per chunk step only), and on a CPU (lavapipe) a 256 px frame costs ~0
 step. So the eval keeps the executed actions of the episodes to film (`tasks.rollout.evaluate(..., keep_actions=k)`)
 and one `eval_videos` node per evaluation replays them with `reset(seed)` + the same actions on an instance made
 with `render_size` (`tasks.envs.make_single_env`): on the CPU simulator (seed, actions) reproduces an episode
-bit-identically (tasks.envs.maniskill, "Determinism"), which `return_matches` checks against the eval's own
-return. Only the filmed episodes are rendered, never the others.
+in a fresh instance (tasks.envs.maniskill, "Determinism"), but the eval env has played earlier episodes and that
+contact history can shift one slightly (measured: 1 of 90 filmed episodes, return 7.557 vs 7.547), which
+`return_matches` checks against the eval's own return. Only the filmed episodes are rendered, never the others.
 
 Frames: the reset frame, then one every `stride` executed actions and the last one (stride = the env task's
 control frequency / MAX_FPS, rounded, at least 1: PushCube-v1's 20 Hz gives 2, so a 50-action episode is 26 frames

@@ -10,7 +10,9 @@ position deltas normalised to ±0.1 rad plus the gripper command. Reward modes: 
 TimeLimit (`max_episode_steps`, 50 for PushCube-v1/PickCube-v1).
 
 Determinism (MACHINE.md): `reset(seed=k)` + the same actions gives bit-identical observations and rewards across
-processes, so (seed, actions) replays an episode exactly.
+processes for envs with the same history, so (seed, actions) replays an episode of a fresh env exactly; an env that
+has run earlier episodes keeps solver/contact state across `reset` and can leave that trajectory by up to ~1e-2
+after some actions (benchmarks/env_history.py: 5 of 64 episodes of a default run).
 
 `obs_mode=rgb`: the env runs in ManiSkill's state obs mode and the task's camera (`base_camera`, resized by
 `sensor_configs` to env.image_size) is rendered only when the shard asks (`render_rgb`), i.e. once per chunk step

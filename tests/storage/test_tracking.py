@@ -170,3 +170,44 @@ def test_runs_started_at_once_on_a_new_sqlite_store_all_open(tmp_path):
     assert failed == [] and [p.exitcode for p in procs] == [0] * n, failed
     runs = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("race").experiment_id])
     assert sorted(r.info.run_name for r in runs) == [f"r{i}" for i in range(n)]
+
+
+def test_a_new_sqlite_store_interrupted_while_created_leaves_nothing_half_made(tmp_path, monkeypatch):
+    """A Ctrl-C while MLflow builds a new store's schema left a half-migrated file that failed every later run
+    (`table _alembic_tmp_trace_tags already exists`); the schema is now built beside the file and renamed in."""
+    import os
+
+    real, calls = os.replace, []
+
+    def interrupted(src, dst):  # the schema is built in the temporary file; the Ctrl-C lands before the rename
+        calls.append(str(src))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    uri = default_tracking_uri(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        Tracker(uri=uri, experiment="e", run_name="r0")
+    assert calls and ".creating-" in calls[0]
+    assert not (tmp_path / "mlflow.db").exists()
+    assert [p.name for p in tmp_path.iterdir() if "creating" in p.name] == []
+    monkeypatch.setattr(os, "replace", real)
+    t = Tracker(uri=uri, experiment="e", run_name="r1")  # the next run creates the store and logs
+    t.log_metrics({"m": 1.0}, step=1)
+    assert t.get_metric_history("m") == [(1, 1.0)]
+
+
+def test_a_sqlite_store_with_a_half_done_migration_is_refused_offline(tmp_path):
+    import sqlite3
+
+    from storage.tracking import check_tracking_uri
+    db = tmp_path / "mlflow.db"
+    uri = default_tracking_uri(tmp_path)
+    Tracker(uri=uri, experiment="e", run_name="r")
+    check_tracking_uri(uri)  # a complete store passes
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE _alembic_tmp_trace_tags (key VARCHAR(250))")
+    con.commit()
+    con.close()
+    with pytest.raises(ValueError, match=r"_alembic_tmp_trace_tags.*interrupted.*move it aside") as e:
+        check_tracking_uri(uri)
+    assert str(db) in str(e.value)
