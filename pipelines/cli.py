@@ -233,16 +233,7 @@ def with_cluster(cfg, body) -> int:
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             rc = 130
-        except Exception as exc:
-            if not _interrupted:
-                with held_signals():
-                    handle.close()
-                raise
-            # a Ctrl-C reached this process before and a library turned it into its own error (a database
-            # driver's, a comm's): the run was interrupted, not broken
-            print(f"interrupted ({type(exc).__name__} after the Ctrl-C)", file=sys.stderr)
-            rc = 130
-        except BaseException:
+        except BaseException:  # a Ctrl-C a library turned into its own error included: `entry` reports it
             with held_signals():
                 handle.close()
             raise
@@ -288,7 +279,8 @@ def entry(main) -> int:
     `interrupted` on stderr and exit 130, not a traceback. Its SIGINT handler also records the Ctrl-C for
     `check_interrupted` (a SIGINT ignored at start stays ignored: `signal_handlers`). A SIGTERM (`timeout`, `kill`,
     a batch scheduler) is taken the same way while its handler is the default one (it killed the process silently,
-    exit 143, before `with_cluster` put its own in place)."""
+    exit 143, before `with_cluster` put its own in place). An exception after a recorded Ctrl-C (a library turned
+    the KeyboardInterrupt into its own error) is one line `interrupted (ErrorType after the Ctrl-C)`, exit 130."""
     import signal
     _interrupted.clear()
     old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -302,6 +294,13 @@ def entry(main) -> int:
         return main()
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if not _interrupted:
+            raise
+        # a Ctrl-C reached this process before and a library turned it into its own error on the way out (a
+        # database driver's, a comm's): the command was interrupted, not broken
+        print(f"interrupted ({type(exc).__name__} after the Ctrl-C)", file=sys.stderr)
         return 130
     finally:
         sys.unraisablehook = old_hook

@@ -50,13 +50,17 @@ def default_tracking_uri(path: str | Path) -> str:
     return f"sqlite:///{Path(path).resolve() / 'mlflow.db'}"
 
 
+def _sqlite_path(uri: str) -> Path | None:
+    """The database file a ``sqlite:///`` tracking uri names (query parameters dropped), else None."""
+    prefix = "sqlite:///"
+    return Path(uri[len(prefix):].split("?", 1)[0]) if uri.startswith(prefix) else None
+
+
 def _sqlite_db(uri: str) -> Path | None:
     """The database file of a ``sqlite:///`` tracking uri (its folder created), else None."""
-    prefix = "sqlite:///"
-    if not uri.startswith(prefix):
-        return None
-    db = Path(uri[len(prefix):].split("?", 1)[0])
-    db.parent.mkdir(parents=True, exist_ok=True)
+    db = _sqlite_path(uri)
+    if db is not None:
+        db.parent.mkdir(parents=True, exist_ok=True)
     return db
 
 
@@ -103,7 +107,7 @@ def _create_sqlite_store(db: Path) -> None:
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
     tmp = db.with_name(f"{db.name}.creating-{os.getpid()}")
     try:
-        store = SqlAlchemyStore(f"sqlite:///{tmp}", (db.parent / "mlartifacts").as_uri())
+        store = SqlAlchemyStore(f"sqlite:///{tmp}", _sqlite_artifact_location(f"sqlite:///{db}"))
         store.engine.dispose()
         os.replace(tmp, db)
     finally:
@@ -119,13 +123,12 @@ def _interrupted_migration(db: Path) -> str | None:
     try:
         con = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True)
         try:
-            row = con.execute("SELECT name FROM sqlite_master WHERE type='table' AND name LIKE ? ESCAPE '!'",
-                              (MIGRATION_LEFTOVER.replace("_", "!_") + "%",)).fetchone()
+            tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
         finally:
             con.close()
     except sqlite3.Error:
         return None  # not readable as sqlite: MLflow's own error says so
-    return None if row is None else row[0]
+    return next((t for t in tables if t.startswith(MIGRATION_LEFTOVER)), None)
 
 
 def _plain(value: Any) -> Any:
@@ -435,10 +438,11 @@ def check_tracking_uri(uri: str, *, must_exist: bool = False, timeout_s: float =
     if base in ("http", "https"):
         return _probe_http(uri, timeout_s)
     if base == "sqlite":
-        if not uri.startswith("sqlite:///") or uri[len("sqlite:///"):].split("?", 1)[0] in ("", ":memory:"):
+        path = _sqlite_path(uri)
+        if path is None or str(path) in ("", ".", ":memory:"):
             raise ValueError("an in-memory sqlite store loses the run when it ends; name a file: "
                              "sqlite:////absolute/path/mlflow.db")
-        db = Path(uri[len("sqlite:///"):].split("?", 1)[0]).expanduser()
+        db = path.expanduser()
         _check_local_store(db, must_exist=must_exist, what="database file")
         leftover = _interrupted_migration(db) if db.is_file() else None
         if leftover is not None:

@@ -475,8 +475,9 @@ class RunnerConfig:
     eval_videos: int = 2
     eval_video_size: int = 256  # the square frames' side in pixels
     # film only the evals whose training step is a multiple of this (the step-0 eval counts), and the eval after
-    # the run's last step (runner.max_steps, or whatever ended the run); 1: every eval. The video is the eval's serial tail (the default job:
-    # ~1.3 s of its ~2.9 s eval on the idle 2-core VM, 2026-12-05), so a long run films every few evals
+    # the run's last step (runner.max_steps, or whatever ended the run); 1: every eval. The video is the eval's
+    # serial tail (the default job: ~1.3 s of its ~2.9 s eval on the idle 2-core VM, 2026-12-05), so a long run
+    # films every few evals
     eval_video_interval: int = 1
     # training steps (numbered as MLflow's: the first is 1) run under distributed.performance_report, written to
     # <run dir>/profile/step_N.html and logged to MLflow under profile/ (pipelines.runner.perf); [] : none

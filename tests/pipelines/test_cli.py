@@ -526,8 +526,8 @@ def test_a_ctrl_c_python_cannot_raise_is_recorded_not_printed(capsys, monkeypatc
 @pytest.mark.parametrize("after_ctrl_c", [True, False])
 def test_an_error_a_library_made_of_a_ctrl_c_is_an_interrupt(after_ctrl_c, monkeypatch, capsys):
     """A Ctrl-C the entry's handler took, which a library (a database driver, a comm) turned into its own error
-    on the way out, ends the command as interrupted (exit 130, one line); the same error without a Ctrl-C before it
-    stays an error (raised, the cluster closed)."""
+    on the way out of a command's cluster, ends the command as interrupted (exit 130, one line); the same error
+    without a Ctrl-C before it stays an error (raised, the cluster closed)."""
     import pipelines.cluster
     handle = _Handle()
     monkeypatch.setattr(pipelines.cluster, "start_cluster", lambda cfg: handle)
@@ -539,10 +539,13 @@ def test_an_error_a_library_made_of_a_ctrl_c_is_an_interrupt(after_ctrl_c, monke
         raise RuntimeError("wrapped")
 
     capsys.readouterr()
+    def main():
+        return cli.with_cluster(None, body)
+
     if after_ctrl_c:
-        assert cli.with_cluster(None, body) == 130
+        assert cli.entry(main) == 130
         assert capsys.readouterr().err == "interrupted (RuntimeError after the Ctrl-C)\n"
     else:
         with pytest.raises(RuntimeError, match="wrapped"):
-            cli.with_cluster(None, body)
+            cli.entry(main)
     assert handle.closed
