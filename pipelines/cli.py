@@ -125,15 +125,17 @@ def preflight(cfg, *, tracking: bool = True, writes=None) -> bool:
     `writes` (default: `run_root` itself) must be a directory that can be created or written
     (`storage.rundir.check_writable_dir`); then, with `tracking`, `tracking.uri` when set
     (`storage.tracking.check_tracking_uri`: an http(s) server must answer its /health within a few seconds, a
-    sqlite file must be creatable, the scheme known; the default sqlite store lives under `run_root`, checked
-    first). False when one fails: then one line `error: KEY='VALUE': why; fix` is on stderr (the command exits 2)."""
+    sqlite file must be creatable or a complete store of this MLflow's schema, the scheme known), or without
+    `tracking.uri` the default sqlite store under `run_root` (reported under `run_root`). False when one fails: then one line `error: KEY='VALUE': why; fix` is on stderr (the command exits 2)."""
     from storage.rundir import check_writable_dir
     from storage.tracking import check_tracking_uri
     from tasks.config import ConfigError
     checks = [(key, str(value), check_writable_dir, d) for key, value, d in
               (writes if writes is not None else [("run_root", cfg.run_root, cfg.run_root)])]
-    if tracking and cfg.tracking.uri:
-        checks.append(("tracking.uri", cfg.tracking.uri, check_tracking_uri, cfg.tracking.uri))
+    if tracking:  # the store the run logs to: tracking.uri, else the default sqlite file under run_root
+        from pipelines.runner.setup import tracking_uri
+        key, value = ("tracking.uri", cfg.tracking.uri) if cfg.tracking.uri else ("run_root", cfg.run_root)
+        checks.append((key, str(value), check_tracking_uri, tracking_uri(cfg)))
     for key, value, check, arg in checks:
         try:
             check(arg)

@@ -23,9 +23,10 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import sys
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,7 @@ def _store_init_lock(uri: str):
     with open(db.with_name(db.name + ".lock"), "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
-            if not db.exists():
+            if not db.exists() or db.stat().st_size == 0:  # an empty file is an empty sqlite database
                 _create_sqlite_store(db)
             yield
         finally:
@@ -117,18 +118,68 @@ def _create_sqlite_store(db: Path) -> None:
 MIGRATION_LEFTOVER = "_alembic_tmp_"  # alembic's batch tables on sqlite, dropped when a migration completes
 
 
-def _interrupted_migration(db: Path) -> str | None:
-    """The name of a table an interrupted MLflow schema migration left in the sqlite file `db`, or None."""
+def _mlflow_schema_head() -> tuple[str, Callable[[str], bool]]:
+    """The schema revision the installed MLflow expects of a store, and a test whether a revision is one of its
+    migrations (older or equal) — from MLflow's own alembic scripts (`mlflow/store/db_migrations`), read the way
+    MLflow's `_verify_schema` reads them."""
+    import importlib.util
+
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+    spec = importlib.util.find_spec("mlflow")
+    script = ScriptDirectory(str(Path(spec.origin).parent / "store" / "db_migrations"))
+
+    def known(rev: str) -> bool:
+        try:
+            return script.get_revision(rev) is not None
+        except CommandError:
+            return False
+    return script.get_current_head(), known
+
+
+def _sqlite_store_problem(db: Path) -> str | None:
+    """Why the existing sqlite file `db` cannot serve as this MLflow's tracking store, with the fix (one line), or
+    None when it can (a complete store of the installed MLflow's schema, or an empty file).
+
+    Refused, each of which MLflow itself turns into a traceback after the cluster started, or worse:
+    - not an sqlite database (MLflow: `file is not a database`);
+    - an interrupted schema migration (an ``_alembic_tmp_*`` table; MLflow: `table ... already exists` on every run);
+    - tables but no MLflow schema (another program's database: MLflow would add its ~30 tables into it);
+    - a schema of an older MLflow (MLflow: `Detected out-of-date database schema`) or of a newer one (the same
+      message, whose advice `mlflow db upgrade` cannot downgrade)."""
     import sqlite3
     try:
         con = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True)
         try:
             tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+            rev = (con.execute("SELECT version_num FROM alembic_version").fetchone() or [None])[0] \
+                if "alembic_version" in tables else None
         finally:
             con.close()
-    except sqlite3.Error:
-        return None  # not readable as sqlite: MLflow's own error says so
-    return next((t for t in tables if t.startswith(MIGRATION_LEFTOVER)), None)
+    except sqlite3.Error as exc:
+        return (f"the file {db} is not an MLflow sqlite store ({exc}); point tracking.uri (or run_root) at another "
+                f"file, or move it aside")
+    leftover = next((t for t in tables if t.startswith(MIGRATION_LEFTOVER)), None)
+    if leftover is not None:
+        return (f"the MLflow database {db} holds table {leftover!r}: a schema migration of it was interrupted, and "
+                f"MLflow fails on it; if it holds no runs you need, move it aside (the next run creates a new one), "
+                f"else back it up and drop that table (sqlite3 {db} 'DROP TABLE {leftover}')")
+    if not tables:
+        return None  # an empty database: MLflow builds its schema in it
+    if rev is None:
+        return (f"the sqlite file {db} holds tables ({', '.join(sorted(tables)[:3])}{', ...' if len(tables) > 3 else ''}) "
+                f"but no MLflow schema: another program's database; point tracking.uri (or run_root) elsewhere")
+    head, known = _mlflow_schema_head()
+    if rev == head:
+        return None
+    import mlflow
+    if known(rev):
+        return (f"the MLflow database {db} has the schema of an older MLflow (revision {rev}; this environment's "
+                f"MLflow {mlflow.__version__} expects {head}); back it up, then migrate it: "
+                f"{Path(sys.executable).parent / 'mlflow'} db upgrade sqlite:///{db}")
+    return (f"the MLflow database {db} was written by a newer MLflow than this environment's {mlflow.__version__} "
+            f"(schema revision {rev} is unknown to it, and MLflow cannot downgrade a store); read it with that "
+            f"MLflow, or log to another store (run_root=DIR or tracking.uri=sqlite:////path/other.db)")
 
 
 def _plain(value: Any) -> Any:
@@ -416,8 +467,10 @@ def check_tracking_uri(uri: str, *, must_exist: bool = False, timeout_s: float =
       client's retries); https honours MLFLOW_TRACKING_INSECURE_TLS and MLFLOW_TRACKING_SERVER_CERT_PATH as
       MLflow's client does;
     - ``sqlite:///<path>``: the database file (``must_exist``: a store to read, it must exist) or, when it does
-      not exist yet, its nearest existing parent directory must be writable (probed with a temporary file); a
-      file an interrupted schema migration left half-done (an ``_alembic_tmp_*`` table) is refused with the fix;
+      not exist yet, its nearest existing parent directory must be writable (probed with a temporary file); an
+      existing file must be a complete store of the installed MLflow's schema, or empty (`_sqlite_store_problem`:
+      not sqlite, a migration left half-done, another program's tables, an older or newer MLflow's schema are
+      refused with the fix);
     - ``file:`` or a plain path (MLflow's file store): the same for the directory;
     - ``postgresql``/``mysql``/``mssql``(``+driver``) and ``databricks``: only the scheme is checked (the driver
       connects when the run starts);
@@ -444,12 +497,9 @@ def check_tracking_uri(uri: str, *, must_exist: bool = False, timeout_s: float =
                              "sqlite:////absolute/path/mlflow.db")
         db = path.expanduser()
         _check_local_store(db, must_exist=must_exist, what="database file")
-        leftover = _interrupted_migration(db) if db.is_file() else None
-        if leftover is not None:
-            raise ValueError(f"the MLflow database {db} holds table {leftover!r}: a schema migration of it was "
-                             f"interrupted, and MLflow fails on it; if it holds no runs you need, move it aside "
-                             f"(the next run creates a new one), else back it up and drop that table "
-                             f"(sqlite3 {db} 'DROP TABLE {leftover}')")
+        problem = _sqlite_store_problem(db) if db.is_file() else None
+        if problem is not None:
+            raise ValueError(problem)
         return None
     if base == "file":
         return _check_local_store(Path(urlparse(uri).path), must_exist=must_exist, what="directory")

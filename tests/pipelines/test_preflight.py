@@ -100,6 +100,22 @@ def test_sqlite_store_that_cannot_be_created(tmp_path, a_file, capsys, no_cluste
     assert no_cluster == [] and not (tmp_path / "runs").exists()
 
 
+def test_the_default_store_under_run_root_is_checked(tmp_path, capsys, no_cluster):
+    """Without tracking.uri the run logs to `run_root/mlflow.db`: a file there MLflow cannot use (here a half-done
+    migration's leftover table; storage.tracking tests every kind) is reported under `run_root` before any
+    cluster, not as MLflow's traceback when the Tracker opens."""
+    import sqlite3
+    root = tmp_path / "runs"
+    root.mkdir()
+    con = sqlite3.connect(root / "mlflow.db")
+    con.execute("CREATE TABLE _alembic_tmp_trace_tags (key VARCHAR(250))")
+    con.commit()
+    con.close()
+    rc, err = _run(capsys, f"run_root={root}")
+    _assert_one_line(rc, err, "run_root", str(root), str(root / "mlflow.db"), "_alembic_tmp_trace_tags")
+    assert no_cluster == [] and sorted(p.name for p in root.iterdir()) == ["mlflow.db"]
+
+
 def test_run_root_under_a_file(a_file, capsys, no_cluster):
     root = f"{a_file}/runs"
     rc, err = _run(capsys, f"run_root={root}")

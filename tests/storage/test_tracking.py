@@ -211,3 +211,100 @@ def test_a_sqlite_store_with_a_half_done_migration_is_refused_offline(tmp_path):
     with pytest.raises(ValueError, match=r"_alembic_tmp_trace_tags.*interrupted.*move it aside") as e:
         check_tracking_uri(uri)
     assert str(db) in str(e.value)
+
+
+def _older_schema_store(db: Path) -> str:
+    """A genuine store of the MLflow release before this environment's (the schema one migration before the head),
+    built as MLflow builds a new store (its initial tables, then its alembic migrations, here stopped one short).
+    Returns that older revision."""
+    import sqlalchemy
+    from alembic import command
+    from mlflow.store.db.utils import _get_alembic_config
+    from mlflow.store.tracking.dbmodels.initial_models import Base as InitialBase
+
+    from storage.tracking import _mlflow_schema_head
+    from alembic.script import ScriptDirectory
+    cfg = _get_alembic_config(f"sqlite:///{db}")
+    older = ScriptDirectory.from_config(cfg).get_revision(_mlflow_schema_head()[0]).down_revision
+    engine = sqlalchemy.create_engine(f"sqlite:///{db}")
+    InitialBase.metadata.create_all(engine)
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, older)
+    engine.dispose()
+    return older
+
+
+def test_an_older_mlflow_schema_is_refused_offline_with_the_upgrade_that_fixes_it(tmp_path):
+    """MLflow refuses a store of an older schema with a traceback when the run opens its Tracker (after the cluster
+    started); the pre-flight names the file and the command, and that command makes the store usable."""
+    import mlflow.store.db.utils as dbutils
+    import sqlalchemy
+
+    from storage.tracking import check_tracking_uri
+    db = tmp_path / "mlflow.db"
+    older = _older_schema_store(db)
+    uri = f"sqlite:///{db}"
+    with pytest.raises(ValueError, match=rf"{db}.*older MLflow.*{older}.*db upgrade sqlite:///{db}"):
+        check_tracking_uri(uri)
+    engine = sqlalchemy.create_engine(uri)
+    dbutils._upgrade_db(engine)  # what the named `mlflow db upgrade` runs
+    engine.dispose()
+    check_tracking_uri(uri)
+    t = Tracker(uri=uri, experiment="e", run_name="r")
+    t.log_metrics({"m": 2.0}, step=1)
+    assert t.get_metric_history("m") == [(1, 2.0)]
+
+
+@pytest.mark.parametrize("kind", ["newer_mlflow", "not_sqlite", "another_programs_db"])
+def test_a_file_mlflow_cannot_use_as_its_store_is_refused_offline_and_left_as_it_was(tmp_path, uri, kind):
+    """Each of these fails inside MLflow after the cluster started (a newer schema: MLflow's advice to upgrade
+    cannot downgrade it; another program's sqlite file: MLflow would add its tables into it). Refused offline with
+    the file named; the file is not touched."""
+    import shutil
+    import sqlite3
+
+    from storage.tracking import check_tracking_uri
+    db = tmp_path / "mlflow.db"
+    if kind == "newer_mlflow":
+        Tracker(uri=uri, experiment="e", run_name="r")  # the module's store: complete, this MLflow's schema
+        shutil.copy(uri[len("sqlite:///"):], db)
+        con = sqlite3.connect(db)
+        con.execute("UPDATE alembic_version SET version_num = 'f0f0f0f0f0f0'")  # a revision this MLflow lacks
+        con.commit()
+        con.close()
+        words = ["newer MLflow", "f0f0f0f0f0f0", "another store"]
+    elif kind == "not_sqlite":
+        db.write_text("episode,return\n0,1.5\n")
+        words = ["not an MLflow sqlite store"]
+    else:
+        con = sqlite3.connect(db)
+        con.execute("CREATE TABLE demos (episode INTEGER, ret REAL)")
+        con.commit()
+        con.close()
+        words = ["holds tables (demos)", "no MLflow schema"]
+    before = db.read_bytes()
+    with pytest.raises(ValueError) as e:
+        check_tracking_uri(f"sqlite:///{db}")
+    for w in [str(db), *words]:
+        assert w in str(e.value), (w, str(e.value))
+    assert db.read_bytes() == before
+
+
+def test_an_empty_file_becomes_a_store(tmp_path, monkeypatch):
+    """A 0-byte file is an empty sqlite database: accepted, and built like a new store (beside it, renamed in)."""
+    import os
+
+    from storage.tracking import check_tracking_uri
+    db = tmp_path / "mlflow.db"
+    db.write_bytes(b"")
+    uri = f"sqlite:///{db}"
+    check_tracking_uri(uri)
+    renamed = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda src, dst: (renamed.append((Path(src).name, Path(dst))),
+                                                         real_replace(src, dst)))
+    t = Tracker(uri=uri, experiment="e", run_name="r")
+    t.log_metrics({"m": 3.0}, step=4)
+    assert t.get_metric_history("m") == [(4, 3.0)]
+    assert [dst for _, dst in renamed] == [db] and renamed[0][0].startswith("mlflow.db.creating-")
