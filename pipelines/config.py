@@ -312,14 +312,14 @@ def check_libero_run(cfg: Config) -> None:
     their instance) and the env workers' memory (tasks.envs.libero). Raises ConfigError."""
     import sys
 
-    from dask.utils import parse_bytes
     from tasks.envs import libero
+    from tasks.resident import memory_limit_bytes
     from tasks.rollout import group_size
     e, c = cfg.env, cfg.cluster
     for w in libero.check_run(e.num_envs, group_size(cfg), len(libero.task_ids(e)), e.eval.num_envs):
         print(f"warning: {w}", file=sys.stderr)
     limit = c.memory_limit
-    limit_bytes = None if limit in (None, 0, "0", "auto") else parse_bytes(limit) if isinstance(limit, str) else int(limit)
+    limit_bytes = memory_limit_bytes(limit)
     # SFT rolls nothing out: its env workers hold eval envs only
     libero.check_memory(shard_size=0 if cfg.algorithm.name == "sft" else e.shard_size, eval_shard_size=e.eval.num_envs // e.num_shards,
                         num_shards=e.num_shards, num_env_workers=c.num_env_workers, memory_limit_bytes=limit_bytes,
@@ -462,6 +462,7 @@ def check_sft_store(cfg: Config) -> None:
                                                       f"{' '.join(str(exc).split())[:200]}): the store is damaged "
                                                       f"or incompletely copied; record it again or copy it whole") \
             from None
+    check_sft_memory(cfg)  # a store that passed the checks above reads
 
 
 def _check_sft_store(cfg: Config) -> None:
@@ -512,6 +513,39 @@ def _check_sft_store(cfg: Config) -> None:
     except ValueError as exc:
         raise ConfigError("sft.store", cfg.sft.store, f"{str(exc).split(': ', 1)[-1]}; record more episodes or set "
                                                       f"sft.only_success=false") from None
+
+
+def check_sft_memory(cfg: Config) -> None:
+    """The samples an SFT data worker caches (`tasks.demos._dataset`: with `sft.value_coef` > 0 every executed
+    chunk step, else the selected ones) against `cluster.memory_limit`: their estimate
+    (`tasks.demo_index.sft_dataset_bytes`) plus the worker's own memory (`SFT_WORKER_BASE_GIB`, measured; a LIBERO
+    worker's eval envs by `tasks.envs.libero.shard_memory_gib`) must stay under Dask's pause / restart fraction of
+    the limit. Without the check a too-large store (e.g. a long RL run's trajectories) had the data workers
+    restarted on every retry of step 1. Raises ConfigError (sft.store) with the limit that fits."""
+    import math
+
+    from tasks.demo_index import SFT_WORKER_BASE_GIB, sft_dataset_bytes, sft_index
+    from tasks.resident import memory_bound, memory_limit_bytes
+    limit = memory_limit_bytes(cfg.cluster.memory_limit)
+    if not limit:
+        return
+    value = cfg.sft.value_coef > 0
+    rows = len(sft_index(cfg.sft.store, cfg.sft.only_success and not value))
+    data_gib = sft_dataset_bytes(cfg.sft.store, rows) / 2 ** 30
+    base_gib = SFT_WORKER_BASE_GIB
+    if cfg.env.simulator == "libero":
+        from tasks.envs import libero
+        per_worker = -(-cfg.env.num_shards // max(cfg.cluster.num_env_workers, 1))
+        base_gib = libero.shard_memory_gib(per_worker * (cfg.env.eval.num_envs // cfg.env.num_shards))
+    frac, what = memory_bound()
+    need = base_gib + data_gib
+    if need > frac * limit / 2 ** 30:
+        raise ConfigError("sft.store", cfg.sft.store,
+                          f"its {rows} chunk steps{' (every executed one: sft.value_coef > 0)' if value else ''} take "
+                          f"~{data_gib:.1f} GiB in each SFT data worker, ~{need:.1f} GiB with the worker's own "
+                          f"{base_gib:.1f} GiB: more than {frac:.0%} of cluster.memory_limit={cfg.cluster.memory_limit} "
+                          f"(Dask's memory {what} fraction); set cluster.memory_limit={math.ceil(need / frac)}GiB, "
+                          f"or train on a smaller store")
 
 
 COMMAND_LINE = "the command line"

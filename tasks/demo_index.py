@@ -42,6 +42,23 @@ def sft_index(store_path: str, only_success: bool) -> np.ndarray:
     return rows.astype(np.int64)
 
 
+SFT_FIELDS = ("obs", "rgb", "actions", "task_id")  # what an SFT data worker holds per sample (those stored)
+SFT_WORKER_BASE_GIB = 1.0  # an SFT env worker without its samples: ManiSkill eval shard, torch (measured 2026-12-05:
+# 0.98-1.01 GiB peak RSS in 3 conf=pushcube_flow_sft runs whose samples were 6 MB)
+
+
+def sft_dataset_bytes(store_path: str, rows: int) -> int:
+    """Peak bytes the samples of `rows` chunk steps of `store_path` take in an SFT data worker
+    (`tasks.demos._dataset`, cached per worker): per sample the stored `SFT_FIELDS` plus the value pass's `bc` and
+    `returns` (5 bytes), and, while loading, one training step's whole field (it is read one step at a time).
+    Estimated from the store's layout, nothing read."""
+    from storage.trajectories import TrajectoryStore
+    st = TrajectoryStore.open(store_path)
+    per = [int(np.prod(f.shape, dtype=np.int64)) * np.dtype(f.dtype).itemsize
+           for k, f in st.fields.items() if k in SFT_FIELDS]
+    return rows * (sum(per) + 5) + st.T * st.num_envs * max(per, default=0)
+
+
 STATE_STD_FLOOR = 0.01  # units of the state (m, rad): a near-constant dimension is scaled by at most 100
 ACTION_STD_FLOOR = 0.01  # action units: the same bound for policy.normalize_actions
 

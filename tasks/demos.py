@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from tasks import resident
-from tasks.demo_index import set_demo_stats, sft_index  # noqa: F401 (re-exported)
+from tasks.demo_index import SFT_FIELDS, set_demo_stats, sft_index  # noqa: F401 (re-exported)
 from tasks.config import Config
 from tasks.device import autocast, to_device
 from tasks.envs import make_shard
@@ -145,6 +145,29 @@ def chunk_returns(rewards: np.ndarray, step_mask: np.ndarray, truncated: np.ndar
     return out
 
 
+def rows_in(rows: np.ndarray, subset: np.ndarray) -> np.ndarray:
+    """bool [M]: whether each (step, t, b) row of `rows` (int [M, 3], non-negative) is also a row of `subset`
+    (int [K, 3]). Linear in M + K (each row as one flat index, `np.isin`): the pairwise comparison it replaces held
+    M x K x 3 booleans, 17 GB for the 62k x 92k chunk steps of a 36-step, 256-env RL run's store used as
+    `sft.store` (the SFT workers were killed on every retry)."""
+    if not len(rows) or not len(subset):
+        return np.zeros(len(rows), bool)
+    dims = tuple(int(d) + 1 for d in np.maximum(rows.max(0), subset.max(0)))
+    return np.isin(np.ravel_multi_index(rows.T, dims), np.ravel_multi_index(subset.T, dims))
+
+
+def gather(st, field: str, rows: np.ndarray) -> np.ndarray:
+    """`field` of the TrajectoryStore `st` at the (step, t, b) rows (int [M, 3]): [M, *field shape], in the rows'
+    order. Read one step at a time, so the peak is the result plus one step's field (reading the whole field first
+    held every step of a large store twice over; `tasks.demo_index.sft_dataset_bytes` estimates this peak)."""
+    spec = st.fields[field]
+    out = np.empty((len(rows), *spec.shape), spec.dtype)
+    for n in np.unique(rows[:, 0]):
+        sel = np.flatnonzero(rows[:, 0] == n)
+        out[sel] = st.read(field, [int(n)])[0][rows[sel, 1], rows[sel, 2]]
+    return out
+
+
 def _dataset(cfg: Config) -> dict[str, np.ndarray]:
     """The samples in memory, cached per worker: obs [M, O], rgb [M, H, W, 3] (if stored), actions [M, C, D].
 
@@ -157,12 +180,12 @@ def _dataset(cfg: Config) -> dict[str, np.ndarray]:
         st = TrajectoryStore.open(store_path)
         rows = sft_index(store_path, only_success and not value)
         out = {}
-        for k in ("obs", "rgb", "actions", "task_id"):  # task_id: each sample's prompt (stores since issue 12)
+        for k in SFT_FIELDS:  # task_id: each sample's prompt (stores since issue 12)
             if k in st.fields:
-                out[k] = st.read(k)[rows[:, 0], rows[:, 1], rows[:, 2]]
+                out[k] = gather(st, k, rows)
         if value:
             bc = sft_index(store_path, only_success)
-            out["bc"] = (rows[:, None, :] == bc[None]).all(-1).any(-1)  # [M]
+            out["bc"] = rows_in(rows, bc)  # [M]
             steps = np.asarray(st.complete_steps(), np.int64)
             rewards, mask, trunc = st.read("rewards", steps), st.read("step_mask", steps), st.read("truncated", steps)
             rets = np.stack([chunk_returns(rewards[i], mask[i], trunc[i], cfg.algorithm.gamma,

@@ -126,3 +126,26 @@ def _close_all(reg: dict[str, Any], keys_: list[str], swallow: bool = True) -> N
             except Exception:
                 if not swallow:
                     raise
+
+
+def memory_limit_bytes(limit: Any) -> int | None:
+    """`cluster.memory_limit` in bytes (a Dask size string such as "3GiB", or a number of bytes); None when a
+    worker has no limit ("auto" sizes it from the machine at start: unknown offline; None or 0: unlimited).
+
+    Raises:
+        ValueError: a string Dask cannot parse as a size."""
+    if limit in (None, 0, "0", "auto"):
+        return None
+    from dask.utils import parse_bytes
+    return parse_bytes(limit) if isinstance(limit, str) else int(limit)
+
+
+def memory_bound() -> tuple[float, str]:
+    """The fraction of a worker's memory limit what it holds may reach, and what that fraction is: Dask pauses a
+    worker at `distributed.worker.memory.pause` (default 0.8; a paused worker runs nothing, and a paused env worker
+    stalls the step) and its nanny restarts it at `distributed.worker.memory.terminate` (0.95); the lower one that
+    is set."""
+    import dask
+    bounds = [(float(dask.config.get(f"distributed.worker.memory.{k}", None) or 0), k) for k in ("pause", "terminate")]
+    set_ = [(f, k) for f, k in bounds if 0 < f <= 1]
+    return min(set_) if set_ else (1.0, "limit")

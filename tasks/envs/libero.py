@@ -307,22 +307,12 @@ def shard_memory_gib(envs_per_worker: int) -> float:
     return WORKER_BASE_GIB + (FIRST_ENV_GIB + EXTRA_ENV_GIB * (envs_per_worker - 1) if envs_per_worker else 0.0)
 
 
-def memory_bound() -> tuple[float, str]:
-    """The fraction of a worker's memory limit its LIBERO envs may reach, and what it is: Dask pauses a worker at
-    `distributed.worker.memory.pause` (default 0.8; a paused worker runs nothing, and a paused env worker stalls
-    the step) and its nanny restarts it at `distributed.worker.memory.terminate` (0.95); the lower one that is set."""
-    import dask
-    bounds = [(float(dask.config.get(f"distributed.worker.memory.{k}", None) or 0), k) for k in ("pause", "terminate")]
-    set_ = [(f, k) for f, k in bounds if 0 < f <= 1]
-    return min(set_) if set_ else (1.0, "limit")
-
-
 def check_memory(*, shard_size: int, eval_shard_size: int, num_shards: int, num_env_workers: int,
                  memory_limit_bytes: int | None, memory_limit: str) -> None:
     """Refuse a placement whose LIBERO envs need more memory than a worker may use.
 
     A worker holds ceil(num_shards / num_env_workers) train shards (round-robin) and as many eval shards, each with
-    its own instances. The estimate must stay below `memory_bound()` of the limit: Dask pauses a worker at 80 % of
+    its own instances. The estimate must stay below `tasks.resident.memory_bound()` of the limit: Dask pauses a worker at 80 % of
     it by default (measured: a GRPO env worker with 5 envs, estimated 6.8 GiB, paused at 6.4 GiB of 8 GiB and the
     step stalled), its nanny restarts it at 95 %.
     Raises ConfigError (cluster.memory_limit) with the limit that fits.
@@ -331,6 +321,7 @@ def check_memory(*, shard_size: int, eval_shard_size: int, num_shards: int, num_
         return
     per_worker = -(-num_shards // max(num_env_workers, 1))
     envs = per_worker * (shard_size + eval_shard_size)
+    from tasks.resident import memory_bound
     need = shard_memory_gib(envs)
     have = memory_limit_bytes / 2 ** 30
     frac, what = memory_bound()

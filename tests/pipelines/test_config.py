@@ -420,6 +420,46 @@ def test_a_damaged_sft_store_is_one_config_error_naming_it(tmp_path, damage):
     assert e.value.key == "sft.store" and "\n" not in str(e.value)
 
 
+def test_the_sft_memory_estimate_is_what_a_data_worker_loads(tmp_path):
+    """`sft_dataset_bytes` = the bytes of the samples `tasks.demos._dataset` holds (here with the value pass: every
+    executed chunk step, plus its bc flag and return) + one step's largest field (read one step at a time)."""
+    from pipelines.config import load_config
+    from storage.trajectories import TrajectoryStore
+    from tasks import resident
+    from tasks.demo_index import sft_dataset_bytes
+    from tasks.demos import _dataset
+    path = _fake_sft_store(tmp_path / "demos.zarr")
+    cfg, _ = load_config(["conf=pushcube_flow_sft", f"sft.store={path}", "sft.value_coef=1.0"])
+    resident.release("sft_data/")
+    try:
+        data = _dataset(cfg)
+    finally:
+        resident.release("sft_data/")
+    st = TrajectoryStore.open(path)
+    M = len(data["actions"])
+    assert M == 4 and set(data) == {"obs", "rgb", "actions", "bc", "returns"}  # 2 chunk steps x 2 envs, all executed
+    one_step = st.T * st.num_envs * 32 * 32 * 3  # the rgb field of one step, the largest
+    assert sft_dataset_bytes(str(path), M) == sum(v.nbytes for v in data.values()) + one_step
+
+
+def test_a_store_too_large_for_the_sft_workers_memory_is_refused_with_the_limit_that_fits(tmp_path):
+    """A 36-step RL run's store used as sft.store had the SFT data workers killed on every retry of step 1 (3 GiB
+    limit; a quadratic helper then, `tasks.demos.rows_in` now); the samples plus the worker's own measured ~1 GiB
+    are now checked against Dask's pause fraction of cluster.memory_limit before the cluster starts."""
+    import dask
+
+    from pipelines.config import load_config
+    path = _fake_sft_store(tmp_path / "demos.zarr")
+    args = ["conf=pushcube_flow_sft", f"sft.store={path}"]
+    with dask.config.set({"distributed.worker.memory.pause": 0.8}):
+        with pytest.raises(ConfigError, match=r"its 4 chunk steps .*more than 80% of cluster.memory_limit=1200MiB "
+                                              r"\(Dask's memory pause fraction\); set cluster.memory_limit=2GiB") as e:
+            load_config([*args, "cluster.memory_limit=1200MiB"])
+        assert e.value.key == "sft.store"
+        load_config([*args, "cluster.memory_limit=2GiB"])  # the limit the error names fits
+        load_config([*args, "cluster.memory_limit=auto"])  # unknown offline: not checked
+
+
 TWO_GPUS = "cluster.num_gpu_workers=2"
 # (overrides, the key the error must name, words of its reason); "{store}" -> a valid sft.store
 INERT = [

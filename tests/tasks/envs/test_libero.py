@@ -104,16 +104,18 @@ def test_memory_check_bounds_by_dask_pause_fraction_not_only_the_restart():
     nanny's restart at .terminate: 5 envs (~6.8 GiB) fit 8 GiB under the restart (7.6) but not under the default
     pause (6.4); with the pause disabled the restart bounds."""
     import dask
+
+    from tasks.resident import memory_bound
     need = L.shard_memory_gib(5)
     assert 0.8 * 8 < need < 0.95 * 8
     kw = dict(shard_size=4, eval_shard_size=1, num_shards=1, num_env_workers=1, memory_limit_bytes=8 * 2 ** 30,
               memory_limit="8GiB")
     with dask.config.set({"distributed.worker.memory.pause": 0.8, "distributed.worker.memory.terminate": 0.95}):
-        assert L.memory_bound() == (0.8, "pause")
+        assert memory_bound() == (0.8, "pause")
         with pytest.raises(ConfigError, match=r"> 80% of the limit \(Dask's memory pause fraction\).*memory_limit=9GiB"):
             L.check_memory(**kw)
     with dask.config.set({"distributed.worker.memory.pause": False, "distributed.worker.memory.terminate": 0.95}):
-        assert L.memory_bound() == (0.95, "terminate")
+        assert memory_bound() == (0.95, "terminate")
         L.check_memory(**kw)
 
 
