@@ -126,7 +126,8 @@ def preflight(cfg, *, tracking: bool = True, writes=None) -> bool:
     (`storage.rundir.check_writable_dir`); then, with `tracking`, `tracking.uri` when set
     (`storage.tracking.check_tracking_uri`: an http(s) server must answer its /health within a few seconds, a
     sqlite file must be creatable or a complete store of this MLflow's schema, the scheme known), or without
-    `tracking.uri` the default sqlite store under `run_root` (reported under `run_root`). False when one fails: then one line `error: KEY='VALUE': why; fix` is on stderr (the command exits 2)."""
+    `tracking.uri` the default sqlite store under `run_root` (reported under `run_root`). False when one fails:
+    then one line `error: KEY='VALUE': why; fix` is on stderr (the command exits 2)."""
     from storage.rundir import check_writable_dir
     from storage.tracking import check_tracking_uri
     from tasks.config import ConfigError

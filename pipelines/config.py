@@ -543,9 +543,9 @@ def check_sft_memory(cfg: Config) -> None:
         raise ConfigError("sft.store", cfg.sft.store,
                           f"its {rows} chunk steps{' (every executed one: sft.value_coef > 0)' if value else ''} take "
                           f"~{data_gib:.1f} GiB in each SFT data worker, ~{need:.1f} GiB with the worker's own "
-                          f"{base_gib:.1f} GiB: more than {frac:.0%} of cluster.memory_limit={cfg.cluster.memory_limit} "
-                          f"(Dask's memory {what} fraction); set cluster.memory_limit={math.ceil(need / frac)}GiB, "
-                          f"or train on a smaller store")
+                          f"{base_gib:.1f} GiB: more than {frac:.0%} of "
+                          f"cluster.memory_limit={cfg.cluster.memory_limit} (Dask's memory {what} fraction); "
+                          f"set cluster.memory_limit={math.ceil(need / frac)}GiB, or train on a smaller store")
 
 
 COMMAND_LINE = "the command line"

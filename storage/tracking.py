@@ -167,8 +167,9 @@ def _sqlite_store_problem(db: Path) -> str | None:
     if not tables:
         return None  # an empty database: MLflow builds its schema in it
     if rev is None:
-        return (f"the sqlite file {db} holds tables ({', '.join(sorted(tables)[:3])}{', ...' if len(tables) > 3 else ''}) "
-                f"but no MLflow schema: another program's database; point tracking.uri (or run_root) elsewhere")
+        shown = ", ".join(sorted(tables)[:3]) + (", ..." if len(tables) > 3 else "")
+        return (f"the sqlite file {db} holds tables ({shown}) but no MLflow schema: another program's database; "
+                f"point tracking.uri (or run_root) elsewhere")
     head, known = _mlflow_schema_head()
     if rev == head:
         return None

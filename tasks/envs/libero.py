@@ -312,9 +312,9 @@ def check_memory(*, shard_size: int, eval_shard_size: int, num_shards: int, num_
     """Refuse a placement whose LIBERO envs need more memory than a worker may use.
 
     A worker holds ceil(num_shards / num_env_workers) train shards (round-robin) and as many eval shards, each with
-    its own instances. The estimate must stay below `tasks.resident.memory_bound()` of the limit: Dask pauses a worker at 80 % of
-    it by default (measured: a GRPO env worker with 5 envs, estimated 6.8 GiB, paused at 6.4 GiB of 8 GiB and the
-    step stalled), its nanny restarts it at 95 %.
+    its own instances. The estimate must stay below `tasks.resident.memory_bound()` of the limit: Dask pauses a
+    worker at 80 % of it by default (measured: a GRPO env worker with 5 envs, estimated 6.8 GiB, paused at 6.4 GiB
+    of 8 GiB and the step stalled), its nanny restarts it at 95 %.
     Raises ConfigError (cluster.memory_limit) with the limit that fits.
     """
     if not memory_limit_bytes:
