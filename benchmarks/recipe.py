@@ -55,6 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from storage.checkpoints import best_checkpoint, latest_checkpoint  # noqa: E402
+from storage.rundir import write_text_atomic  # noqa: E402
 from storage.tracking import default_tracking_uri  # noqa: E402
 from tasks.evalstats import compare_evals, fmt_gain, fmt_rate, pick_baseline, read_evals, wilson_interval  # noqa: E402
 
@@ -179,8 +180,8 @@ def write_table(rows: list[dict], out: Path, meta: dict | None = None) -> str:
     """Write OUT/recipe.md and OUT/recipe.json (rows + meta); returns the markdown."""
     md = table_markdown(rows)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "recipe.md").write_text(md)
-    (out / "recipe.json").write_text(json.dumps({"meta": meta or {}, "rows": rows}, indent=1))
+    write_text_atomic(out / "recipe.md", md)
+    write_text_atomic(out / "recipe.json", json.dumps({"meta": meta or {}, "rows": rows}, indent=1))
     return md
 
 
@@ -275,7 +276,7 @@ class Recipe:
             if m and not seen:
                 seen.update(run_id=m.group(1), run_dir=m.group(2))
                 started.parent.mkdir(parents=True, exist_ok=True)
-                started.write_text(json.dumps({"cmd": cmd, **seen}))
+                write_text_atomic(started, json.dumps({"cmd": cmd, **seen}))
 
         log = self.out / "logs" / f"{name}_seed{seed}_{stage}.log"
         self.echo(f"recipe: {stage} {name} seed {seed}: {shlex.join(full)}  (log {log})")
@@ -313,7 +314,7 @@ class Recipe:
                                                                          f" without writing {store}") + f"; see {log}")
         rec = {"cmd": cmd, "store": str(store), "wall_s": wall}
         marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps(rec))
+        write_text_atomic(marker, json.dumps(rec))
         return rec
 
     def _run_stage(self, stage: str, i: int, seed: int, cmd: list[str]) -> dict:
@@ -330,7 +331,7 @@ class Recipe:
         if not read_evals(run_dir) or latest_checkpoint(run_dir) is None:
             raise StageFailed(f"{stage} of teacher {name} seed {seed}: {run_dir} has no eval records or no checkpoint")
         rec = {"cmd": cmd, "run_id": seen["run_id"], "run_dir": str(run_dir), "wall_s": wall}
-        marker.write_text(json.dumps(rec))
+        write_text_atomic(marker, json.dumps(rec))
         return rec
 
     def sft_hf(self, sft_run: Path) -> Path:

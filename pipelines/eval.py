@@ -275,9 +275,8 @@ def evaluate(cfg, src: Source, out: Path, handle, *, echo=print) -> dict:
            "per_task": tasks_summary, "task_names": names, "episodes": outcomes,
            "videos": [] if videos is None else [v.get("path") for v in videos.get("videos", [])],
            "video_error": None if videos is None else videos.get("error")}
-    tmp = out / ".eval.json.tmp"
-    tmp.write_text(json.dumps(rec, indent=1))
-    tmp.replace(out / "eval.json")
+    from storage.rundir import write_text_atomic
+    write_text_atomic(out / "eval.json", json.dumps(rec, indent=1))
     return rec
 
 

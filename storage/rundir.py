@@ -88,18 +88,26 @@ def write_resolved_config(run_dir: str | os.PathLike, yaml_text: str) -> Path:
         raise ValueError(f"resolved config for {run_dir} is not valid YAML: {e}") from None
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{CONFIG_FILE}.", dir=run_dir)
+    return write_text_atomic(run_dir / CONFIG_FILE, yaml_text)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write `text` to `path` so that a reader (or the next run after a crash or a Ctrl-C) finds the old file or
+    the complete new one, never a part: written to a unique hidden temporary file beside it, flushed and fsync'd,
+    then `os.replace`d onto `path` (atomic on one filesystem); the temporary file is removed if anything fails.
+    The parent directory must exist. Returns `path` as a Path."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(yaml_text)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        target = run_dir / CONFIG_FILE
-        os.replace(tmp, target)
+        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return target
+    return path
 
 
 def check_writable_dir(path: str | os.PathLike) -> None:

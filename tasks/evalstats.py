@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -238,14 +237,8 @@ def write_eval(run_dir, step: int, outcomes: Mapping[str, Mapping], extra: Mappi
     d = Path(run_dir) / EVALS_DIR
     d.mkdir(parents=True, exist_ok=True)
     rec = {"step": int(step), **dict(extra or {}), "summary": rate_summary(outcomes), "episodes": dict(outcomes)}
-    final = d / f"step_{int(step)}.json"
-    tmp = d / f".tmp-{final.name}-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(rec, f, indent=0, sort_keys=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-    return final
+    from storage.rundir import write_text_atomic
+    return write_text_atomic(d / f"step_{int(step)}.json", json.dumps(rec, indent=0, sort_keys=False))
 
 
 def read_evals(run_dir) -> dict[int, dict]:

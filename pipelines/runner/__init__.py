@@ -372,7 +372,9 @@ class Runner(Scheduler, Setup, Recovery):
                       f"unaffected; runner.eval_videos=0 skips them")
             return
         import json
-        (video_dir / "videos.json").write_text(json.dumps({"step": step, **videos}, indent=1))
+
+        from storage.rundir import write_text_atomic
+        write_text_atomic(video_dir / "videos.json", json.dumps({"step": step, **videos}, indent=1))
         differ = [v["episode_id"] for v in videos["videos"] if not v["return_matches"]]
         if differ:
             self.echo(f"dagrl: eval videos at step {step}: the replay of episode(s) {differ} did not reproduce the "

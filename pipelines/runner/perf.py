@@ -50,7 +50,6 @@ Every step that ran counts, also one redone after a rollback (its time was spent
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from collections import defaultdict
@@ -428,8 +427,5 @@ def format_table(s: dict) -> str:
 def write_summary(run_dir: str | Path) -> tuple[Path, dict]:
     """Summarize the run dir's events and write `<run dir>/perf_summary.json`; returns (its path, the summary)."""
     s = summarize(read_events(run_dir))
-    path = Path(run_dir) / SUMMARY
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(s, indent=1, sort_keys=True))
-    os.replace(tmp, path)
-    return path, s
+    from storage.rundir import write_text_atomic
+    return write_text_atomic(Path(run_dir) / SUMMARY, json.dumps(s, indent=1, sort_keys=True)), s

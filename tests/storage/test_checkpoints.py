@@ -280,3 +280,23 @@ def test_rng_state_restores_torch_numpy_and_python_draws(tmp_path):
     set_rng_state(saved)
     again = (torch.rand(4), np.random.randn(4), random.random())
     assert torch.equal(first[0], again[0]) and np.array_equal(first[1], again[1]) and first[2] == again[2]
+
+
+def test_write_text_atomic_leaves_the_old_file_or_the_new_one(tmp_path, monkeypatch):
+    """The one helper behind every small file a run, an eval or the recipe replaces (config.yaml, evals/step_N.json,
+    perf_summary.json, eval.json, videos.json, recipe markers): a write interrupted before its rename (a Ctrl-C,
+    here a KeyboardInterrupt from os.replace) leaves the old content and no temporary file; a complete one
+    replaces it."""
+    from storage.rundir import write_text_atomic
+    path = tmp_path / "rl.json"
+    write_text_atomic(path, '{"run_id": "old"}')
+
+    def interrupted(src, dst):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_text_atomic(path, '{"run_id": "new", "wall_s": 12.5}')
+    assert path.read_text() == '{"run_id": "old"}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rl.json"]
+    monkeypatch.undo()
+    assert write_text_atomic(path, '{"run_id": "new"}') == path and path.read_text() == '{"run_id": "new"}'

@@ -169,7 +169,7 @@ def test_eval_records_write_read_discard(tmp_path):
     recs = read_evals(tmp_path)
     assert list(recs) == [0, 4, 8]
     assert recs[4]["summary"]["success_once"] == 1.0 and recs[0]["run_id"] == "r" and recs[8]["step"] == 8
-    assert not [p for p in (tmp_path / "evals").iterdir() if p.name.startswith(".tmp")]
+    assert not [p for p in (tmp_path / "evals").iterdir() if p.name.startswith(".")]  # no temporary file left
     assert discard_evals_after(tmp_path, 4) == [8]
     assert list(read_evals(tmp_path)) == [0, 4]
     assert read_evals(tmp_path / "none") == {}
