@@ -32,7 +32,7 @@ def new_run_dir(root: str | os.PathLike, experiment: str, run_id: str) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     marker = path / STARTED_FILE
     if not marker.exists():
-        marker.write_text(str(time.time_ns()))
+        write_text_atomic(marker, str(time.time_ns()))  # a torn number would misorder `latest_started_run`
     return path
 
 

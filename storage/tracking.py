@@ -26,7 +26,7 @@ import math
 import sys
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -118,23 +118,13 @@ def _create_sqlite_store(db: Path) -> None:
 MIGRATION_LEFTOVER = "_alembic_tmp_"  # alembic's batch tables on sqlite, dropped when a migration completes
 
 
-def _mlflow_schema_head() -> tuple[str, Callable[[str], bool]]:
-    """The schema revision the installed MLflow expects of a store, and a test whether a revision is one of its
-    migrations (older or equal) — from MLflow's own alembic scripts (`mlflow/store/db_migrations`), read the way
-    MLflow's `_verify_schema` reads them."""
+def _mlflow_migrations():
+    """MLflow's own alembic migration scripts (`mlflow/store/db_migrations`, an `alembic.script.ScriptDirectory`):
+    its head is the schema revision the installed MLflow expects of a store, as MLflow's `_verify_schema` reads it."""
     import importlib.util
 
     from alembic.script import ScriptDirectory
-    from alembic.util import CommandError
-    spec = importlib.util.find_spec("mlflow")
-    script = ScriptDirectory(str(Path(spec.origin).parent / "store" / "db_migrations"))
-
-    def known(rev: str) -> bool:
-        try:
-            return script.get_revision(rev) is not None
-        except CommandError:
-            return False
-    return script.get_current_head(), known
+    return ScriptDirectory(str(Path(importlib.util.find_spec("mlflow").origin).parent / "store" / "db_migrations"))
 
 
 def _sqlite_store_problem(db: Path) -> str | None:
@@ -170,11 +160,17 @@ def _sqlite_store_problem(db: Path) -> str | None:
         shown = ", ".join(sorted(tables)[:3]) + (", ..." if len(tables) > 3 else "")
         return (f"the sqlite file {db} holds tables ({shown}) but no MLflow schema: another program's database; "
                 f"point tracking.uri (or run_root) elsewhere")
-    head, known = _mlflow_schema_head()
+    script = _mlflow_migrations()
+    head = script.get_current_head()
     if rev == head:
         return None
     import mlflow
-    if known(rev):
+    from alembic.util import CommandError
+    try:
+        older = script.get_revision(rev) is not None  # one of this MLflow's migrations
+    except CommandError:
+        older = False
+    if older:
         return (f"the MLflow database {db} has the schema of an older MLflow (revision {rev}; this environment's "
                 f"MLflow {mlflow.__version__} expects {head}); back it up, then migrate it: "
                 f"{Path(sys.executable).parent / 'mlflow'} db upgrade sqlite:///{db}")

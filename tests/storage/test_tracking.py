@@ -222,10 +222,10 @@ def _older_schema_store(db: Path) -> str:
     from mlflow.store.db.utils import _get_alembic_config
     from mlflow.store.tracking.dbmodels.initial_models import Base as InitialBase
 
-    from storage.tracking import _mlflow_schema_head
-    from alembic.script import ScriptDirectory
+    from storage.tracking import _mlflow_migrations
+    script = _mlflow_migrations()
+    older = script.get_revision(script.get_current_head()).down_revision
     cfg = _get_alembic_config(f"sqlite:///{db}")
-    older = ScriptDirectory.from_config(cfg).get_revision(_mlflow_schema_head()[0]).down_revision
     engine = sqlalchemy.create_engine(f"sqlite:///{db}")
     InitialBase.metadata.create_all(engine)
     with engine.begin() as conn:
