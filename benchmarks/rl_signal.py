@@ -32,8 +32,12 @@ normalisation does not matter here): `grpo` (the pipeline's: (score - group mean
 pipeline's: score - leave-one-out group mean), `grpo_nostd` (score - group mean, no std: Dr. GRPO, Liu et al.
 2025), `rtg` (reward-to-go: A[t, b] = sum_{t' >= t} r[t', b] minus the leave-one-out group mean of the same sum
 at the same t: rewards before a chunk step are not credited to it, Williams 1992 / Sutton & Barto 13.3;
-the groups share reset seeds and, with ignore_terminations, run in lockstep) and `success` (score = the episode's
-success_once, 0/1, normalised as grpo). `--params trained` restricts the gradients to the parameters the
+the groups share reset seeds and, with ignore_terminations, run in lockstep), `success` (score = the episode's
+success_once, 0/1, normalised as grpo) and `gae` (PPO's advantages as `conf=pushcube_flow_ppo` computes them: GAE,
+Schulman et al. 2016, with that conf's algorithm.gamma, gae_lambda and reward_scale on the chunk rewards, the
+checkpoint's value head as the critic -- the SFT warm start, not adapted to the policy's returns as the PPO run's
+critic_warmup_steps would -- the last chunk step bootstrapped from V of the final observation, then normalised over
+the whole batch; `tasks.algorithms.gae`, `normalize_advantages`). `--params trained` restricts the gradients to the parameters the
 update trains (learning rate > 0 by `tasks.update.param_lr`, the optimizer's rule). With 4 or more batches it
 also prints the cosine of two sums of half the batches each: the agreement at twice the rollout size (1/cos - 1
 halves if the noise is independent).
@@ -57,6 +61,8 @@ sys.path.insert(0, str(ROOT))
 
 from pipelines.config import load_config  # noqa: E402
 from tasks.algorithms import grpo_advantages  # noqa: E402
+from tasks.algorithms.advantages import gae  # noqa: E402
+from tasks.algorithms.losses import normalize_advantages  # noqa: E402
 from tasks.algorithms.rloo import rloo_advantages  # noqa: E402
 from tasks.envs import make_shard  # noqa: E402
 from tasks.policies import make_policy  # noqa: E402
@@ -66,11 +72,13 @@ from tasks.update import param_lr  # noqa: E402
 
 FIELDS = ("obs", "rgb", "actions", "rewards", "terminated", "truncated", "step_mask", "success")
 EXTRA = "extras/"  # rollout fields of the policy's `act` extras (flow VLA: chain, denoise_idx; token VLA: tokens)
+PPO_CONF = "pushcube_flow_ppo"  # the conf whose gamma / gae_lambda / reward_scale the `gae` estimator uses
 
 
 def rollout(policy, shard, instr: str, chunk_steps: int, deterministic: bool = False) -> dict[str, np.ndarray]:
-    """One episode per env from a reset: the fields [T, B, ...] of FIELDS and `extras/<name>` of each of the policy's
-    `act` extras (what its `evaluate` needs: the flow VLA's denoising chain and step index, the token VLA's tokens)."""
+    """One episode per env from a reset: the fields [T, B, ...] of FIELDS, `extras/<name>` of each of the policy's
+    `act` extras (what its `evaluate` needs: the flow VLA's denoising chain and step index, the token VLA's tokens)
+    and, for a policy whose `act` returns values, `values` [T + 1, B] float32 (the last: V of the final observation)."""
     shard.begin_rollout()  # auto_reset=False: every env starts a new episode (the eval shard's seeds ignore k)
     rec: dict[str, list] = {k: [] for k in FIELDS}
     for _ in range(chunk_steps):
@@ -84,6 +92,12 @@ def rollout(policy, shard, instr: str, chunk_steps: int, deterministic: bool = F
             rec[k].append(v)
         for k, v in (out.get("extras") or {}).items():
             rec.setdefault(EXTRA + k, []).append(v.numpy())
+        if "values" in out:
+            rec.setdefault("values", []).append(out["values"].reshape(len(o), -1)[:, 0].float().numpy())
+    if "values" in rec:
+        with torch.no_grad():
+            last = policy.values(policy_obs(policy, shard.current_obs(), shard.current_rgb(), instr))
+        rec["values"].append(last.reshape(len(last), -1)[:, 0].float().numpy())
     return {k: np.stack(v) for k, v in rec.items()}
 
 
@@ -106,8 +120,9 @@ def surrogate_grad(policy, params: list[torch.nn.Parameter], batch: dict, adv: n
     return torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).reshape(-1) for p in params])
 
 
-def estimator_advantages(name: str, batch: dict[str, np.ndarray], G: int) -> np.ndarray:
-    """Advantages [T, B] of one estimator (module docstring) for one rollout (`rollout`'s fields, auto_reset off)."""
+def estimator_advantages(name: str, batch: dict[str, np.ndarray], G: int, ppo=None) -> np.ndarray:
+    """Advantages [T, B] of one estimator (module docstring) for one rollout (`rollout`'s fields, auto_reset off);
+    `ppo`: the algorithm config whose gamma / gae_lambda / reward_scale `gae` uses."""
     r = torch.from_numpy(batch["rewards"]).sum(-1)  # [T, B] chunk-level rewards
     kw = dict(terminated=torch.from_numpy(batch["terminated"]), truncated=torch.from_numpy(batch["truncated"]),
               step_mask=torch.from_numpy(batch["step_mask"]), group_size=G)
@@ -125,12 +140,21 @@ def estimator_advantages(name: str, batch: dict[str, np.ndarray], G: int) -> np.
         succ = torch.zeros_like(r)
         succ[-1] = torch.from_numpy(batch["success"].any(0).astype(np.float32))  # score = success_once
         return grpo_advantages(rewards=succ, **kw)["advantages"].numpy()
+    if name == "gae":
+        if "values" not in batch or ppo is None:
+            raise SystemExit("--estimators gae: the policy has no value head (act returned no values)")
+        v = torch.from_numpy(batch["values"]).double()  # [T + 1, B]
+        trunc = torch.zeros(T, B, dtype=torch.bool)
+        trunc[-1] = True  # the rollout ends the episode: bootstrap from V(final obs) = v[T]
+        adv, _ = gae(rewards=r.double() * ppo.reward_scale, values=v, terminated=torch.zeros_like(trunc),
+                     truncated=trunc, final_values=v[1:], gamma=ppo.gamma, lam=ppo.gae_lambda)
+        return normalize_advantages(adv, torch.from_numpy(mask) > 0).float().numpy()
     if name == "rtg":
         rr = (r.numpy() * mask)[::-1].cumsum(0)[::-1]  # [T, B] reward-to-go within the scored episode
         g = rr.reshape(T, B // G, G)
         loo = (g.sum(-1, keepdims=True) - g) / max(G - 1, 1)  # leave-one-out group mean at the same t
         return ((g - loo).reshape(T, B) * mask).astype(np.float32)
-    raise SystemExit(f"--estimators {name}: use grpo, rloo, grpo_nostd, rtg or success")
+    raise SystemExit(f"--estimators {name}: use grpo, rloo, grpo_nostd, rtg, success or gae")
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -148,7 +172,7 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", nargs="*", default=["sign:1e-4", "sign:2e-4", "sign:5e-4", "sgd:0.03", "sgd:0.1",
                                                     "rand:0.3"])
     ap.add_argument("--estimators", nargs="+", default=["grpo"],
-                    help="advantage estimators to compare: grpo rloo grpo_nostd rtg success (module docstring)")
+                    help="advantage estimators to compare: grpo rloo grpo_nostd rtg success gae (module docstring)")
     ap.add_argument("--params", choices=("all", "trained"), default="all",
                     help="gradients over all parameters the log-probs depend on, or only those the update trains")
     ap.add_argument("--set", nargs="*", default=[], help="extra config overrides KEY=VALUE")
@@ -158,6 +182,8 @@ def main(argv=None) -> None:
         raise SystemExit(f"policy.name={cfg.policy.name}: this benchmark measures a VLA (flow_vla or token_vla)")
     torch.set_num_threads(1)
     G, T, instr = cfg.algorithm.group_size, cfg.rollout.chunk_steps, instruction(cfg)
+    ppo = (load_config([f"conf={PPO_CONF}", f"policy.model_path={args.model_path}"], components=False)[0].algorithm
+           if "gae" in args.estimators else None)
     probe = make_shard(cfg.env, shard=0, num_shards=1, num_envs=1, auto_reset=False, ignore_terminations=True,
                        base_seed=0)
     policy = make_policy(cfg.policy, obs_dim=probe.obs_dim, action_dim=probe.action_dim,
@@ -181,7 +207,7 @@ def main(argv=None) -> None:
             params, names = [p for _, p in keep], [n for n, _ in keep]
             print(f"gradients over {sum(p.numel() for p in params)} parameters ({args.params})", flush=True)
         for e in args.estimators:
-            grads[e].append(surrogate_grad(policy, params, batch, estimator_advantages(e, batch, G), instr))
+            grads[e].append(surrogate_grad(policy, params, batch, estimator_advantages(e, batch, G, ppo), instr))
         print(f"batch {i}: {args.envs} envs, stochastic success_once {batch['success'].any(0).mean():.3f}, "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
         if i == 0:  # the same reset seeds with the ODE (the eval's policy): the sampling noise's cost, paired

@@ -52,7 +52,29 @@ def test_cosine_of_two_noisy_estimates(sig):
     # |n_i|^2 ~ |s|^2 (r = 1): the expected cosine of s + n_0 and s + n_1 is 1 / (1 + r) = 0.5
     assert sig.cosine(s + n[0], s + n[1]) == pytest.approx(0.5, abs=0.03)
     with pytest.raises(SystemExit, match="use grpo"):
-        sig.estimator_advantages("gae", _batch(R), G=2)
+        sig.estimator_advantages("vtrace", _batch(R), G=2)
+
+
+def test_gae_with_the_value_head_and_a_bootstrapped_last_step(sig):
+    """`gae`: delta_t = s r_t + gamma V_{t+1} - V_t (the last chunk step bootstrapped from V of the final obs),
+    A_t = delta_t + gamma lam A_{t+1}, then (A - mean) / std over the whole batch (population std), by a loop."""
+    from types import SimpleNamespace
+    b = _batch(R)
+    r = np.asarray(R, np.float64)
+    T, B = r.shape
+    v = np.array([[0.5, 0.0, 1.0, 0.2], [0.4, 0.1, 0.9, 0.3], [0.3, 0.2, 0.8, 0.4], [2.0, -1.0, 0.5, 0.0]])
+    b["values"] = v.astype(np.float32)  # [T + 1, B]; row T: V(final obs)
+    ppo = SimpleNamespace(gamma=0.8, gae_lambda=0.9, reward_scale=0.2)
+    want = np.zeros((T, B))
+    for j in range(B):
+        run = 0.0
+        for t in reversed(range(T)):
+            run = 0.2 * r[t, j] + 0.8 * v[t + 1, j] - v[t, j] + 0.8 * 0.9 * run
+            want[t, j] = run
+    want = (want - want.mean()) / want.std()
+    np.testing.assert_allclose(sig.estimator_advantages("gae", b, G=2, ppo=ppo), want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(SystemExit, match="no value head"):
+        sig.estimator_advantages("gae", _batch(R), G=2, ppo=ppo)
 
 
 class _Shard:
@@ -93,6 +115,8 @@ def test_surrogate_gradient_of_either_vla_family_equals_the_per_sample_loop(sig,
     batch = sig.rollout(pol, _Shard(3, O, img), instr, chunk_steps=2)  # T=2, B=3
     extras = sorted(k for k in batch if k.startswith(sig.EXTRA))
     assert extras == (["extras/chain", "extras/denoise_idx"] if name == "flow_vla" else ["extras/tokens"])
+    # the value head's V(s_t) per chunk step and V of the final observation (the `gae` estimator's critic)
+    assert batch["values"].shape == (3, 3) and batch["values"].dtype == np.float32
     adv = np.array([[1.0, -2.0, 0.5], [0.0, 1.5, -1.0]], np.float32)
     params = [p for p in pol.parameters() if p.requires_grad]
     got = sig.surrogate_grad(pol, params, batch, adv, instr, chunk=4)  # N=6: chunks of 4 and 2
