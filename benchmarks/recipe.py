@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/recipe.py --teachers runs/pushcube_ppo/<A> runs/pushcube_ppo/<B> --seeds 1 2 3 \
         --out runs/recipe [--family flow|token] [--sft-conf NAME] [--rl-conf NAME] \
         [--record "k=v ..."] [--sft "k=v ..."] [--rl "k=v ..."] [--sft-checkpoint latest|best] \
-        [--redo record|sft|rl] [--stop-after record|sft] [--dry-run] [--table-only]
+        [--redo record|sft|rl] [--stop-after record|sft] [--rl-arm NAME] [--dry-run] [--table-only]
 
 Per teacher (an existing PPO run dir, or a run id under the default run root), once:
     python -m pipelines.record conf=pushcube_record record.teacher=T record.out=OUT/<t>/demos.zarr ...
@@ -24,6 +24,12 @@ incomplete record store is removed and recorded again. A complete stage whose co
 (other overrides) is refused with one line: use another `--out`, or `--redo STAGE` (that stage and the ones after
 it are run again). `--stop-after STAGE` runs the stages up to STAGE only (e.g. every SFT checkpoint first, the RL
 stages by a later call with the same `--out`). Every CLI's output goes to `OUT/logs/`.
+
+RL arms: `--rl-arm NAME` keeps this RL stage's markers as `rl_NAME.json` (its log `..._rl_NAME.log`, its table
+`OUT/recipe_NAME.md` / `.json`), so that several RL variants (another `--rl-conf`, other `--rl` overrides) start
+from the very same recordings and SFT checkpoints of one `--out` and pair against the same SFT evals; each arm
+is resumable and refuses a changed command on its own. Without it the RL stage is `rl.json` and the table
+`recipe.md`, as before.
 
 The table (printed, and written to OUT/recipe.md and OUT/recipe.json) reads each run's per-episode eval records
 (`<run dir>/evals/step_N.json`, pipelines.runner): per (teacher, seed) the SFT run's last eval, the RL run's eval at
@@ -176,12 +182,12 @@ def table_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_table(rows: list[dict], out: Path, meta: dict | None = None) -> str:
-    """Write OUT/recipe.md and OUT/recipe.json (rows + meta); returns the markdown."""
+def write_table(rows: list[dict], out: Path, meta: dict | None = None, stem: str = "recipe") -> str:
+    """Write OUT/<stem>.md and OUT/<stem>.json (rows + meta); returns the markdown."""
     md = table_markdown(rows)
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "recipe.md", md)
-    write_text_atomic(out / "recipe.json", json.dumps({"meta": meta or {}, "rows": rows}, indent=1))
+    write_text_atomic(out / f"{stem}.md", md)
+    write_text_atomic(out / f"{stem}.json", json.dumps({"meta": meta or {}, "rows": rows}, indent=1))
     return md
 
 
@@ -224,6 +230,7 @@ class Recipe:
     sft_checkpoint: str = "latest"
     redo: str | None = None
     stop_after: str | None = None  # "record" | "sft": run the stages up to this one only
+    rl_arm: str | None = None  # an RL variant's name: its markers rl_<arm>.json, its table recipe_<arm>.md
     dry_run: bool = False
     python: str = sys.executable
     launch: Callable = _launch
@@ -241,7 +248,12 @@ class Recipe:
 
     def _marker(self, name: str, seed, stage: str) -> Path:
         d = self.out / name if seed is None else self.out / name / f"seed{seed}"
-        return d / f"{stage}.json"
+        return d / (f"rl_{self.rl_arm}.json" if stage == "rl" and self.rl_arm else f"{stage}.json")
+
+    @property
+    def table_stem(self) -> str:
+        """The table's file name without suffix: `recipe`, or `recipe_<arm>` for an RL arm."""
+        return f"recipe_{self.rl_arm}" if self.rl_arm else "recipe"
 
     def _redo(self, stage: str) -> bool:
         return self.redo is not None and STAGES.index(stage) >= STAGES.index(self.redo)
@@ -262,7 +274,7 @@ class Recipe:
     def _run_cli(self, stage: str, name: str, seed, cmd: list[str]) -> tuple[dict, float]:
         """Run a pipelines.run stage (resuming a started one); returns ({run_id, run_dir}, wall seconds)."""
         marker = self._marker(name, seed, stage)
-        started = marker.with_name(f"{stage}.started.json")
+        started = marker.with_name(f"{marker.stem}.started.json")
         full = list(cmd)
         if started.is_file() and not self._redo(stage):
             s = json.loads(started.read_text())
@@ -278,7 +290,7 @@ class Recipe:
                 started.parent.mkdir(parents=True, exist_ok=True)
                 write_text_atomic(started, json.dumps({"cmd": cmd, **seen}))
 
-        log = self.out / "logs" / f"{name}_seed{seed}_{stage}.log"
+        log = self.out / "logs" / f"{name}_seed{seed}_{marker.stem}.log"
         self.echo(f"recipe: {stage} {name} seed {seed}: {shlex.join(full)}  (log {log})")
         t0 = time.perf_counter()
         rc = self.launch(full, log, on_line)
@@ -434,6 +446,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--redo", choices=STAGES, default=None, help="run this stage and the later ones again")
     ap.add_argument("--stop-after", choices=STAGES[:-1], default=None,
                     help="run the stages up to this one only (a later call with the same --out goes on)")
+    ap.add_argument("--rl-arm", default=None, metavar="NAME",
+                    help="name this RL variant: markers rl_NAME.json, table recipe_NAME.md (record and SFT shared)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands of the stages left; run nothing")
     ap.add_argument("--table-only", action="store_true", help="only the table of the complete (teacher, seed)s")
     return ap.parse_args(argv)
@@ -459,9 +473,12 @@ def make_recipe(a: argparse.Namespace, **kw) -> Recipe:
     teachers = [str(_resolve_teacher(t)) for t in a.teachers]
     if len(set(a.seeds)) != len(a.seeds):
         raise RecipeError(f"--seeds {' '.join(map(str, a.seeds))}: a seed is repeated")
+    if a.rl_arm is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", a.rl_arm):
+        raise RecipeError(f"--rl-arm {a.rl_arm!r}: use letters, digits, '_', '.' or '-' (it names files)")
     return Recipe(teachers=teachers, seeds=list(a.seeds), out=a.out, sft_conf=sft_conf, rl_conf=rl_conf,
                   record_args=lists["record"], sft_args=lists["sft"], rl_args=lists["rl"],
-                  sft_checkpoint=a.sft_checkpoint, redo=a.redo, stop_after=a.stop_after, dry_run=a.dry_run, **kw)
+                  sft_checkpoint=a.sft_checkpoint, redo=a.redo, stop_after=a.stop_after, rl_arm=a.rl_arm,
+                  dry_run=a.dry_run, **kw)
 
 
 def main(argv: list[str] | None = None, **kw) -> int:
@@ -479,9 +496,10 @@ def main(argv: list[str] | None = None, **kw) -> int:
         return 0
     meta = {"teachers": r.teachers, "names": r.names, "seeds": r.seeds, "sft_conf": r.sft_conf, "rl_conf": r.rl_conf,
             "record": r.record_args, "sft": r.sft_args, "rl": r.rl_args, "sft_checkpoint": r.sft_checkpoint,
+            "rl_arm": r.rl_arm,
             "written_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
-    print(write_table(rows, r.out, meta), end="")
-    print(f"recipe: table -> {r.out / 'recipe.md'}, {r.out / 'recipe.json'}")
+    print(write_table(rows, r.out, meta, r.table_stem), end="")
+    print(f"recipe: table -> {r.out / (r.table_stem + '.md')}, {r.out / (r.table_stem + '.json')}")
     return 0
 
 

@@ -263,3 +263,38 @@ def test_recipe_argument_errors(recipe, tmp_path, capsys, monkeypatch):
     assert recipe.main(["--teachers", str(tmp_path / "t"), "--out", str(tmp_path / "o"), "--rl-conf",
                         "pushcube_flow_ppo", "--dry-run"], launch=fake) == 0
     assert fake.calls == [] and "conf=pushcube_flow_ppo" in capsys.readouterr().out
+
+
+def test_recipe_rl_arms_share_record_and_sft(recipe, tmp_path, capsys):
+    """Two RL variants on one --out: the second arm runs only its RL stages, from the very SFT checkpoints of the
+    first; each arm has its own markers, logs and table, and refuses a changed command on its own."""
+    fake = FakeCLI(tmp_path)
+    (tmp_path / "teachers" / "tA").mkdir(parents=True)
+    (tmp_path / "teachers" / "tB").mkdir(parents=True)
+    assert recipe.main(_argv(tmp_path, "--rl-arm", "grpo"), launch=fake) == 0
+    out = tmp_path / "out"
+    assert len(fake.calls) == 2 + 4 + 4
+    assert "logs/tA_seed1_rl_grpo.log" in capsys.readouterr().out  # the arm's own log
+    grpo_rl = [c for c in fake.calls if "conf=pushcube_flow_grpo" in c]
+    fake.calls.clear()
+    assert recipe.main(_argv(tmp_path, "--rl-arm", "ppo", "--rl-conf", "pushcube_flow_ppo"), launch=fake) == 0
+    assert len(fake.calls) == 4 and all("conf=pushcube_flow_ppo" in c for c in fake.calls)  # record, SFT reused
+    model = lambda c: next(a for a in c if a.startswith("policy.model_path="))  # noqa: E731
+    assert [model(c) for c in fake.calls] == [model(c) for c in grpo_rl]  # the same SFT checkpoints
+    for arm in ("grpo", "ppo"):
+        assert (out / "tA" / "seed1" / f"rl_{arm}.json").is_file()
+        assert (out / "tB" / "seed2" / f"rl_{arm}.started.json").is_file()
+        assert len(json.loads((out / f"recipe_{arm}.json").read_text())["rows"]) == 4
+    assert not (out / "tA" / "seed1" / "rl.json").exists() and not (out / "recipe.md").exists()
+    assert json.loads((out / "recipe_ppo.json").read_text())["meta"]["rl_arm"] == "ppo"
+    capsys.readouterr()
+    # a changed command on a complete arm is refused, naming that arm's marker; the other arm is untouched
+    fake.calls.clear()
+    assert recipe.main(_argv(tmp_path, "--rl-arm", "ppo", "--rl-conf", "pushcube_flow_ppo", "--rl",
+                             "runner.max_steps=3"), launch=fake) == 2
+    assert "rl_ppo.json" in capsys.readouterr().err and fake.calls == []
+    assert recipe.main(_argv(tmp_path, "--rl-arm", "grpo", "--table-only"), launch=fake) == 0
+    assert fake.calls == [] and "recipe_grpo.md" in capsys.readouterr().out
+    # a name that cannot name a file is refused before anything runs
+    assert recipe.main(_argv(tmp_path, "--rl-arm", "a/b"), launch=fake) == 2
+    assert "--rl-arm" in capsys.readouterr().err and fake.calls == []
