@@ -38,8 +38,10 @@ RL run's step-0 eval (the SFT policy on the same fixed episodes; without one, `r
 run's eval of the checkpoint RL started from, when it ran on the same episodes: the same eval) with Newcombe's
 paired 95 % interval
 (tasks.evalstats), and the wall time of each stage (SFT and RL: the run's elapsed training time through its last
-checkpoint, summed over resumes, start-up excluded; `stage_wall`). The best eval is picked on the same episodes it is scored on,
-so its gain is optimistic; the last eval's is not. Below the table: the mean gain and in how many runs the lower
+checkpoint, summed over resumes, start-up excluded; `stage_wall`). The best eval is picked on the same episodes it is
+scored on, so its gain is optimistic; the last eval's is not; an RL run with a validation split (`--rl
+"env.eval.val_episodes=200"`: its `evals/val/` records) has its best step picked on that split's episodes instead
+(marked `val` in the table), which the eval's episodes then score without that bias. Below the table: the mean gain and in how many runs the lower
 bound is above 0. Exit: 0 done, 2 bad arguments (one line), 1 a stage failed (its log named).
 """
 from __future__ import annotations
@@ -101,16 +103,21 @@ def _baseline(sft_evals: dict[int, dict], rl_evals: dict[int, dict], sft_step: i
 
 
 def summarize(teacher: str, seed, sft_evals: dict[int, dict], rl_evals: dict[int, dict],
-              walls: dict[str, float | None], key: str = "success_once", sft_step: int | None = None) -> dict:
+              walls: dict[str, float | None], key: str = "success_once", sft_step: int | None = None,
+              val_evals: dict[int, dict] | None = None) -> dict:
     """One table row from a (teacher, seed)'s eval records ({step: record} as `tasks.evalstats.read_evals`).
 
-    `sft_step`: the step of the SFT checkpoint the RL run started from (its `policy.model_path`).
+    `sft_step`: the step of the SFT checkpoint the RL run started from (its `policy.model_path`). `val_evals`: the
+    RL run's validation-split records (`read_evals(run, "val")`, env.eval.val_episodes > 0), which then pick the
+    best step (`best_on` "val") instead of the eval's own rates (`best_on` "eval", optimistic).
     Returns a JSON-able dict: teacher, seed, sft {step, rate, low, high, n} (its last eval) or None, rl_evals
-    [{step, rate, low, high, n}] ascending, best {step, ...} (the highest rate, the first such step), gain_last /
+    [{step, rate, low, high, n}] ascending, best {step, ...} (the eval at the step of the highest rate, the first
+    such step, on the validation split when given: then also `val_rate`), best_on, gain_last /
     gain_best {vs, vs_step, step, diff, low, high, n} (paired, Newcombe) vs the baseline (`_baseline`: vs "rl"
     step 0, or vs "sft" step `sft_step`) or None, wall_s {stage: seconds or None}."""
+    val = {s: r for s, r in (val_evals or {}).items() if s in rl_evals}
     row: dict = {"teacher": teacher, "seed": seed, "key": key, "sft": None, "rl_evals": [], "best": None,
-                 "gain_last": None, "gain_best": None, "wall_s": dict(walls)}
+                 "best_on": "val" if val else "eval", "gain_last": None, "gain_best": None, "wall_s": dict(walls)}
     if sft_evals:
         s = max(sft_evals)
         p, lo, hi, n = _rate(sft_evals[s], key)
@@ -119,8 +126,14 @@ def summarize(teacher: str, seed, sft_evals: dict[int, dict], rl_evals: dict[int
         p, lo, hi, n = _rate(rl_evals[s], key)
         row["rl_evals"].append({"step": s, "rate": p, "low": lo, "high": hi, "n": n})
     if row["rl_evals"]:
-        best = max(row["rl_evals"], key=lambda e: (e["rate"], -e["step"]))
-        row["best"] = dict(best)
+        if val:
+            v = {st: _rate(r, key)[0] for st, r in val.items()}
+            pick = max(v, key=lambda st: (v[st], -st))
+            best = next(e for e in row["rl_evals"] if e["step"] == pick)
+            row["best"] = {**best, "val_rate": v[pick]}
+        else:
+            best = max(row["rl_evals"], key=lambda e: (e["rate"], -e["step"]))
+            row["best"] = dict(best)
         base = _baseline(sft_evals, rl_evals, sft_step)
         if base is not None:
             vs, vs_step = base
@@ -160,17 +173,22 @@ def table_markdown(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         by_step = {e["step"]: e for e in r["rl_evals"]}
-        best = "—" if r["best"] is None else f"{_cell_rate(r['best'])} ({r['best']['step']})"
+        best = "—" if r["best"] is None else \
+            f"{_cell_rate(r['best'])} ({r['best']['step']}{', val' if r.get('best_on') == 'val' else ''})"
         w = r["wall_s"]
         cells = ([str(r["teacher"]), str(r["seed"]), _cell_rate(r["sft"])] + [_cell_rate(by_step.get(s)) for s in steps]
                  + [best, _cell_gain(r["gain_last"]), _cell_gain(r["gain_best"]),
                     " / ".join(_cell_wall(w.get(k)) for k in STAGES)])
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    on_val = [r.get("best_on") == "val" for r in rows if r["best"] is not None]
+    picked = ("the best step is picked on a validation split of other episodes (env.eval.val_episodes) and "
+              "scored on the eval's, as is the last" if on_val and all(on_val) else
+              "the best eval is picked on the episodes it is scored on (optimistic), the last is not"
+              + ("; rows marked 'val' pick it on a validation split" if any(on_val) else ""))
     lines.append(f"{key} on {', '.join(map(str, n_eps)) or '?'} fixed eval episodes; [Wilson 95 %]; gains vs the RL "
                  f"run's step-0 eval, or (without one) the SFT run's eval of the checkpoint RL started from, with "
-                 f"[Newcombe paired 95 %]; the best eval is picked on the episodes it is scored "
-                 f"on (optimistic), the last is not.")
+                 f"[Newcombe paired 95 %]; {picked}.")
     for which in ("gain_last", "gain_best"):
         gs = [r[which] for r in rows if r[which] is not None]
         if gs:
@@ -373,7 +391,7 @@ class Recipe:
                     continue
                 rows.append(summarize(name, seed, read_evals(sft["run_dir"]), read_evals(rl["run_dir"]),
                                       {"record": rec.get("wall_s"), "sft": stage_wall(sft), "rl": stage_wall(rl)},
-                                      sft_step=model_step(rl_cmd)))
+                                      sft_step=model_step(rl_cmd), val_evals=read_evals(rl["run_dir"], "val")))
         return rows
 
     def rows_from_markers(self) -> list[dict]:
@@ -389,7 +407,8 @@ class Recipe:
                 sft, rl = json.loads(sm.read_text()), json.loads(lm.read_text())
                 rows.append(summarize(name, seed, read_evals(sft["run_dir"]), read_evals(rl["run_dir"]),
                                       {"record": rec.get("wall_s"), "sft": stage_wall(sft), "rl": stage_wall(rl)},
-                                      sft_step=model_step(rl.get("cmd", []))))
+                                      sft_step=model_step(rl.get("cmd", [])),
+                                      val_evals=read_evals(rl["run_dir"], "val")))
         return rows
 
 

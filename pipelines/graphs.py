@@ -421,16 +421,17 @@ def films_eval(cfg: Config, step: int, last: bool = False) -> bool:
 
 
 def build_eval(cfg: Config, *, run_id: str, step: int, weights, placement: Placement,
-               attempt: int = 0, video_dir: str | None = None) -> tuple[HighLevelGraph, list[str]]:
+               attempt: int = 0, video_dir: str | None = None, split: str = "eval") -> tuple[HighLevelGraph, list[str]]:
     """Deterministic evaluation on every eval shard with the given weights; returns (graph, keys): the shards'
     episode-list keys, then, with `video_dir` and `eval_video_count(cfg)` > 0, the key of one `eval_videos` node
     (tasks.video.eval_videos: the first episodes' mp4s written under `video_dir`, on shard 0's env worker, after
-    every shard's eval)."""
+    every shard's eval). `split="val"`: the validation split's episodes (`EvalConfig.split`; nodes `val_s<k>-...`,
+    no videos)."""
     g = GraphBuilder()
     tag = f"{run_id}-{step}" + (f"-retry{attempt}" if attempt else "")
-    weights = _weights_handle(g, "weights_handle_eval", tag, weights, placement)
-    n_video = eval_video_count(cfg) if video_dir else 0
-    keys = [g.add(f"eval_s{s}-{tag}", rollout.evaluate, cfg, run_id, s, weights, n_video,
+    weights = _weights_handle(g, f"weights_handle_{split}", tag, weights, placement)
+    n_video = eval_video_count(cfg) if video_dir and split == "eval" else 0
+    keys = [g.add(f"{split}_s{s}-{tag}", rollout.evaluate, cfg, run_id, s, weights, n_video, split,
                   deps=(weights,) if isinstance(weights, str) else (),
                   worker=placement.shard_workers[s], resources={"CPU": 1}) for s in range(cfg.env.num_shards)]
     if n_video:

@@ -106,11 +106,19 @@ def _train(cfg, handle) -> int:
         return fmt_rate(ev.get(f"eval/{key}", nan), ev.get(f"eval/{key}_ci_low", nan), ev.get(f"eval/{key}_ci_high", nan))
     print(f"dagrl: done: {res.steps} steps, {res.env_steps} env steps in {res.wall_s:.0f}s | "
           f"eval success_once {rate('success_once')} success_at_end {rate('success_at_end')} over "
-          f"{ev.get('eval/num_episodes', 0):.0f} episodes (best success_once "
-          f"{runner.state.best_eval_success_once:.3f} at step {runner.state.best_eval_step}) | "
+          f"{ev.get('eval/num_episodes', 0):.0f} episodes ({best_text(runner.state, ev)}) | "
           f"peak memory {res.peak_rss_gb:.2f} GiB")
     print(f"dagrl: trajectories {res.store_path} | view: mlflow ui --backend-store-uri {res.tracking_uri}")
     return 0
+
+def best_text(state, ev: dict) -> str:
+    """What the done line says of checkpoints/best: `best success_once 0.620 at step 18`, or with a validation split
+    `checkpoints/best: step 18 (validation 0.540, eval 0.600; the highest eval 0.620)`."""
+    if "val/best_success_once" not in ev:
+        return f"best success_once {state.best_eval_success_once:.3f} at step {state.best_eval_step}"
+    return (f"checkpoints/best: step {state.best_val_step} (validation {state.best_val_success_once:.3f}, eval "
+            f"{ev['eval/selected_success_once']:.3f}; the highest eval {state.best_eval_success_once:.3f})")
+
 
 if __name__ == "__main__":
     from pipelines.cli import entry

@@ -498,13 +498,15 @@ def clear_best(run_dir: str | os.PathLike) -> None:
 
 def sync_best(run_dir: str | os.PathLike, step: int, value: float, metric: str = "eval/success_once") -> Path | None:
     """Make the best pointer agree with a restored run state (a resume or a rollback) whose best eval was at
-    ``step`` with ``value``: point at that step's checkpoint when it is complete, else (no best yet, step < 0, or
-    its checkpoint was never written: runs from before best checkpoints) remove the pointer, so a best from a
-    superseded timeline (a step after a rollback's) never survives. Returns the best checkpoint or None."""
+    ``step`` with ``value`` of ``metric`` (``val/success_once`` with a validation split): point at that step's
+    checkpoint when it is complete, else (no best yet, step < 0, or its checkpoint was never written: runs from
+    before best checkpoints) remove the pointer, so a best from a superseded timeline (a step after a rollback's)
+    never survives. Returns the best checkpoint or None."""
     step = int(step)
     if step >= 0 and _is_complete(checkpoint_dir(run_dir, step)):
         rec = read_best(run_dir)
         if rec is not None and int(rec["step"]) == step and rec.get("value") == float(value) \
+                and rec.get("metric", metric) == metric \
                 and (Path(run_dir) / CHECKPOINTS_DIR / BEST_LINK).is_symlink():
             return checkpoint_dir(run_dir, step)
         return mark_best(run_dir, step, value, metric)

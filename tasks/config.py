@@ -15,7 +15,7 @@ need from it live here (`DEVICES`/`DTYPES`/`cuda_available`, re-exported by task
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar, Optional
 
 
@@ -68,11 +68,38 @@ class EvalConfig:
     num_episodes: int = 16
     seed: int = 1_000_000  # eval episode i uses reset seed `seed + i`, identical at every evaluation
     ignore_terminations: bool = True  # run every eval episode to its time limit: success_at_end is meaningful
+    # a validation split: > 0 plays val_episodes more fixed episodes (reset seed `val_seed + i`, disjoint from the
+    # eval's) at every eval, and they, not the eval's, choose the run's best checkpoint (`checkpoints/best`), so
+    # the eval episodes score a checkpoint they did not pick. 0: the eval's episodes choose it (optimistic)
+    val_episodes: int = 0
+    val_seed: int = 2_000_000
 
     def check(self) -> None:
         """This section's own values. Raises ConfigError (env.eval.*)."""
         _positive(self, "env.eval", ["num_envs", "num_episodes"])
         _check_seed("env.eval.seed", self.seed)
+        if self.val_episodes < 0:
+            raise ConfigError("env.eval.val_episodes", self.val_episodes,
+                              "use 0 (no validation split) or the number of validation episodes (e.g. 200)")
+        if self.val_episodes:
+            _check_seed("env.eval.val_seed", self.val_seed)
+            if self.val_seed < self.seed + self.num_episodes and self.seed < self.val_seed + self.val_episodes:
+                raise ConfigError("env.eval.val_seed", self.val_seed,
+                                  f"its episodes (reset seeds {self.val_seed}..{self.val_seed + self.val_episodes - 1})"
+                                  f" overlap the eval's ({self.seed}..{self.seed + self.num_episodes - 1}): use a "
+                                  f"val_seed >= {self.seed + self.num_episodes} (e.g. 2000000)")
+
+    def split(self, name: str) -> "EvalConfig":
+        """The episodes of split `name` as an EvalConfig: "eval" (this one) or "val" (num_episodes = val_episodes,
+        seed = val_seed, no validation split of its own; the same envs per shard and termination rule).
+
+        Raises:
+            ValueError: an unknown split, or "val" without a validation split (val_episodes = 0)."""
+        if name == "eval":
+            return self
+        if name != "val" or not self.val_episodes:
+            raise ValueError(f"no eval split {name!r} (splits: 'eval', and 'val' with env.eval.val_episodes > 0)")
+        return replace(self, num_episodes=self.val_episodes, seed=self.val_seed, val_episodes=0)
 
 
 @dataclass
@@ -123,6 +150,11 @@ class EnvConfig:
         _positive(self, "env", ["num_envs", "num_shards"])
         _check_seed("env.seed", e.seed)
         self.eval.check()
+        if e.simulator == "libero" and e.eval.val_episodes:
+            raise ConfigError("env.eval.val_episodes", e.eval.val_episodes,
+                              "LIBERO has no validation split: a reset seed above env.eval.seed maps to the "
+                              "suite's eval init states (tasks.envs.libero.reset_state_for_seed), so it would replay "
+                              "the eval's episodes; use 0 (the eval's episodes choose checkpoints/best)")
         if not (e.max_episode_steps is None or e.max_episode_steps > 0):
             raise ConfigError("env.max_episode_steps", e.max_episode_steps,
                               "must be >= 1 or null (the env task's own limit)")
@@ -459,7 +491,9 @@ class RunnerConfig:
     # build); false (default): a resumed run is a continuation, not a replay
     exact_resume: bool = False
     resume: Optional[str] = None  # a run id or "latest"
-    stop_on_eval_success: Optional[float] = None  # stop once eval/success_once reaches this value
+    # stop once eval/success_once reaches this value (val/success_once with a validation split:
+    # env.eval.val_episodes > 0, whose episodes choose the best)
+    stop_on_eval_success: Optional[float] = None
     max_retries: int = 3  # retries of one step after losing a worker
     # a placed worker alive without progress stalls the step (pipelines/recovery.py): paused for memory this long
     pause_timeout_s: float = 60.0

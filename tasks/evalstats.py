@@ -17,8 +17,8 @@ are solved, or failed, by both policies).
   episodes.
 
 Per-episode eval records of a run (`write_eval` / `read_evals`: `<run_dir>/evals/step_<N>.json`, episode seed ->
-outcome) let any two evals be compared later (`compare_evals`). Pure numpy/math/json: nothing of pipelines or
-storage is imported.
+outcome; a validation split's (env.eval.val_episodes) under `<run_dir>/evals/val/`) let any two evals be compared
+later (`compare_evals`). Pure numpy/math/json: nothing of pipelines or storage is imported.
 """
 from __future__ import annotations
 
@@ -197,8 +197,14 @@ def compare_evals(now: Mapping, before: Mapping, key: str = "success_once", z: f
     return Comparison(key, n, float(np.mean(x)) if n else 0.0, float(np.mean(y)) if n else 0.0, diff, low, high)
 
 
-# ----- per-episode eval records of a run: <run_dir>/evals/step_<N>.json -----
+# ----- per-episode eval records of a run: <run_dir>/evals/step_<N>.json (the validation split's: evals/val/) -----
 EVALS_DIR = "evals"
+
+
+def _evals_dir(run_dir, split: str) -> Path:
+    """`<run_dir>/evals` for split "eval", `<run_dir>/evals/<split>` for another (the validation split, "val")."""
+    d = Path(run_dir) / EVALS_DIR
+    return d if split == "eval" else d / split
 OUTCOMES = ("success_once", "success_at_end", "return", "episode_len")
 RATES = ("success_once", "success_at_end")
 
@@ -231,19 +237,21 @@ def rate_summary(outcomes: Mapping[str, Mapping], z: float = Z95) -> dict[str, f
     return out
 
 
-def write_eval(run_dir, step: int, outcomes: Mapping[str, Mapping], extra: Mapping | None = None):
-    """Write `<run_dir>/evals/step_<step>.json` atomically: {"step", "summary": rate_summary, "episodes": outcomes,
-    **extra}; an existing file of that step (a redone step) is replaced. Returns its path."""
-    d = Path(run_dir) / EVALS_DIR
+def write_eval(run_dir, step: int, outcomes: Mapping[str, Mapping], extra: Mapping | None = None,
+               split: str = "eval"):
+    """Write `<run_dir>/evals/step_<step>.json` (split "val": `evals/val/step_<step>.json`) atomically: {"step",
+    "summary": rate_summary, "episodes": outcomes, **extra}; an existing file of that step (a redone step) is
+    replaced. Returns its path."""
+    d = _evals_dir(run_dir, split)
     d.mkdir(parents=True, exist_ok=True)
     rec = {"step": int(step), **dict(extra or {}), "summary": rate_summary(outcomes), "episodes": dict(outcomes)}
     from storage.rundir import write_text_atomic
     return write_text_atomic(d / f"step_{int(step)}.json", json.dumps(rec, indent=0, sort_keys=False))
 
 
-def read_evals(run_dir) -> dict[int, dict]:
-    """Every eval record of a run ({step: record}, ascending steps); unreadable files are skipped."""
-    d = Path(run_dir) / EVALS_DIR
+def read_evals(run_dir, split: str = "eval") -> dict[int, dict]:
+    """Every eval record of a run's split ({step: record}, ascending steps); unreadable files are skipped."""
+    d = _evals_dir(run_dir, split)
     found: dict[int, dict] = {}
     if not d.is_dir():
         return found
@@ -259,12 +267,14 @@ def read_evals(run_dir) -> dict[int, dict]:
 
 
 def discard_evals_after(run_dir, step: int) -> list[int]:
-    """Remove the eval records of steps > `step` (a rollback or resume to `step`: those evals belong to a superseded
-    timeline); returns the removed steps."""
-    gone = [s for s in read_evals(run_dir) if s > step]
-    for s in gone:
-        (Path(run_dir) / EVALS_DIR / f"step_{s}.json").unlink(missing_ok=True)
-    return gone
+    """Remove the eval records of steps > `step`, of every split (a rollback or resume to `step`: those evals belong
+    to a superseded timeline); returns the removed steps (of either split, ascending)."""
+    gone: set[int] = set()
+    for split in ("eval", "val"):
+        for s in [s for s in read_evals(run_dir, split) if s > step]:
+            (_evals_dir(run_dir, split) / f"step_{s}.json").unlink(missing_ok=True)
+            gone.add(s)
+    return sorted(gone)
 
 
 def start_checkpoint_eval(model_path) -> tuple[str, dict] | None:

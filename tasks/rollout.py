@@ -330,20 +330,24 @@ def _sum_sync(traj: dict, parts) -> None:
         traj[M.OFFLOAD_S] = sum(moved)
 
 
-def evaluate(cfg: Config, run_id: str, shard: int, weights: dict, keep_actions: int = 0) -> list[dict]:
+def evaluate(cfg: Config, run_id: str, shard: int, weights: dict, keep_actions: int = 0,
+             split: str = "eval") -> list[dict]:
     """Deterministic evaluation on eval shard `shard`: the same seeds at every call.
 
-    Eval episode i (0 <= i < eval.num_episodes) runs on eval env i % N with reset seed `eval.seed + i`,
-    N = eval.num_envs. Torch's RNG is seeded from (eval.seed, shard) for the evaluation, so a policy that draws
-    even in deterministic mode (a flow VLA's initial noise) scores the same at every call with the same weights.
+    Eval episode i (0 <= i < eval.num_episodes) runs on eval env i % N with reset seed `eval.seed + i`, N =
+    eval.num_envs; `split="val"` plays the validation split instead (`EvalConfig.split`: val_episodes episodes from
+    env.eval.val_seed, on their own resident shard `<run_id>/eval/val/<shard>`). Torch's RNG is seeded from
+    (eval.seed, shard) for the evaluation, so a policy that draws even in deterministic mode (a flow VLA's initial
+    noise) scores the same at every call with the same weights.
     Each round is a rollout of the eval shard (auto_reset off: DISABLED mode) run until every env finished.
     Returns the finished-episode dicts of this shard (see EnvShard.chunk_step); those with episode id <
     `keep_actions` also carry "actions", float32 [episode_len, D], the executed (clipped) actions, for videos
     (tasks.video; an env shard without an action log, GPU simulation, gives none).
     """
-    ev = cfg.env.eval
+    ev = cfg.env.eval.split(split)
     n_shards = cfg.env.num_shards
-    sh, _ = resident.get_or_create(f"{run_id}/eval/{shard}", lambda: make_shard(
+    name = f"{run_id}/eval/{shard}" if split == "eval" else f"{run_id}/eval/{split}/{shard}"
+    sh, _ = resident.get_or_create(name, lambda: make_shard(
         cfg.env, shard=shard, num_shards=n_shards, num_envs=ev.num_envs, auto_reset=False,
         ignore_terminations=ev.ignore_terminations, base_seed=ev.seed))
     rep = get_replica(cfg, run_id, weights, sh.obs_dim, sh.action_dim)

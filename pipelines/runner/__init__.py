@@ -8,14 +8,15 @@
 - `pipelines.runner.perf`: the perf events of each step, eval and checkpoint, and the `perf_summary.json` (time
   per phase from Dask's task stream, throughput, every process's peak memory, retries) written at the end.
 
-Only this package and pipelines.run hold a Dask client. Per step (`Runner.run`): the scheduler builds and submits
-the step graph, then, once its trajectories are done (during the update, when one core is free), marks the previous
-step complete in the store, reserves this one's store step and submits its store writes; it waits for `step_metrics`
-and the store writes (a step's mark comes in the next step's bookkeeping, or before a checkpoint, a rollback and the
-run's end); the driver evaluates every `val_check_interval` steps, logs one MLflow batch (before the checkpoint: the
-MLflow run a checkpoint records holds every point through its step, which is what a resume copies), checkpoints
-every `save_interval` steps and at every eval that sets a new best (marked `checkpoints/best`, never pruned;
-`evaluate`) and advances the progress bar. A run stopped by `max_wall_time_s` finishes the steps already in flight.
+Only this package and pipelines.run hold a Dask client. Per step (`Runner.run`): the scheduler builds and submits the
+step graph, then, once its trajectories are done (during the update, when one core is free), marks the previous step
+complete in the store, reserves this one's store step and submits its store writes; it waits for `step_metrics` and
+the store writes (a step's mark comes in the next step's bookkeeping, or before a checkpoint, a rollback and the run's
+end); the driver evaluates every `val_check_interval` steps, logs one MLflow batch (before the checkpoint: the MLflow
+run a checkpoint records holds every point through its step, which is what a resume copies), checkpoints every
+`save_interval` steps and at every eval that sets a new best (marked `checkpoints/best`, never pruned; `evaluate`;
+with `env.eval.val_episodes` > 0 the best on a validation split of other episodes) and advances the progress bar. A
+run stopped by `max_wall_time_s` finishes the steps already in flight.
 
 Resume and interruption: a resume (`runner.resume=RUN_ID|latest`: the most recently started run of the experiment,
 an error naming it when it has no checkpoint) restores the RunState from the newest checkpoint; with the cursors
@@ -283,7 +284,7 @@ class Runner(Scheduler, Setup, Recovery):
             return True
         if r.max_wall_time_s is not None and s.elapsed_s + (time.perf_counter() - t_start) >= r.max_wall_time_s:
             return True
-        if r.stop_on_eval_success is not None and s.best_eval_success_once >= r.stop_on_eval_success:
+        if r.stop_on_eval_success is not None and s.best(self._has_val)[1] >= r.stop_on_eval_success:
             return True
         return False
 
@@ -300,6 +301,9 @@ class Runner(Scheduler, Setup, Recovery):
         first eval on; else its first eval. The per-episode outcomes go to `<run_dir>/evals/step_<N>.json` (seed ->
         success_once, success_at_end, return, episode_len). An eval significantly below the baseline (the paired
         interval entirely below 0) prints one warning line and sets the MLflow tag `dagrl.regression=step N`.
+        With a validation split (env.eval.val_episodes > 0) the eval is followed by the validation split's
+        (`_validate`: `val/*`, `eval/selected_success_once`), whose best, not the eval's, marks `checkpoints/best`
+        (`RunState.best`); `eval/best_success_once` stays the highest eval, an optimistic figure.
         `echo`: print the eval's one line (with the gain and what it is against). `last`: the run is done after this
         step (`_done`) or this is `_finish_run`'s eval, so it films whatever `runner.eval_video_interval` says
         (`graphs.films_eval`).
@@ -308,36 +312,20 @@ class Runner(Scheduler, Setup, Recovery):
             RuntimeError: the eval's episodes are not exactly the fixed ones (a bug: evals would not be paired).
         """
         st, ev = self.state, self.cfg.env.eval
-        t0 = time.perf_counter()
         video_dir = self.run_dir / "videos" / f"step_{st.step}" if graphs.films_eval(self.cfg, st.step, last) \
             else None
-        _, parts = self._compute(lambda attempt: graphs.build_eval(
-            self.cfg, run_id=st.run_id, step=st.step, weights=self.weights, placement=self.placement,
-            attempt=attempt, video_dir=None if video_dir is None else str(video_dir)), "evaluation")
-        videos = parts.pop() if video_dir is not None else None
-        episodes = [e for part in parts for e in part]
-        outcomes = evalstats.episode_outcomes(episodes)
-        expected = {str(ev.seed + i) for i in range(ev.num_episodes)}
-        if set(outcomes) != expected:
-            missing, extra = sorted(expected - set(outcomes), key=int), sorted(set(outcomes) - expected, key=int)
-            raise RuntimeError(f"eval at step {st.step}: expected the {ev.num_episodes} episodes with seeds "
-                               f"env.eval.seed + i = {ev.seed}..{ev.seed + ev.num_episodes - 1}; missing "
-                               f"{missing[:5]}, unexpected {extra[:5]}")
-        m = {f"eval/{k}": float(np.mean([e[k] for e in episodes])) for k in evalstats.OUTCOMES}
-        summary = evalstats.rate_summary(outcomes)
-        for key in evalstats.RATES:
-            m[f"eval/{key}_ci_low"], m[f"eval/{key}_ci_high"] = summary[f"{key}_ci_low"], summary[f"{key}_ci_high"]
-        m["eval/num_episodes"] = float(len(episodes))
-        m["time/eval"] = time.perf_counter() - t0
+        m, outcomes, videos = self._play_split("eval", None if video_dir is None else str(video_dir))
         if videos is not None:
             self._log_videos(videos, video_dir, m)
-        self.perf.phase("eval", st.step, m["time/eval"])
         if m["eval/success_once"] > st.best_eval_success_once:
             st.best_eval_success_once, st.best_eval_step = m["eval/success_once"], st.step
         m["eval/best_success_once"] = st.best_eval_success_once
         earlier = {s: r for s, r in evalstats.read_evals(self.run_dir).items() if s < st.step}  # this timeline's
         extra = {"run_id": st.run_id, "eval_seed": ev.seed, "eval_layout": evalstats.eval_layout(self.cfg)}
         evalstats.write_eval(self.run_dir, st.step, outcomes, extra)
+        if ev.val_episodes:
+            m.update(self._validate({**earlier, st.step: {"summary": evalstats.rate_summary(outcomes)}}))
+        self.perf.phase("eval", st.step, m["time/eval"] + m.get("time/val", 0.0))
         self.last_eval = m
         base = self._baseline({**earlier, st.step: {**extra, "episodes": outcomes}})
         c = None if base is None else self._gain(m, outcomes, *base)
@@ -346,6 +334,57 @@ class Runner(Scheduler, Setup, Recovery):
         if c is not None and c.significant_drop:
             self._warn_regression(c, base[1])
         return m
+
+    def _play_split(self, split: str, video_dir: str | None = None) -> tuple[dict, dict, dict | None]:
+        """One eval graph of split `split` ("eval" or "val": `EvalConfig.split`) on the current weights: (metrics
+        `<split>/{success_once, success_at_end, return, episode_len}` (means), their Wilson intervals
+        `<split>/<rate>_ci_low/_high`, `<split>/num_episodes`, `time/<split>` (s); the outcome map (seed ->
+        outcome); the videos' result or None).
+
+        Raises:
+            RuntimeError: the episodes played are not exactly the split's fixed ones (a bug: evals would not be
+                paired)."""
+        st, ev = self.state, self.cfg.env.eval.split(split)
+        t0 = time.perf_counter()
+        _, parts = self._compute(lambda attempt: graphs.build_eval(
+            self.cfg, run_id=st.run_id, step=st.step, weights=self.weights, placement=self.placement,
+            attempt=attempt, video_dir=video_dir, split=split), "evaluation" if split == "eval" else "validation")
+        videos = parts.pop() if video_dir is not None else None
+        episodes = [e for part in parts for e in part]
+        outcomes = evalstats.episode_outcomes(episodes)
+        expected = {str(ev.seed + i) for i in range(ev.num_episodes)}
+        if set(outcomes) != expected:
+            key = "env.eval.seed" if split == "eval" else "env.eval.val_seed"
+            missing, extra = sorted(expected - set(outcomes), key=int), sorted(set(outcomes) - expected, key=int)
+            raise RuntimeError(f"{split} at step {st.step}: expected the {ev.num_episodes} episodes with seeds "
+                               f"{key} + i = {ev.seed}..{ev.seed + ev.num_episodes - 1}; missing "
+                               f"{missing[:5]}, unexpected {extra[:5]}")
+        m = {f"{split}/{k}": float(np.mean([e[k] for e in episodes])) for k in evalstats.OUTCOMES}
+        summary = evalstats.rate_summary(outcomes)
+        for key in evalstats.RATES:
+            m[f"{split}/{key}_ci_low"], m[f"{split}/{key}_ci_high"] = \
+                summary[f"{key}_ci_low"], summary[f"{key}_ci_high"]
+        m[f"{split}/num_episodes"] = float(len(episodes))
+        m[f"time/{split}"] = time.perf_counter() - t0
+        return m, outcomes, videos
+
+    def _validate(self, run_evals: dict[int, dict]) -> dict:
+        """The validation split's eval (env.eval.val_episodes > 0) at the current step: `val/*` metrics
+        (`_play_split`), `val/best_success_once` (the best so far, which marks `checkpoints/best`) and
+        `eval/selected_success_once`: the eval success_once of the step the validation chose (from `run_evals`,
+        {step: eval record} of this timeline, the current step's included), the honest score of `best`. Writes
+        `<run_dir>/evals/val/step_<N>.json`."""
+        st = self.state
+        v, outcomes, _ = self._play_split("val")
+        if v["val/success_once"] > st.best_val_success_once:
+            st.best_val_success_once, st.best_val_step = v["val/success_once"], st.step
+        v["val/best_success_once"] = st.best_val_success_once
+        chosen = run_evals.get(st.best_val_step, {}).get("summary", {})
+        v["eval/selected_success_once"] = float(chosen.get("success_once", float("nan")))
+        evalstats.write_eval(self.run_dir, st.step, outcomes, {
+            "run_id": st.run_id, "eval_seed": self.cfg.env.eval.val_seed,
+            "eval_layout": evalstats.eval_layout(self.cfg)}, split="val")
+        return v
 
     def _baseline(self, run_evals: dict[int, dict]) -> tuple[dict, int | str] | None:
         """(outcomes, label) of the eval this run's eval gains pair with (tasks.evalstats.pick_baseline: the run's
@@ -396,6 +435,11 @@ class Runner(Scheduler, Setup, Recovery):
             gain = evalstats.fmt_gain(m["eval/gain_success_once"], m["eval/gain_success_once_ci_low"],
                                       m["eval/gain_success_once_ci_high"])
             text += f", gain {gain} vs {evalstats.eval_label(self._gain_label)}"
+        if "val/success_once" in m:
+            val = evalstats.fmt_rate(m["val/success_once"], m["val/success_once_ci_low"],
+                                     m["val/success_once_ci_high"], int(m["val/num_episodes"]))
+            text += (f"; validation success_once {val} (checkpoints/best: step {self.state.best_val_step}, "
+                     f"eval {m['eval/selected_success_once']:.3f})")
         return text
 
     def _gain(self, m: dict, outcomes: dict, before: dict, label: int | str) -> evalstats.Comparison:
@@ -417,11 +461,11 @@ class Runner(Scheduler, Setup, Recovery):
 
     def _best_unmarked(self) -> bool:
         """The best eval is at the current step and no checkpoint of this step is marked best yet."""
-        st = self.state
-        if st.best_eval_step != st.step:
+        step, value, metric = self.state.best(self._has_val)
+        if step != self.state.step:
             return False
         rec = read_best(self.run_dir)
-        return rec is None or int(rec["step"]) != st.step or rec.get("value") != st.best_eval_success_once
+        return rec is None or int(rec["step"]) != step or rec.get("value") != value or rec.get("metric") != metric
 
     def checkpoint(self, elapsed: float) -> str:
         """Write a checkpoint of the current step (the pipeline must be drained); returns its path."""
@@ -441,8 +485,9 @@ class Runner(Scheduler, Setup, Recovery):
             return graph, [key]
 
         path = self._compute(build, "checkpoint")[1][0]
-        if st.best_eval_step == st.step:  # written after the eval that set it: this checkpoint holds the best
-            mark_best(self.run_dir, st.step, st.best_eval_success_once)
+        best_step, best_value, metric = st.best(self._has_val)
+        if best_step == st.step:  # written after the eval that set it: this checkpoint holds the best
+            mark_best(self.run_dir, st.step, best_value, metric)
         prune_checkpoints(self.run_dir, self.cfg.runner.keep_checkpoints)  # never the best
         if self.cfg.runner.exact_resume and self.cfg.env.simulator == "maniskill":
             self._fresh_envs()

@@ -70,7 +70,7 @@ PHASE_RULES: tuple[tuple[str, str], ...] = (
     (r"store_s\d+", "store"),
     (r"advantages_s\d+", "advantages"),
     (r"actor_update(_r\d+)?|sft_update", "update"),
-    (r"eval_s\d+|weights_handle_eval|eval_videos", "eval"),
+    (r"(eval|val)_s\d+|weights_handle_(eval|val)|eval_videos", "eval"),  # the validation split's too
     (r"actor_state(_r\d+)?|checkpoint|export_pretrained", "checkpoint"),
     (r"env_spec|load_checkpoint|actor_init|weights|free_port", "init"),
 )

@@ -46,9 +46,20 @@ class RunState:
     env_steps: int = 0
     cursors: list = field(default_factory=list)
     elapsed_s: float = 0.0
-    best_eval_success_once: float = -1.0
+    best_eval_success_once: float = -1.0  # the highest eval/success_once so far and its step
     best_eval_step: int = -1
+    # with a validation split (env.eval.val_episodes > 0): the highest val/success_once and its step, which then
+    # marks checkpoints/best (`best`)
+    best_val_success_once: float = -1.0
+    best_val_step: int = -1
     actor_generation: int = 0  # the multi-rank actor's process-group generation (bumped on every rebuild)
+
+    def best(self, val: bool) -> tuple[int, float, str]:
+        """(step, value, metric) of the eval that chooses `checkpoints/best`: the validation split's best with `val`
+        (env.eval.val_episodes > 0), else the eval's; step -1 before any eval."""
+        if val:
+            return self.best_val_step, self.best_val_success_once, "val/success_once"
+        return self.best_eval_step, self.best_eval_success_once, "eval/success_once"
 
 
 @dataclass
@@ -278,14 +289,19 @@ class Setup:
     # ----- one timeline (resume, rollback) -----
     _NOT_ROLLED_BACK = ("run_id", "mlflow_run_id", "elapsed_s", "actor_generation")
 
+    @property
+    def _has_val(self) -> bool:
+        """A validation split (env.eval.val_episodes > 0) chooses checkpoints/best (`RunState.best`)."""
+        return self.cfg.env.eval.val_episodes > 0
+
     def _one_timeline_on_disk(self) -> None:
         """After the state was set to step k (a new run, a resume, a rollback): the eval records of steps > k
-        (`<run_dir>/evals/`, a superseded timeline) are removed and the best-checkpoint pointer is made to agree with
-        the state's best eval (`storage.checkpoints.sync_best`: its checkpoint if complete, else no pointer), so a
-        best set after k never survives."""
+        (`<run_dir>/evals/`, both splits, a superseded timeline) are removed and the best-checkpoint pointer is made
+        to agree with the state's best eval (`RunState.best`; `storage.checkpoints.sync_best`: its checkpoint if
+        complete, else no pointer), so a best set after k never survives."""
         st = self.state
         discard_evals_after(self.run_dir, st.step)
-        sync_best(self.run_dir, st.best_eval_step, st.best_eval_success_once)
+        sync_best(self.run_dir, *st.best(self._has_val))
 
     def _rollback(self, ckpt) -> None:
         """Roll the run back to checkpoint `ckpt` (a path; None: to a fresh start at step 0), e.g. after the

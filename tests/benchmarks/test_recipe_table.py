@@ -83,6 +83,30 @@ def test_summarize_pairs_with_the_sft_eval_without_a_step0_eval(recipe, tmp_path
     assert recipe.model_step(["policy.model_path=/some/hf_dir"]) is None
 
 
+def test_summarize_picks_the_best_step_on_the_validation_split(recipe, tmp_path):
+    """With the RL run's validation records the best step is the first of the highest validation rate, scored by
+    the eval at that step (not the highest eval); the table marks it and says so under it."""
+    rl = _records(tmp_path, "rl", {0: S0, 4: S4, 8: S8})
+    d = tmp_path / "rl_val"
+    for step, succ in {0: [1] * 5 + [0] * 5, 4: [1] * 6 + [0] * 4, 8: [1] * 8 + [0] * 2}.items():
+        write_eval(d, step, _outcomes(succ, base=2_000_000), split="val")
+    from tasks.evalstats import read_evals
+    val = read_evals(d, "val")
+    row = recipe.summarize("A", 1, {}, rl, {}, val_evals=val)
+    assert row["best_on"] == "val" and row["best"]["step"] == 8 and row["best"]["rate"] == pytest.approx(18 / N)
+    assert row["best"]["val_rate"] == pytest.approx(0.8)
+    c = compare_evals(rl[8]["episodes"], rl[0]["episodes"])
+    assert row["gain_best"]["step"] == 8 and row["gain_best"]["diff"] == pytest.approx(c.diff) == row["gain_last"]["diff"]
+    # without validation records: the highest eval (step 4), as before
+    assert recipe.summarize("A", 1, {}, rl, {})["best"]["step"] == 4
+    assert recipe.summarize("A", 1, {}, rl, {}, val_evals={})["best_on"] == "eval"
+    md = recipe.table_markdown([row])
+    assert f"{fmt_rate(18 / N, *wilson_interval(18, N))} (8, val)" in md
+    assert "picked on a validation split of other episodes" in md and "optimistic" not in md
+    md2 = recipe.table_markdown([row, recipe.summarize("A", 2, {}, rl, {})])
+    assert "(optimistic)" in md2 and "rows marked 'val'" in md2
+
+
 def test_table_markdown(recipe, tmp_path):
     sft = _records(tmp_path, "sft", {30: S0})
     rows = [recipe.summarize("A", 1, sft, _records(tmp_path, "r1", {0: S0, 4: S4, 8: S4}), {"record": 69.4, "sft": 293.0,

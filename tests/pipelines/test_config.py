@@ -181,11 +181,53 @@ def test_cli_show_prints_the_resolved_config(tmp_path, capsys, monkeypatch):
     ("env.eval.seed=4294967295", "env.eval.seed"),
     ("env.eval.seed=-1", "env.eval.seed"),
     ("seed=-2", "seed"),
+    ("env.eval.val_episodes=-1", "env.eval.val_episodes"),
+    ("env.eval.val_seed=4294967295", "env.eval.val_seed"),  # checked with a validation split (below: 0 episodes)
 ])
 def test_out_of_range_values_name_the_key(override, key):
+    extra = ["env.eval.val_episodes=10"] if key == "env.eval.val_seed" else []
     with pytest.raises(ConfigError) as err:
-        load_config([override], components=False)
+        load_config([override, *extra], components=False)
     assert str(err.value).startswith(key + "=") and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("val_seed,overlap", [
+    (1_000_063, True),  # the default job's eval: seeds 1000000..1000063
+    (999_991, True),  # 10 episodes 999991..1000000: the eval's first seed
+    (999_990, False),  # 999990..999999: just below
+    (1_000_064, False),  # just above
+    (2_000_000, False),
+])
+def test_a_validation_split_must_not_overlap_the_eval(val_seed, overlap):
+    """env.eval.val_seed's episodes [val_seed, val_seed + val_episodes) and the eval's [seed, seed + num_episodes)
+    are disjoint, else a one-line error naming env.eval.val_seed and both seed ranges."""
+    args = ["env.eval.val_episodes=10", f"env.eval.val_seed={val_seed}"]
+    if not overlap:
+        cfg, _ = load_config(args, components=False)
+        assert cfg.env.eval.split("val").seed == val_seed and cfg.env.eval.split("val").num_episodes == 10
+        assert cfg.env.eval.split("eval") is cfg.env.eval
+        return
+    with pytest.raises(ConfigError) as err:
+        load_config(args, components=False)
+    msg = str(err.value)
+    assert msg.startswith(f"env.eval.val_seed={val_seed}") and "1000000..1000063" in msg and "\n" not in msg
+
+
+def test_libero_refuses_a_validation_split():
+    with pytest.raises(ConfigError) as err:
+        load_config(["conf=libero_smoke", "env.eval.val_episodes=10"], components=False)
+    assert str(err.value).startswith("env.eval.val_episodes=10") and "eval init states" in str(err.value)
+
+
+def test_eval_split_names():
+    from tasks.config import EvalConfig
+    ev = EvalConfig(num_envs=4, num_episodes=8, seed=10, val_episodes=6, val_seed=100)
+    val = ev.split("val")
+    assert (val.num_envs, val.num_episodes, val.seed, val.val_episodes, val.ignore_terminations) == (4, 6, 100, 0, True)
+    with pytest.raises(ValueError, match="'test'"):
+        ev.split("test")
+    with pytest.raises(ValueError, match="val_episodes > 0"):
+        EvalConfig().split("val")
 
 
 def test_cluster_address_that_never_answers_fails_fast(tmp_path, capsys):
@@ -643,7 +685,8 @@ def test_experiments_resolve_as_before_the_groups(name):
     default false, record.action_noise at its default 0.0 and policy.normalize_actions at its default false, issue
     12; 2026-12-05 the new key runner.exact_resume at its default false, issue 13's resume finding, and the new key
     env.fast_step at its default true (the same values, faster; issue 13), the new key runner.eval_video_interval
-    at its default 1 and the default job's 50 (issue 13))."""
+    at its default 1 and the default job's 50 (issue 13); 2026-12-06 the new keys env.eval.val_episodes at its
+    default 0 (no validation split: the behaviour before) and env.eval.val_seed at 2000000, issue 11)."""
     import json
     import tasks.config
     from omegaconf import OmegaConf

@@ -119,14 +119,14 @@ class _FakeClient:
         self.tags[(run_id, key)] = value
 
 
-def _stand_in(run_dir, step, best_step=-1, best=-1.0):
+def _stand_in(run_dir, step, best_step=-1, best=-1.0, val=False):
     from types import SimpleNamespace
 
     from pipelines.runner.setup import RunState
     said = []
     tracker = SimpleNamespace(run_id="mlf1", client=_FakeClient())
     st = RunState(run_id="r1", step=step, best_eval_step=best_step, best_eval_success_once=best)
-    return SimpleNamespace(run_dir=run_dir, state=st, echo=said.append, tracker=tracker), said
+    return SimpleNamespace(run_dir=run_dir, state=st, echo=said.append, tracker=tracker, _has_val=val), said
 
 
 def _outcomes(successes, base=1_000_000):
@@ -227,6 +227,81 @@ def test_runner_best_unmarked_and_one_timeline(tmp_path):
     fake.state.step, fake.state.best_eval_step = 0, -1
     Runner._one_timeline_on_disk(fake)
     assert list(read_evals(tmp_path)) == [0] and read_best(tmp_path) is None
+
+
+def test_runner_with_a_validation_split_marks_the_validation_best(tmp_path):
+    """env.eval.val_episodes > 0: `checkpoints/best` follows the validation split's best (RunState.best), not the
+    eval's; a rollback / resume to step k drops both splits' records after k and re-points at the state's
+    validation best."""
+    from pipelines.runner import Runner
+    from tasks.evalstats import read_evals, write_eval
+    for s in (0, 4, 8):
+        _save(tmp_path, s)
+        write_eval(tmp_path, s, _outcomes([1, 0]))
+        write_eval(tmp_path, s, _outcomes([1, 1], base=2_000_000), split="val")
+    # the eval's best is step 8 (0.9), the validation's step 4 (0.7): only the validation's marks best
+    fake, _ = _stand_in(tmp_path, 8, best_step=8, best=0.9, val=True)
+    fake.state.best_val_step, fake.state.best_val_success_once = 4, 0.7
+    assert not Runner._best_unmarked(fake)  # the eval's new best at this step is not the checkpoint's choice
+    fake.state.step = 4
+    assert Runner._best_unmarked(fake)
+    fake.state.step = 8
+    fake.cfg = None  # _one_timeline_on_disk reads the split through _has_val only
+    Runner._one_timeline_on_disk(fake)  # a resume at 8: nothing dropped, best -> the validation's step 4
+    rec = read_best(tmp_path)
+    assert (rec["step"], rec["value"], rec["metric"]) == (4, 0.7, "val/success_once")
+    assert list(read_evals(tmp_path)) == list(read_evals(tmp_path, "val")) == [0, 4, 8]
+    # a rollback to step 0 whose state's validation best is step 0: records after 0 go in both splits
+    fake.state.step, fake.state.best_val_step, fake.state.best_val_success_once = 0, 0, 0.5
+    Runner._one_timeline_on_disk(fake)
+    assert list(read_evals(tmp_path)) == list(read_evals(tmp_path, "val")) == [0]
+    assert read_best(tmp_path)["step"] == 0
+    # without a validation split the pointer follows the state's eval best
+    fake._has_val = False
+    fake.state.best_eval_step, fake.state.best_eval_success_once = 0, 0.5
+    Runner._one_timeline_on_disk(fake)
+    rec = read_best(tmp_path)
+    assert (rec["step"], rec["value"], rec["metric"]) == (0, 0.5, "eval/success_once")
+
+
+def test_smoke_run_with_a_validation_split(tmp_path, capsys):
+    """conf=smoke with env.eval.val_episodes: every eval is followed by the validation split's (its own fixed
+    seeds, disjoint from the eval's), `checkpoints/best` is the first step of the highest validation rate,
+    `eval/selected_success_once` is that step's eval rate, `val/*` in MLflow. ~60-90 s under load."""
+    from mlflow import MlflowClient
+
+    from pipelines.run import main
+    from storage.tracking import default_tracking_uri
+    from tasks.evalstats import read_evals
+    n, nv = 4, 6
+    assert main(["conf=smoke", f"run_root={tmp_path}", "cluster.dashboard_address=127.0.0.1:0",
+                 "runner.val_at_start=true", "runner.val_check_interval=1", "runner.save_interval=3",
+                 "runner.keep_checkpoints=1", f"env.eval.num_episodes={n}", "env.eval.num_envs=2",
+                 f"env.eval.val_episodes={nv}", "env.eval.val_seed=3000000"]) == 0
+    out = capsys.readouterr().out
+    run_dir = next(p for p in (tmp_path / "smoke").iterdir() if p.is_dir())
+    ev, val = read_evals(run_dir), read_evals(run_dir, "val")
+    assert list(ev) == list(val) == [0, 1, 2, 3]
+    for r in val.values():
+        assert list(r["episodes"]) == [str(3_000_000 + i) for i in range(nv)] and r["eval_seed"] == 3_000_000
+    rate = lambda r: sum(e["success_once"] for e in r["episodes"].values()) / len(r["episodes"])  # noqa: E731
+    v = {s: rate(r) for s, r in val.items()}
+    chosen = max(v, key=lambda s: (v[s], -s))
+    rec = read_best(run_dir)
+    assert (rec["step"], rec["metric"]) == (chosen, "val/success_once") and rec["value"] == pytest.approx(v[chosen])
+    assert _steps(run_dir) == sorted({chosen, 3})
+    client = MlflowClient(tracking_uri=default_tracking_uri(tmp_path))
+    run = client.search_runs([client.get_experiment_by_name("smoke").experiment_id])[0]
+    hist = {k: {m.step: m.value for m in client.get_metric_history(run.info.run_id, k)}
+            for k in ("val/success_once", "val/best_success_once", "eval/selected_success_once",
+                      "eval/best_success_once", "val/num_episodes")}
+    for s in range(4):
+        assert hist["val/success_once"][s] == pytest.approx(v[s]) and hist["val/num_episodes"][s] == nv
+        assert hist["val/best_success_once"][s] == pytest.approx(max(v[k] for k in v if k <= s))
+        upto = max((k for k in v if k <= s), key=lambda k: (v[k], -k))
+        assert hist["eval/selected_success_once"][s] == pytest.approx(rate(ev[upto]))
+    assert hist["eval/best_success_once"][3] == pytest.approx(max(rate(r) for r in ev.values()))
+    assert f"validation success_once" in out and f"checkpoints/best: step {chosen}" in out
 
 
 def test_smoke_run_keeps_the_best_and_writes_eval_records(tmp_path, capsys):
