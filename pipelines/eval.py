@@ -9,7 +9,8 @@ the same episodes give the same outcomes as the training run's own eval of that 
 
 SOURCE (the weights, and where the config comes from):
   RUN                          a run directory (runs/<experiment>/<run_id>) or a run id under `run_root`: its best
-                               checkpoint (`checkpoints/best`, marked by its evals), else its newest
+                               checkpoint (`checkpoints/best`, marked by its evals, or by its validation split's
+                               with env.eval.val_episodes > 0), else its newest
   RUN/checkpoints/global_step_N   that checkpoint (also `.../best`, or either's `hf/`)
       -> the config is the run's config.yaml; overrides may change only the evaluation and where it runs:
          env.eval.* (num_episodes, num_envs, seed, ...), env.task_ids / env.num_trials (a LIBERO subset: the
@@ -148,6 +149,8 @@ def eval_config(src: Source, overrides: list[str]):
                               f"the policy and env of {src.run_dir} come from its config.yaml; an eval of its "
                               f"checkpoint may set only {allowed}")
     saved = OmegaConf.load(src.run_dir / "config.yaml")
+    if OmegaConf.select(saved, "env.eval.val_episodes"):  # the run's validation split: an eval plays the eval's
+        saved.env.eval.val_episodes = 0  # episodes only, on whatever seeds an override gives (val's included)
     try:
         merged = OmegaConf.merge(saved, OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
     except Exception as exc:  # noqa: BLE001 - OmegaConf's type errors: one line

@@ -112,3 +112,20 @@ def test_damaged_checkpoint_is_one_line_before_anything_starts(tmp_path, capsys)
         assert main([str(source)]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: source") and "\n" not in err and "policy.pt is corrupt" in err, err
+
+
+def test_eval_of_a_run_with_a_validation_split_plays_the_eval_only(smoke_run, tmp_path):
+    """A run trained with env.eval.val_episodes > 0: pipelines.eval plays the eval's episodes only (its config
+    drops the split), so an eval on the validation seeds (`env.eval.seed=<val_seed>`) is not refused as an
+    overlap."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from pipelines.eval import eval_config
+    saved = OmegaConf.load(_run_dir(smoke_run) / "config.yaml")
+    saved.env.eval.val_episodes, saved.env.eval.val_seed = 200, 2_000_000
+    (tmp_path / "run").mkdir()
+    OmegaConf.save(saved, tmp_path / "run" / "config.yaml")
+    cfg = eval_config(SimpleNamespace(hf=None, run_dir=tmp_path / "run"), ["env.eval.seed=2000000"])
+    assert cfg.env.eval.seed == 2_000_000 and cfg.env.eval.val_episodes == 0
