@@ -111,6 +111,7 @@ def _train(cfg, handle) -> int:
     print(f"dagrl: trajectories {res.store_path} | view: mlflow ui --backend-store-uri {res.tracking_uri}")
     return 0
 
+
 def best_text(state, ev: dict) -> str:
     """What the done line says of checkpoints/best: `best success_once 0.620 at step 18`, or with a validation split
     `checkpoints/best: step 18 (validation 0.540, eval 0.600; the highest eval 0.620)`."""

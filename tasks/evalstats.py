@@ -199,14 +199,14 @@ def compare_evals(now: Mapping, before: Mapping, key: str = "success_once", z: f
 
 # ----- per-episode eval records of a run: <run_dir>/evals/step_<N>.json (the validation split's: evals/val/) -----
 EVALS_DIR = "evals"
+OUTCOMES = ("success_once", "success_at_end", "return", "episode_len")
+RATES = ("success_once", "success_at_end")
 
 
 def _evals_dir(run_dir, split: str) -> Path:
     """`<run_dir>/evals` for split "eval", `<run_dir>/evals/<split>` for another (the validation split, "val")."""
     d = Path(run_dir) / EVALS_DIR
     return d if split == "eval" else d / split
-OUTCOMES = ("success_once", "success_at_end", "return", "episode_len")
-RATES = ("success_once", "success_at_end")
 
 
 def episode_outcomes(episodes: Sequence[Mapping]) -> dict[str, dict]:

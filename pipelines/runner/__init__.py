@@ -314,15 +314,13 @@ class Runner(Scheduler, Setup, Recovery):
         st, ev = self.state, self.cfg.env.eval
         video_dir = self.run_dir / "videos" / f"step_{st.step}" if graphs.films_eval(self.cfg, st.step, last) \
             else None
-        m, outcomes, videos = self._play_split("eval", None if video_dir is None else str(video_dir))
+        earlier = {s: r for s, r in evalstats.read_evals(self.run_dir).items() if s < st.step}  # this timeline's
+        m, outcomes, videos, extra = self._play_split("eval", None if video_dir is None else str(video_dir))
         if videos is not None:
             self._log_videos(videos, video_dir, m)
         if m["eval/success_once"] > st.best_eval_success_once:
             st.best_eval_success_once, st.best_eval_step = m["eval/success_once"], st.step
         m["eval/best_success_once"] = st.best_eval_success_once
-        earlier = {s: r for s, r in evalstats.read_evals(self.run_dir).items() if s < st.step}  # this timeline's
-        extra = {"run_id": st.run_id, "eval_seed": ev.seed, "eval_layout": evalstats.eval_layout(self.cfg)}
-        evalstats.write_eval(self.run_dir, st.step, outcomes, extra)
         if ev.val_episodes:
             m.update(self._validate({**earlier, st.step: {"summary": evalstats.rate_summary(outcomes)}}))
         self.perf.phase("eval", st.step, m["time/eval"] + m.get("time/val", 0.0))
@@ -335,11 +333,12 @@ class Runner(Scheduler, Setup, Recovery):
             self._warn_regression(c, base[1])
         return m
 
-    def _play_split(self, split: str, video_dir: str | None = None) -> tuple[dict, dict, dict | None]:
-        """One eval graph of split `split` ("eval" or "val": `EvalConfig.split`) on the current weights: (metrics
-        `<split>/{success_once, success_at_end, return, episode_len}` (means), their Wilson intervals
+    def _play_split(self, split: str, video_dir: str | None = None) -> tuple[dict, dict, dict | None, dict]:
+        """One eval graph of split `split` ("eval" or "val": `EvalConfig.split`) on the current weights, its
+        per-episode record written (`<run_dir>/evals/step_<N>.json`, the validation split's under `evals/val/`):
+        (metrics `<split>/{success_once, success_at_end, return, episode_len}` (means), their Wilson intervals
         `<split>/<rate>_ci_low/_high`, `<split>/num_episodes`, `time/<split>` (s); the outcome map (seed ->
-        outcome); the videos' result or None).
+        outcome); the videos' result or None; the record's extra fields: run_id, eval_seed, eval_layout).
 
         Raises:
             RuntimeError: the episodes played are not exactly the split's fixed ones (a bug: evals would not be
@@ -366,24 +365,22 @@ class Runner(Scheduler, Setup, Recovery):
                 summary[f"{key}_ci_low"], summary[f"{key}_ci_high"]
         m[f"{split}/num_episodes"] = float(len(episodes))
         m[f"time/{split}"] = time.perf_counter() - t0
-        return m, outcomes, videos
+        extra = {"run_id": st.run_id, "eval_seed": ev.seed, "eval_layout": evalstats.eval_layout(self.cfg)}
+        evalstats.write_eval(self.run_dir, st.step, outcomes, extra, split=split)
+        return m, outcomes, videos, extra
 
     def _validate(self, run_evals: dict[int, dict]) -> dict:
         """The validation split's eval (env.eval.val_episodes > 0) at the current step: `val/*` metrics
         (`_play_split`), `val/best_success_once` (the best so far, which marks `checkpoints/best`) and
         `eval/selected_success_once`: the eval success_once of the step the validation chose (from `run_evals`,
-        {step: eval record} of this timeline, the current step's included), the honest score of `best`. Writes
-        `<run_dir>/evals/val/step_<N>.json`."""
+        {step: eval record} of this timeline, the current step's included), the honest score of `best`."""
         st = self.state
-        v, outcomes, _ = self._play_split("val")
+        v = self._play_split("val")[0]
         if v["val/success_once"] > st.best_val_success_once:
             st.best_val_success_once, st.best_val_step = v["val/success_once"], st.step
         v["val/best_success_once"] = st.best_val_success_once
         chosen = run_evals.get(st.best_val_step, {}).get("summary", {})
         v["eval/selected_success_once"] = float(chosen.get("success_once", float("nan")))
-        evalstats.write_eval(self.run_dir, st.step, outcomes, {
-            "run_id": st.run_id, "eval_seed": self.cfg.env.eval.val_seed,
-            "eval_layout": evalstats.eval_layout(self.cfg)}, split="val")
         return v
 
     def _baseline(self, run_evals: dict[int, dict]) -> tuple[dict, int | str] | None:
