@@ -42,7 +42,8 @@ checkpoint, summed over resumes, start-up excluded; `stage_wall`). The best eval
 scored on, so its gain is optimistic; the last eval's is not; an RL run with a validation split (`--rl
 "env.eval.val_episodes=200"`: its `evals/val/` records) has its best step picked on that split's episodes instead
 (marked `val` in the table), which the eval's episodes then score without that bias. Below the table: the mean gain
-and in how many runs the lower bound is above 0. Exit: 0 done, 2 bad arguments (one line), 1 a stage failed (its log named).
+and in how many runs the lower bound is above 0. Exit: 0 done, 2 bad arguments (one line), 1 a stage failed (its
+log named).
 """
 from __future__ import annotations
 

@@ -336,8 +336,8 @@ def evaluate(cfg: Config, run_id: str, shard: int, weights: dict, keep_actions: 
 
     Eval episode i (0 <= i < eval.num_episodes) runs on eval env i % N with reset seed `eval.seed + i`, N =
     eval.num_envs; `split="val"` plays the validation split instead (`EvalConfig.split`: val_episodes episodes from
-    env.eval.val_seed, on their own resident shard `<run_id>/eval/val/<shard>`). Torch's RNG is seeded from
-    (the split's seed, shard) for the evaluation, so a policy that draws even in deterministic mode (a flow VLA's initial
+    env.eval.val_seed, on their own resident shard `<run_id>/eval/val/<shard>`). Torch's RNG is seeded from (the
+    split's seed, shard) for the evaluation, so a policy that draws even in deterministic mode (a flow VLA's initial
     noise) scores the same at every call with the same weights.
     Each round is a rollout of the eval shard (auto_reset off: DISABLED mode) run until every env finished.
     Returns the finished-episode dicts of this shard (see EnvShard.chunk_step); those with episode id <
