@@ -804,8 +804,8 @@ def check_record(cfg: Config, *, require_teacher: bool = True) -> None:
                           "applies to scripted teachers (record.teacher=scripted:NAME); a trained teacher samples "
                           "its own noise with record.deterministic=false")
     run_dir, ckpt = resolve_teacher(cfg.record.teacher, cfg.run_root)
-    from storage.checkpoints import checkpoint_damage
-    why = checkpoint_damage(ckpt, keys=("policy",))  # offline, before a cluster starts or the store is created
+    from storage.checkpoints import checkpoint_damage, played_policy_key
+    why = checkpoint_damage(ckpt, keys=(played_policy_key(ckpt),))  # offline, before a cluster starts or the store is created
     if why:
         raise ConfigError("record.teacher", cfg.record.teacher, f"{why}; move the damaged checkpoint aside (the "
                                                                 f"teacher is the run's newest complete one) or name "

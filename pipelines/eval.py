@@ -11,7 +11,8 @@ SOURCE (the weights, and where the config comes from):
   RUN                          a run directory (runs/<experiment>/<run_id>) or a run id under `run_root`: its best
                                checkpoint (`checkpoints/best`, marked by its evals, or by its validation split's
                                with env.eval.val_episodes > 0), else its newest
-  RUN/checkpoints/global_step_N   that checkpoint (also `.../best`, or either's `hf/`)
+  RUN/checkpoints/global_step_N   that checkpoint (also `.../best`, or either's `hf/`); its averaged weights
+                               (`policy_ema`) when the run kept them (algorithm.ema_decay > 0): what its evals played
       -> the config is the run's config.yaml; overrides may change only the evaluation and where it runs:
          env.eval.* (num_episodes, num_envs, seed, ...), env.task_ids / env.num_trials (a LIBERO subset: the
          prompts are the suite's whatever the subset), env.robot_visual_lod (the same episodes' dynamics, the
@@ -117,9 +118,9 @@ def _check_intact(arg: str, ckpt: Path) -> None:
 
     Raises:
         tasks.config.ConfigError (key "source"): a file is missing or damaged, named, with the fix."""
-    from storage.checkpoints import checkpoint_damage
+    from storage.checkpoints import checkpoint_damage, played_policy_key
     from tasks.config import ConfigError
-    why = checkpoint_damage(ckpt, keys=("policy",))
+    why = checkpoint_damage(ckpt, keys=(played_policy_key(ckpt),))
     if why:
         raise ConfigError("source", arg, f"{why}; evaluate another checkpoint of the run (checkpoints/global_step_N)")
 
@@ -224,7 +225,7 @@ def evaluate(cfg, src: Source, out: Path, handle, *, echo=print) -> dict:
     from pipelines import graphs
     from pipelines.cluster import plan_placement
     from pipelines.runner.recovery import Watcher
-    from storage.checkpoints import load_checkpoint
+    from storage.checkpoints import load_checkpoint, played_policy_key
     from tqdm import tqdm
 
     from tasks import evalstats
@@ -236,7 +237,8 @@ def evaluate(cfg, src: Source, out: Path, handle, *, echo=print) -> dict:
     watch = Watcher(cfg, client, placement)
     t0 = time.perf_counter()
     if src.checkpoint is not None:
-        state_dict = load_checkpoint(src.checkpoint, keys=("policy",))["policy"]
+        key = played_policy_key(src.checkpoint)  # the average when the run kept one: what its evals played
+        state_dict = load_checkpoint(src.checkpoint, keys=(key,))[key]
         version = f"eval:{src.checkpoint}"
     else:
         from tasks.policies import make_policy

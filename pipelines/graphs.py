@@ -421,15 +421,23 @@ def films_eval(cfg: Config, step: int, last: bool = False) -> bool:
 
 
 def build_eval(cfg: Config, *, run_id: str, step: int, weights, placement: Placement,
-               attempt: int = 0, video_dir: str | None = None, split: str = "eval") -> tuple[HighLevelGraph, list[str]]:
+               attempt: int = 0, video_dir: str | None = None, split: str = "eval",
+               ema: bool = False) -> tuple[HighLevelGraph, list[str]]:
     """Deterministic evaluation on every eval shard with the given weights; returns (graph, keys): the shards'
     episode-list keys, then, with `video_dir` and `eval_video_count(cfg)` > 0, the key of one `eval_videos` node
     (tasks.video.eval_videos: the first episodes' mp4s written under `video_dir`, on shard 0's env worker, after
     every shard's eval). `split="val"`: the validation split's episodes (`EvalConfig.split`; nodes `val_s<k>-...`,
-    no videos)."""
+    no videos). `ema`: play the run's resident actor's averaged weights (`algorithm.ema_decay`; an
+    `eval_weights_<split>` node on the actor's worker) instead of `weights`."""
     g = GraphBuilder()
     tag = f"{run_id}-{step}" + (f"-retry{attempt}" if attempt else "")
-    weights = _weights_handle(g, f"weights_handle_{split}", tag, weights, placement)
+    if ema:  # the actor's average (tasks.update.actor_eval_weights), read where it lives after `weights`' update;
+        # the eval nodes take it as a dependency (a handle would point at a result the graph releases at once)
+        key = weights if isinstance(weights, str) else getattr(weights, "key", None)
+        weights = g.add(f"eval_weights_{split}-{tag}", update.actor_eval_weights, run_id, weights,
+                        deps=(key,) if key else (), worker=placement.actor_worker)
+    else:
+        weights = _weights_handle(g, f"weights_handle_{split}", tag, weights, placement)
     n_video = eval_video_count(cfg) if video_dir and split == "eval" else 0
     keys = [g.add(f"{split}_s{s}-{tag}", rollout.evaluate, cfg, run_id, s, weights, n_video, split,
                   deps=(weights,) if isinstance(weights, str) else (),
@@ -516,4 +524,5 @@ def _save_checkpoint(run_dir: str, step: int, state: dict, meta: dict) -> str:
     meta = {**meta, "weight_version": state["weight_version"]}
     return str(save_checkpoint(run_dir, step, {"policy": state["policy"], "optimizer": state["optimizer"],
                                                "rng_torch": state["rng_torch"], "run": meta,
-                                               **({"rng": state["rng"]} if state.get("rng") is not None else {})}))
+                                               **{k: state[k] for k in ("rng", "policy_ema")
+                                                  if state.get(k) is not None}}))

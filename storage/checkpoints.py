@@ -257,6 +257,16 @@ def _read_index(path: Path) -> dict[str, Any]:
     return index
 
 
+def played_policy_key(path: str | os.PathLike) -> str:
+    """The key of the weights a checkpoint's evals played: ``policy_ema`` (the actor's average, written with
+    `algorithm.ema_decay` > 0) when the checkpoint has one, else ``policy``. An unreadable index gives
+    ``policy`` (loading or verifying then names the damage)."""
+    try:
+        return "policy_ema" if "policy_ema" in _read_index(Path(path))["keys"] else "policy"
+    except (ValueError, OSError, TypeError):
+        return "policy"
+
+
 def _is_complete(path: Path) -> bool:
     """Cheap check (no hashing): index readable and every listed file present with its size."""
     try:

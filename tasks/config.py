@@ -384,6 +384,11 @@ class AlgorithmConfig:
     # (the policy's sft_loss) on the rollout's own chunk steps whose advantage is > 0 (the binary filter of CRR,
     # Wang et al. 2020; with GRPO: the episodes above their group's mean score), no log-prob ratio; a critic, if the
     # estimator has one, is trained as with ppo
+    # ----- averaged weights for eval and export (tasks.update.ema_step) -----
+    ema_decay: float = 0.0  # > 0: the actor keeps an exponential moving average of its weights, updated after every
+    # update, RL or SFT (ema <- d * ema + (1 - d) * weights, from the run's initial weights; Polyak averaging, as
+    # openpi trains its VLAs). Evals, checkpoints/best, the hf/ export and pipelines.eval use the average; rollouts
+    # act with the trained weights (training itself is unchanged). 0: off
 
     @property
     def spec(self) -> Optional[EstimatorSpec]:
@@ -435,6 +440,11 @@ class AlgorithmConfig:
         if a.offload and a.num_actor_ranks > 1:
             raise ConfigError("algorithm.offload", a.offload, "offload is wired for the one-rank update: use "
                               "algorithm.num_actor_ranks=1 or algorithm.offload=false")
+        if not 0.0 <= a.ema_decay < 1.0:
+            raise ConfigError("algorithm.ema_decay", a.ema_decay, "must be in [0, 1) (0: no averaged weights)")
+        if a.ema_decay and a.num_actor_ranks > 1:
+            raise ConfigError("algorithm.ema_decay", a.ema_decay, "averaged weights are kept by the one-rank "
+                              "update: use algorithm.num_actor_ranks=1 or algorithm.ema_decay=0")
         if a.offload and a.name == "sft":
             raise ConfigError("algorithm.offload", a.offload, "the SFT update does not offload: use "
                               "algorithm.offload=false with algorithm.name=sft")

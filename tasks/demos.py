@@ -34,10 +34,11 @@ def chunk_steps_per_episode(cfg: Config) -> int:
 
 def _teacher(teacher_cfg: Config, checkpoint_path: str, obs_dim: int, action_dim: int) -> torch.nn.Module:
     def build():
-        from storage.checkpoints import load_checkpoint
+        from storage.checkpoints import load_checkpoint, played_policy_key
         pol = make_policy(teacher_cfg.policy, obs_dim=obs_dim, action_dim=action_dim,
                           num_values=num_values(teacher_cfg), load=False)
-        pol.load_state_dict(load_checkpoint(checkpoint_path, keys=("policy",))["policy"])  # weights only
+        key = played_policy_key(checkpoint_path)  # the weights its evals scored (the average, if kept)
+        pol.load_state_dict(load_checkpoint(checkpoint_path, keys=(key,))[key])  # weights only
         return pol.eval()
     pol, _ = resident.get_or_create(f"teacher/{checkpoint_path}", build)
     return pol
@@ -219,7 +220,7 @@ def sft_update(cfg: Config, run_id: str, weights: dict, *batch_lists: list[dict]
     did and the process's own streams are untouched."""
     import math
 
-    from tasks.update import Actor, _build_actor, optimizer_step, split_critic, update_rng
+    from tasks.update import Actor, _build_actor, ema_start, ema_step, optimizer_step, split_critic, update_rng
     t0 = time.perf_counter()
     batches = [b for bl in batch_lists for b in bl]
 
@@ -230,6 +231,8 @@ def sft_update(cfg: Config, run_id: str, weights: dict, *batch_lists: list[dict]
         return actor
 
     actor, created = resident.get_or_create(f"{run_id}/actor", rebuild)
+    if created:
+        ema_start(cfg, actor)  # a lost average restarts from the weights the actor is rebuilt from
     policy, opt = actor.policy, actor.optimizer
     dev = next(policy.parameters()).device
     policy.train()
@@ -271,6 +274,7 @@ def sft_update(cfg: Config, run_id: str, weights: dict, *batch_lists: list[dict]
             if terms[1] is not None:
                 vlosses.append(terms[1])
     policy.eval()
+    ema_step(actor, cfg.algorithm.ema_decay)  # once per SFT step (algorithm.ema_decay), as after an RL update
     actor.version = weights["version"] + 1
     out = actor.weights()
     mean = (lambda xs: float(np.mean(xs)) if xs else math.nan)

@@ -154,19 +154,66 @@ def _passthrough(traj: dict) -> dict:
     return {k: traj[k] for k in traj if k in tj.PASSTHROUGH or k == tj.Meta.WEIGHT_VERSION or tj.is_extra(k)}
 
 
+EMA_VERSION = "ema:{}"  # the version of the averaged weights of weight version v (a replica reloads on a change)
+
+
 @dataclass
 class Actor:
-    """The trainer's resident state: policy, optimizer, weight version."""
+    """The trainer's resident state: policy, optimizer, weight version, and with `algorithm.ema_decay` > 0 the
+    exponential moving average of the policy's state dict (`ema`: CPU float32 copies, key for key)."""
 
     policy: torch.nn.Module
     optimizer: torch.optim.Optimizer
     version: int = 0
+    ema: dict | None = None
 
     def weights(self) -> dict:
         """Versioned weights for rollout replicas: {"version": int, "state_dict": CPU tensors} (copied off the
         actor's device, so replicas and checkpoints never hold references into it)."""
         return {"version": self.version,
                 "state_dict": {k: v.detach().to("cpu", copy=True) for k, v in self.policy.state_dict().items()}}
+
+    def eval_weights(self) -> dict:
+        """The weights evals and exports use: the average {"version": "ema:<v>", "state_dict": copies} when kept
+        (its own version, so a replica that held the trained weights of v reloads, and back), else `weights()`."""
+        if self.ema is None:
+            return self.weights()
+        return {"version": EMA_VERSION.format(self.version),
+                "state_dict": {k: v.clone() for k, v in self.ema.items()}}
+
+
+def ema_start(cfg: Config, actor: Actor, saved: dict | None = None) -> None:
+    """Start the actor's average (`algorithm.ema_decay` > 0; else none): from `saved` (a checkpoint's
+    `policy_ema`), else from the policy's current weights (the run's initial weights, or those a lost actor is
+    rebuilt from)."""
+    if not cfg.algorithm.ema_decay:
+        actor.ema = None
+        return
+    src = saved if saved is not None else actor.policy.state_dict()
+    actor.ema = {k: v.detach().to("cpu", copy=True) for k, v in src.items()}
+
+
+@torch.no_grad()
+def ema_update_(ema: dict, state: dict, decay: float) -> dict:
+    """In place, key for key: ema <- decay * ema + (1 - decay) * state for floating-point entries (buffers
+    included), a copy for the others (step counters); `state` is moved to `ema`'s device and dtype. Computed as
+    a lerp, so an entry equal in both (a frozen parameter) stays bit for bit. Returns `ema`.
+    Polyak averaging as an exponential moving average (openpi's `ema_decay`)."""
+    for k, v in state.items():
+        e = ema[k]
+        v = v.detach().to(e.device)
+        if e.is_floating_point():
+            e.lerp_(v.to(e.dtype), 1.0 - decay)
+        else:
+            e.copy_(v)
+    return ema
+
+
+def ema_step(actor: Actor, decay: float) -> None:
+    """One step of the actor's average after an update (`ema_update_` with the policy's state dict; the average
+    lives on CPU in the policy's dtypes whatever the actor's device). No-op without one."""
+    if actor.ema is not None:
+        ema_update_(actor.ema, actor.policy.state_dict(), decay)
 
 
 def _build_actor(cfg: Config, obs_dim: int, action_dim: int, load: bool = True) -> Actor:
@@ -261,6 +308,9 @@ def actor_init(cfg: Config, run_id: str, dims: tuple[int, int], checkpoint: dict
         load_optimizer_state(actor.policy, actor.optimizer, checkpoint["optimizer"])  # either format (1 or R ranks)
         actor.version = int(checkpoint["run"]["weight_version"])
         _restore_rng(checkpoint)
+    # the average continues from the checkpoint's; a checkpoint without one (a run resumed with ema_decay > 0 is
+    # refused when its params differ: this is a new run starting from another run's checkpoint) starts it here
+    ema_start(cfg, actor, (checkpoint or {}).get("policy_ema"))
     resident.put(f"{run_id}/actor", actor)
     return actor.weights()
 
@@ -270,17 +320,33 @@ class ActorMissing(RuntimeError):
     actor was built or restored there: its weights and optimizer state are gone)."""
 
 
+def actor_eval_weights(run_id: str, weights: dict) -> dict:
+    """The weights an eval plays (`Actor.eval_weights`: the average with `algorithm.ema_decay` > 0), read on the
+    actor's worker; `weights` (the step's versioned weights, a graph dependency) only orders this after the
+    update that made them.
+
+    Raises ActorMissing when this worker holds no actor of the run (the average is lost with it)."""
+    actor: Actor = resident.get(f"{run_id}/actor")
+    if actor is None:
+        raise ActorMissing(f"no resident actor for run {run_id} on this worker")
+    return actor.eval_weights()
+
+
 def actor_state(run_id: str) -> dict:
     """Policy and optimizer state of the resident actor, for a checkpoint (CPU tensors; the optimizer in the
-    FQN-keyed format of `optimizer_state`, the same as the multi-rank update's).
+    FQN-keyed format of `optimizer_state`, the same as the multi-rank update's; `policy_ema`: the average, when
+    kept).
 
     Raises ActorMissing when this worker holds no actor of the run."""
     actor: Actor = resident.get(f"{run_id}/actor")
     if actor is None:
         raise ActorMissing(f"no resident actor for run {run_id} on this worker")
-    return {"policy": {k: v.detach().to("cpu", copy=True) for k, v in actor.policy.state_dict().items()},
-            "optimizer": optimizer_state(actor.policy, actor.optimizer),
-            "rng_torch": torch.get_rng_state(), "rng": _rng_state(), "weight_version": actor.version}
+    state = {"policy": {k: v.detach().to("cpu", copy=True) for k, v in actor.policy.state_dict().items()},
+             "optimizer": optimizer_state(actor.policy, actor.optimizer),
+             "rng_torch": torch.get_rng_state(), "rng": _rng_state(), "weight_version": actor.version}
+    if actor.ema is not None:
+        state["policy_ema"] = {k: v.clone() for k, v in actor.ema.items()}
+    return state
 
 
 def _rng_state() -> dict:
@@ -328,12 +394,18 @@ def write_export(policy: torch.nn.Module, final: str, env_meta: dict | None = No
 
 def actor_export(run_id: str, checkpoint_path: str, env_meta: dict | None = None) -> str | None:
     """Write the resident actor's policy to `<checkpoint_path>/hf` (:func:`write_export`; policies that have a
-    `save_pretrained`: the VLAs). Returns the directory, or None without an actor or such a policy."""
+    `save_pretrained`: the VLAs), its averaged weights when kept (`algorithm.ema_decay`). Returns the directory,
+    or None without an actor or such a policy."""
     import os
     actor: Actor = resident.get(f"{run_id}/actor")
     if actor is None or not hasattr(actor.policy, "save_pretrained"):
         return None
-    return write_export(actor.policy, os.path.join(checkpoint_path, "hf"), env_meta)
+    policy = actor.policy
+    if actor.ema is not None:  # the export is what the evals scored: the average, in a copy of the module
+        import copy
+        policy = copy.deepcopy(policy).to("cpu")
+        policy.load_state_dict(actor.ema)
+    return write_export(policy, os.path.join(checkpoint_path, "hf"), env_meta)
 
 
 def _flatten(samples: list[dict]) -> dict[str, torch.Tensor]:
@@ -716,9 +788,11 @@ def actor_update(cfg: Config, run_id: str, weights: dict, *samples: dict) -> dic
     actor, created = resident.get_or_create(f"{run_id}/actor", rebuild)
     if created:
         rebuilt = 1.0
+        ema_start(cfg, actor)  # the lost average restarts from the weights the actor is rebuilt from
     data = to_actor_device(data, actor.policy)
     metrics = run_update(cfg, actor.policy, actor.optimizer, data, version=int(weights["version"]),
                          behaviour=behaviour_version(weights, samples), plan=one_rank_plan(cfg, N))
+    ema_step(actor, cfg.algorithm.ema_decay)
     actor.version = weights["version"] + 1
     metrics.update({"train/actor_rebuilt": rebuilt, "train/weight_version": float(actor.version),
                     "time/update": time.perf_counter() - t0, **nonfinite_metrics(samples)})

@@ -347,7 +347,8 @@ class Runner(Scheduler, Setup, Recovery):
         t0 = time.perf_counter()
         _, parts = self._compute(lambda attempt: graphs.build_eval(
             self.cfg, run_id=st.run_id, step=st.step, weights=self.weights, placement=self.placement,
-            attempt=attempt, video_dir=video_dir, split=split), "evaluation" if split == "eval" else "validation")
+            attempt=attempt, video_dir=video_dir, split=split, ema=self.cfg.algorithm.ema_decay > 0),
+            "evaluation" if split == "eval" else "validation")
         videos = parts.pop() if video_dir is not None else None
         episodes = [e for part in parts for e in part]
         outcomes = evalstats.episode_outcomes(episodes)

@@ -146,12 +146,13 @@ class Scheduler:
             try:
                 got = self._await(futs, keep)
             except (Exception, CancelledError) as exc:
-                if what != "checkpoint" or self._cluster_gone() is not None:
-                    raise
-                self._drop(futs)  # a task of the checkpoint graph failed (disk full, permissions): no retry fixes it
                 from tasks.update import ActorMissing
-                if isinstance(exc, ActorMissing):  # the actor's worker was restarted: not a disk problem
-                    self._give_up(f"checkpoint: the actor of step {self.state.step} is gone from its worker (the "
+                if self._cluster_gone() is not None or not (what == "checkpoint" or isinstance(exc, ActorMissing)):
+                    raise
+                self._drop(futs)  # a checkpoint task failed (disk full, permissions), or the actor is gone: no retry
+                if isinstance(exc, ActorMissing):  # the actor's worker was restarted (a checkpoint, or an eval of
+                    # its averaged weights, reads the resident actor): not a disk problem
+                    self._give_up(f"{what}: the actor of step {self.state.step} is gone from its worker (the "
                                   f"worker process was restarted: {one_line(exc)})",
                                   "resume from the last checkpoint; if workers were killed from outside (a signal "
                                   "to the driver alone stops the run gracefully), find what killed them",

@@ -686,7 +686,8 @@ def test_experiments_resolve_as_before_the_groups(name):
     12; 2026-12-05 the new key runner.exact_resume at its default false, issue 13's resume finding, and the new key
     env.fast_step at its default true (the same values, faster; issue 13), the new key runner.eval_video_interval
     at its default 1 and the default job's 50 (issue 13); 2026-12-06 the new keys env.eval.val_episodes at its
-    default 0 (no validation split: the behaviour before) and env.eval.val_seed at 2000000, issue 11)."""
+    default 0 (no validation split: the behaviour before) and env.eval.val_seed at 2000000, and algorithm.ema_decay at
+    its default 0.0 (no averaged weights), issue 11)."""
     import json
     import tasks.config
     from omegaconf import OmegaConf

@@ -376,18 +376,20 @@ def test_checkpoint_graph_failing_is_one_line(tmp_path):
         + RESUME.format(rid="run-x"))
 
 
-def test_checkpoint_of_an_actor_gone_from_its_worker_is_not_called_a_disk_problem(tmp_path):
-    """The checkpoint graph's actor_state raising tasks.update.ActorMissing (the actor's worker process was
-    restarted, e.g. killed by a signal from outside): the line says the actor is gone, not 'check that run_root is
-    writable' (what it said before)."""
+@pytest.mark.parametrize("what", ["checkpoint", "evaluation", "validation"])
+def test_checkpoint_of_an_actor_gone_from_its_worker_is_not_called_a_disk_problem(tmp_path, what):
+    """The checkpoint graph's actor_state, or an eval's eval_weights (algorithm.ema_decay: the average lives in the
+    actor), raising tasks.update.ActorMissing (the actor's worker process was restarted, e.g. killed by a signal
+    from outside): one line saying the actor is gone, not 'check that run_root is writable' (what the checkpoint's
+    said before) nor a traceback (the eval's)."""
     from tasks.update import ActorMissing
     fake = _Fake(tmp_path, 3)
     fake._await = lambda futs, keep: (_ for _ in ()).throw(ActorMissing("no resident actor for run run-x on this "
                                                                         "worker"))
     with pytest.raises(RunStalled) as exc:
-        fake._compute(lambda attempt: ({}, ["checkpoint-run-x-2"]), "checkpoint")
+        fake._compute(lambda attempt: ({}, [f"{what}-run-x-2"]), what)
     msg = str(exc.value)
-    assert msg.startswith("training step 2: checkpoint: the actor of step 2 is gone from its worker (the worker "
+    assert msg.startswith(f"training step 2: {what}: the actor of step 2 is gone from its worker (the worker "
                           "process was restarted: no resident actor for run run-x on this worker); no checkpoint "
                           f"written (the actor's state was lost); the latest is {fake.old}; resume from the last "
                           "checkpoint"), msg
