@@ -172,3 +172,39 @@ def test_smoke_runs_with_and_without_an_average(tmp_path, capsys):
     for seed, o in own.items():
         assert (rec[seed]["success_once"], rec[seed]["episode_len"]) == (o["success_once"], o["episode_len"])
         assert rec[seed]["return"] == pytest.approx(o["return"], abs=1e-6)
+
+
+def test_a_checkpoint_restores_the_average_and_an_old_one_starts_it():
+    """actor_state carries `policy_ema`; actor_init from that state continues the very average (a resume); from a
+    checkpoint without one (written with ema_decay 0) the average starts at the checkpoint's weights."""
+    from pipelines.config import load_config
+    from tasks import resident
+    from tasks.update import actor_init, actor_state
+    cfg = load_config(["conf=smoke", "algorithm.ema_decay=0.5"], components=False)[0]
+    dims = (7, 3)
+    try:
+        actor_init(cfg, "ema-a", dims)
+        a = resident.get("ema-a/actor")
+        _fake_update_params(a)
+        ema_step(a, 0.5)
+        state = actor_state("ema-a")
+        assert set(state["policy_ema"]) == set(state["policy"])
+        ckpt = {**state, "run": {"weight_version": state["weight_version"]}}
+        actor_init(cfg, "ema-b", dims, ckpt)
+        b = resident.get("ema-b/actor")
+        assert all(torch.equal(b.ema[k], a.ema[k]) for k in a.ema)
+        assert any(not torch.equal(b.ema[k], state["policy"][k]) for k in a.ema)
+        old = {k: v for k, v in ckpt.items() if k != "policy_ema"}
+        actor_init(cfg, "ema-c", dims, old)
+        c = resident.get("ema-c/actor")
+        assert all(torch.equal(c.ema[k], state["policy"][k]) for k in state["policy"])
+    finally:
+        for r in ("ema-a", "ema-b", "ema-c"):
+            resident.release(f"{r}/")
+
+
+def _fake_update_params(actor: Actor) -> None:
+    with torch.no_grad():
+        for p in actor.policy.parameters():
+            p.add_(0.5)
+    actor.version += 1
