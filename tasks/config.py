@@ -889,6 +889,10 @@ class Config:
                               "use algorithm.num_actor_ranks=1 or runner.max_staleness=0")
         if k > 0 and a.name == "sft":
             raise ConfigError("runner.max_staleness", k, "SFT steps roll nothing out: use 0 with algorithm.name=sft")
+        if k > 0 and a.ema_decay:
+            raise ConfigError("algorithm.ema_decay", a.ema_decay, "an eval reads the average after its step's update; "
+                              "with runner.max_staleness > 0 a later update may have moved it already: use "
+                              "runner.max_staleness=0 or algorithm.ema_decay=0")
         p = r.pipeline_stage_num
         if e.shard_size % p:
             raise ConfigError("rollout.pipeline_stage_num", p,

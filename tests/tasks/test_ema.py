@@ -126,6 +126,14 @@ def test_bad_decay_names_the_key(decay, key, words):
     assert str(err.value).startswith(key + "=") and words in str(err.value)
 
 
+def test_asynchronous_steps_refuse_an_average():
+    from pipelines.config import load_config
+    from tasks.config import ConfigError
+    with pytest.raises(ConfigError) as err:
+        load_config(["algorithm.ema_decay=0.9", "runner.max_staleness=1"], components=False)
+    assert str(err.value).startswith("algorithm.ema_decay=") and "runner.max_staleness=0" in str(err.value)
+
+
 def test_many_ranks_refuse_an_average():
     from tasks.config import AlgorithmConfig, ConfigError
     with pytest.raises(ConfigError) as err:
