@@ -61,12 +61,22 @@ def main(argv: list[str] | None = None) -> int:
     run, out = args.run_dir.resolve(), (args.out or args.run_dir / "weight_average").resolve()
     cfg = OmegaConf.load(run / "config.yaml")
     model_path = Path(cfg.policy.model_path)
-    start = load_file(str(model_path / "model.safetensors"))
+    sft = load_file(str(model_path / "model.safetensors"))
     states = {}
     for s in range(1, max(args.steps) + 1):
         ck = run / "checkpoints" / f"global_step_{s}"
         if ck.is_dir():
             states[s] = load_checkpoint(ck, keys=("policy",))["policy"]
+    if 1 not in states:
+        raise SystemExit(f"error: {run} has no checkpoint of step 1 (runner.save_interval=1)")
+    # the run's step-0 weights: what tasks.policies.load_pretrained made of model_path; a head it kept fresh (a
+    # value head of another shape, a Flow-Noise std head the run does not have) is taken from step 1, exact when
+    # the update never trains it (GRPO's value head)
+    fresh = sorted(k for k, v in states[1].items() if k not in sft or sft[k].shape != v.shape)
+    start = {k: (states[1][k] if k in fresh else sft[k]) for k in states[1]}
+    if fresh:
+        print(f"start weights: {len(fresh)} tensors not in {model_path} with the run's shapes, taken from step 1: "
+              f"{sorted({k.split('.')[0] for k in fresh})}")
     own = read_evals(run)
     base = start_checkpoint_eval(str(model_path))
     base_eps = base[1]["episodes"] if base else None
