@@ -11,8 +11,9 @@ RL run from an SFT checkpoint). For each decay d, the exponential moving average
 `algorithm.ema_decay=d` keeps) is written at each of --steps as an hf dir (the checkpoint's export with the average
 as model.safetensors) and evaluated with `python -m pipelines.eval HF_DIR conf=<the run's experiment> <--eval>`
 (pass the run's env overrides the eval depends on, e.g. env.robot_visual_lod). Printed per step: the run's own eval
-of the trained weights and each average's, with the paired difference (Newcombe 95 %) and each one's gain over the
-start checkpoint's eval (its SFT run's record, when it has one on the same episodes).
+(of the trained weights; of its own average when it ran with algorithm.ema_decay > 0) and each average's, with the
+paired difference (Newcombe 95 %) and each one's gain over the start checkpoint's eval (its SFT run's record, when
+it has one on the same episodes). `--decays 0` evaluates the trained weights themselves.
 """
 from __future__ import annotations
 
@@ -97,18 +98,20 @@ def main(argv: list[str] | None = None) -> int:
                        "runner.progress=false", "runner.eval_videos=0", *args.eval.split(), "--out", str(eval_out)]
                 subprocess.run(cmd, cwd=ROOT, check=True)
             rows.append((d, s, json.loads((eval_out / "eval.json").read_text())["episodes"]))
-    print(f"run {run.name}: trained weights vs averaged (ema decay d), success_once on the run's fixed episodes")
+    own_ema = OmegaConf.select(cfg, "algorithm.ema_decay", default=0.0) or 0.0
+    label = f"run's eval (its average, decay {own_ema})" if own_ema else "run's eval (trained weights)"
+    print(f"run {run.name}: averaged weights (ema decay d) against the {label}, success_once on its fixed episodes")
     for d, s, eps in rows:
         line = f"step {s:3d} d={d}: average {sum(e['success_once'] for e in eps.values()) / len(eps):.3f}"
         if s in own:
             c = compare_evals(eps, own[s]["episodes"])
-            line += f" | trained {c.before:.3f} | average - trained {c.diff:+.3f} [{c.low:+.2f}, {c.high:+.2f}]"
+            line += f" | run's eval {c.before:.3f} | difference {c.diff:+.3f} [{c.low:+.2f}, {c.high:+.2f}]"
         if base_eps is not None:
             g = compare_evals(eps, base_eps)
             line += f" | gain over start {g.diff:+.3f} [{g.low:+.2f}, {g.high:+.2f}]"
             if s in own:
                 t = compare_evals(own[s]["episodes"], base_eps)
-                line += f" (trained: {t.diff:+.3f} [{t.low:+.2f}, {t.high:+.2f}])"
+                line += f" (run's eval: {t.diff:+.3f} [{t.low:+.2f}, {t.high:+.2f}])"
         print(line)
     return 0
 
