@@ -7,13 +7,14 @@ took as `policy.model_path`) or a checkpoint dir (its trained weights, `policy`)
 `checkpoints/global_step_N` dir of the run; for it the script prints one line for its trained weights (`policy`)
 and one for the moving average (`policy_ema`, when the run kept one: `algorithm.ema_decay` > 0):
 
-    global_step_24 policy: 83464 of 83464 compared elements changed, mean |dtheta| 1.39e-03, median 1.11e-03 (...)
+    global_step_24 policy: 83399 of 183283 compared elements changed, mean |dtheta| 1.39e-03, median 1.11e-03 (0 ...)
 
 Only floating-point tensors present in both, with equal shapes, are compared (a frozen prefix counts as compared
 and unchanged; tensors named or shaped differently are counted as skipped). Used for LIBERO's GRPO (README
 "LIBERO"): the same per-element movement as a PushCube run that gained, with opposite outcomes.
 
-Raises FileNotFoundError (exit 2 with the path) for a START or CHECKPOINT that is neither kind of directory.
+A START or CHECKPOINT that is not a directory ends with one line naming it (exit 2); a damaged checkpoint raises
+`storage.checkpoints.load_checkpoint`'s error.
 """
 from __future__ import annotations
 
@@ -62,18 +63,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("start", type=Path, help="the run's start weights: an hf dir or a checkpoint dir")
     ap.add_argument("checkpoints", type=Path, nargs="+", help="checkpoints/global_step_N dirs of the run")
     args = ap.parse_args(argv)
-    from storage.checkpoints import load_checkpoint
+    from storage.checkpoints import load_checkpoint, played_policy_key
     for p in [args.start, *args.checkpoints]:
         if not p.is_dir():
             print(f"error: {p}: no such directory (an hf dir or a checkpoints/global_step_N dir)", file=sys.stderr)
             return 2
     start = load_start(args.start)
     for ck in args.checkpoints:
-        meta = load_checkpoint(ck, keys=None)
-        for key in ("policy", "policy_ema"):
-            if key not in meta:
-                continue
-            d = drift(start, meta[key])
+        keys = ("policy", "policy_ema") if played_policy_key(ck) == "policy_ema" else ("policy",)
+        weights = load_checkpoint(ck, keys=keys)  # the weights only, not the optimizer state
+        for key in keys:
+            d = drift(start, weights[key])
             print(f"{ck.name} {key}: {d['changed']} of {d['compared']} compared elements changed, mean |dtheta| "
                   f"{d['mean']:.2e}, median {d['median']:.2e} ({d['skipped']} tensors skipped)")
     return 0
