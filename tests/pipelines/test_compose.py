@@ -274,6 +274,13 @@ def test_compose_file_is_consistent():
         for p in s.get("ports", []):
             container = int(str(p).rsplit(":", 1)[1])
             assert container in _listen_ports(s), f"{n} publishes {p}, its command does not listen on {container}"
+            # HOST_IP:HOST_PORT:CONTAINER_PORT with the loopback address: a bare "PORT:PORT" publishes on every
+            # interface (the scheduler runs what any client sends; the MLflow server has no authentication)
+            assert str(p).count(":") == 2 and str(p).startswith("127.0.0.1:"), f"{n} publishes {p} beyond loopback"
+        if roles[n] == "worker":
+            argv = _argv(s["command"])
+            assert "--dashboard-address" in argv, f"worker {n}: its dashboard would listen on every interface"
+            assert argv[argv.index("--dashboard-address") + 1].startswith("127.0.0.1:"), n
     (driver,) = [n for n, r in roles.items() if r == "driver"]
     runs = set(c.mounts(driver))
     assert runs, "the driver mounts no run directory"
