@@ -54,25 +54,37 @@ def main() -> None:
     ap.add_argument("--envs", type=int, default=None, help="envs to test (default: all)")
     args = ap.parse_args()
     import numpy as np
-    import zarr
 
     from pipelines.config import load_saved_config
+    from storage.trajectories import DamagedStore, TrajectoryStore
     from tasks.envs.maniskill import ManiSkillEnv
     store = Path(args.store)
     cfg = load_saved_config(store.parent / "config.yaml")
     if cfg.env.simulator != "maniskill":
         sys.exit(f"error: {store}: env.simulator={cfg.env.simulator}; this check replays ManiSkill episodes")
-    f = zarr.open(str(store), mode="r")["fields"]
-    n_steps, T, B = f["episode_id"].shape
-    ep = f["episode_id"][:]
+    try:  # the store's verified read: a missing chunk file is one line (exit 2), not zeros replayed
+        st = TrajectoryStore.open(store)
+        n_steps, T, B = st.num_steps, st.T, st.num_envs
+        done = set(st.complete_steps().tolist())
+        ep = st.read("episode_id")  # [n_steps, T, B]; the complete steps' chunk files checked
+    except DamagedStore as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     if not (ep == ep[:, :1, :]).all():
         sys.exit(f"error: {store}: an episode spans training steps; this check needs one whole episode per env per "
                  f"step (auto_reset with rollout.chunk_steps = the episode length)")
     k = (n_steps if args.step is None else args.step) - 1  # store row of training step k + 1
     if not args.history <= k < n_steps:
         sys.exit(f"error: --step must be in {args.history + 1}..{n_steps} with --history {args.history}")
-    rows = slice(k - args.history, k + 1)
-    seeds, actions = f["episode_seed"][rows, 0, :], f["actions"][rows]  # [H+1, B], [H+1, T, B, C, D]
+    rows = list(range(k - args.history, k + 1))
+    if not done.issuperset(rows):
+        sys.exit(f"error: {store}: training steps {[r + 1 for r in rows if r not in done]} are not complete in the "
+                 f"store; pick another --step")
+    try:
+        seeds, actions = st.read("episode_seed", rows)[:, 0, :], st.read("actions", rows)  # [H+1, B], [H+1, T, B, C, D]
+    except DamagedStore as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     envs = range(min(B, args.envs or B))
     t0, diffs = time.perf_counter(), []
     for e in envs:

@@ -97,9 +97,10 @@ def curve(client, run) -> dict:
     """One run's curve: {"evals": {metric: {step: value}}, "wall": {step: s}, "env_steps": {step: n}, "train": ...}."""
     def hist(key):
         """{step: value}, one value per step: the newest point where a run logged a step twice."""
+        from storage.tracking import metric_value  # +-inf as logged (MLflow stores +-float max)
         out = {}
         for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.timestamp):
-            out[m.step] = m.value
+            out[m.step] = metric_value(m.value)
         return out
 
     step_time, train_eval = hist("time/step"), hist("time/eval")

@@ -190,8 +190,10 @@ class held_signals(signal_handlers):
 
 def with_cluster(cfg, body) -> int:
     """Start the cluster of `cfg`, run `body(handle) -> exit code`, close the cluster. Exit 2 for a cluster that
-    cannot start or a ConfigError raised by `body` (one line on stderr), 1 for a run with no healthy placement
-    left (`RunStalled`) or a step stopped by a non-finite value (`StepFailed`), 130 when interrupted (SIGTERM too).
+    cannot start or a ConfigError, DamagedStore or DamagedEvalRecord raised by `body` (one line on stderr), 1 for
+    a run with no healthy placement left (`RunStalled`), a step stopped by a non-finite value (`StepFailed`) or a
+    run whose run directory or stores were removed under it (`storage.rundir.RunDirGone`), 130 when interrupted
+    (SIGTERM too).
 
     Interrupted (Ctrl-C, SIGTERM) while the cluster starts, while `body` runs (outside the body's own handling:
     pipelines.run's graceful stop) or while the cluster closes: one line on stderr, exit 130. The embedded
@@ -201,8 +203,11 @@ def with_cluster(cfg, body) -> int:
     from pipelines.cluster import start_cluster
     from pipelines.runner.recovery import RunStalled
     from pipelines.runner.scheduler import StepFailed
+    from storage.rundir import RunDirGone
+    from storage.trajectories import DamagedStore
     from tasks.config import ConfigError
     from tasks.envs.vulkan import VulkanMissingError
+    from tasks.evalstats import DamagedEvalRecord
 
     def _term(signum, frame):  # SIGTERM (timeout, kill, schedulers) ends the run like Ctrl-C: MLflow run KILLED
         _interrupted.append("SIGTERM")  # recorded like a Ctrl-C (check_interrupted)
@@ -227,12 +232,12 @@ def with_cluster(cfg, body) -> int:
             return 130
         try:
             rc = body(handle)
-        except ConfigError as exc:
+        except (ConfigError, DamagedStore, DamagedEvalRecord) as exc:  # damaged data read mid-run: one line
             print(f"error: {exc}", file=sys.stderr)
             rc = 2
-        except (RunStalled, StepFailed) as exc:  # no healthy placement left (recovery) or a non-finite value
-            print(f"error: {exc}", file=sys.stderr)  # stopped a step (scheduler): one line, exit 1
-            rc = 1
+        except (RunStalled, StepFailed, RunDirGone) as exc:  # no healthy placement left (recovery), a non-finite
+            print(f"error: {exc}", file=sys.stderr)  # value stopped a step (scheduler), the run dir was removed
+            rc = 1  # under the run (Runner.run): one line, exit 1
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             rc = 130

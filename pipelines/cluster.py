@@ -488,6 +488,8 @@ def start_cluster(cfg: Config) -> ClusterHandle:
     for name in ("distributed", "distributed.nanny", "distributed.scheduler", "distributed.worker",
                  "distributed.core", "distributed.http.proxy"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    from pipelines.worker_preload import route_reported_failures
+    route_reported_failures()  # the embedded scheduler (and an in-process worker) log into this console
     sec = security(cfg)
     if c.address:
         client = connect(c.address, c.connect_timeout_s, sec)
@@ -499,8 +501,10 @@ def start_cluster(cfg: Config) -> ClusterHandle:
     scheduler, workers = cluster_specs(cfg, gpus, sec)
     fix = (f"raise cluster.start_timeout_s (now {c.start_timeout_s:g}) on a loaded machine, or start fewer workers "
            f"(cluster.num_env_workers)")
+    import dask
     try:
-        cluster = SpecCluster(scheduler=scheduler, workers=workers, silence_logs=logging.ERROR, security=sec)
+        with dask.config.set(scheduler_config(cfg)):
+            cluster = SpecCluster(scheduler=scheduler, workers=workers, silence_logs=logging.ERROR, security=sec)
     except (TimeoutError, OSError) as exc:
         raise ConnectionError(f"cluster.start_timeout_s={c.start_timeout_s:g}: a worker of the embedded cluster did "
                               f"not start ({type(exc).__name__}: {exc}); {fix}") from None
@@ -514,6 +518,53 @@ def start_cluster(cfg: Config) -> ClusterHandle:
     return ClusterHandle(client, cluster, client.dashboard_link)
 
 
+DASK_WORKER_TTL_S = 300.0  # distributed's default `distributed.scheduler.worker-ttl` (5 minutes)
+TTL_MARGIN_S = 60.0  # the watch's own report comes this long before the scheduler would drop a silent worker
+
+
+def scheduler_config(cfg: Config) -> dict:
+    """The dask config the embedded scheduler is created under (`start_cluster`):
+
+    * `distributed.scheduler.http.routes`: `scheduler_http_routes()` (a serialisable `/json/identity.json`);
+    * `distributed.scheduler.worker-ttl`: max(distributed's 300 s, `runner.stall_timeout_s` + 60 s). The scheduler
+      removes a worker it has not heard from for worker-ttl, and the run then counts it "lost (left the cluster or
+      restarted)"; a worker that is only slow (a starved event loop on an oversubscribed machine) must not be
+      dropped before the watch (pipelines.runner.recovery) says it was "not heard from" in its own line naming
+      runner.stall_timeout_s, so the scheduler's bound follows the watch's.
+    """
+    ttl = max(DASK_WORKER_TTL_S, float(cfg.runner.stall_timeout_s) + TTL_MARGIN_S)
+    return {"distributed.scheduler.http.routes": scheduler_http_routes(),
+            "distributed.scheduler.worker-ttl": f"{ttl:g}s"}
+
+
+def scheduler_http_routes() -> list[str]:
+    """distributed's `distributed.scheduler.http.routes` with its JSON routes replaced by `pipelines.dashboard_json`
+    (the embedded scheduler's `/json/identity.json` answered 500 with a traceback in the driver's console)."""
+    import dask
+
+    from pipelines import dashboard_json
+    return [dashboard_json.__name__ if m == dashboard_json.REPLACES else m
+            for m in dask.config.get("distributed.scheduler.http.routes")]
+
+
+def cluster_info(client) -> dict:
+    """The scheduler's identity with EVERY worker (`{"address", "workers": {address: info}, ...}`, as
+    `Client.scheduler_info(n_workers=-1)` documents it), asked of the scheduler now; a dict is returned as it is
+    (tests and the placement checks take one).
+
+    Not `Client.scheduler_info()`: it refreshes a cache that the client's own periodic update (every
+    `distributed.client.scheduler-info-interval`, 2 s) overwrites with an answer listing NO worker, and returns the
+    cache after the refresh; on a loaded machine the update often lands in between (measured at load 15: 2 of 460
+    answers missed live workers, the direct query 0 of 415), so the watch saw every placed worker "lost (left the
+    cluster or restarted)" at once, and its second look 2 s later, in step with that period, agreed."""
+    if isinstance(client, dict):
+        return client
+    from distributed import Client
+    if not isinstance(client, Client):  # a stand-in (tests) answers scheduler_info itself
+        return client.scheduler_info(n_workers=-1)
+    return dict(client.sync(client.scheduler.identity, n_workers=-1))
+
+
 def wait_for_workers(client, n: int, timeout: float) -> int:
     """Wait up to `timeout` s for `n` workers registered with the scheduler, in any state; returns how many there
     are. (Not `Client.wait_for_workers`: it counts running workers only, so a worker paused for memory makes it wait
@@ -521,7 +572,7 @@ def wait_for_workers(client, n: int, timeout: float) -> int:
     import time
     deadline = time.monotonic() + timeout
     while True:
-        have = len(client.scheduler_info(n_workers=-1)["workers"])
+        have = len(cluster_info(client)["workers"])
         if have >= n or time.monotonic() > deadline:
             return have
         time.sleep(0.5)
@@ -629,7 +680,7 @@ def check_graph(graph, client) -> None:
     Args:
         client: a distributed Client, or its `scheduler_info()` dict.
     """
-    workers = (client if isinstance(client, dict) else client.scheduler_info(n_workers=-1))["workers"]
+    workers = cluster_info(client)["workers"]
     check_resources([(name, layer.annotations) for name, layer in graph.layers.items()], workers)
 
 
@@ -644,7 +695,7 @@ def plan_placement(cfg: Config, client) -> Placement:
         a component needs, `cluster.num_gpus` or a placement's device index above the GPU workers, env devices
         that no env worker serves (any of which would leave a task waiting forever in `no-worker`).
     """
-    info = client if isinstance(client, dict) else client.scheduler_info(n_workers=-1)
+    info = cluster_info(client)
     workers = info["workers"]
     by_name = sorted(workers.items(), key=lambda kv: (_natural(kv[1].get("name", kv[0])), kv[0]))
     env_w = [a for a, w in by_name if w.get("resources", {}).get("CPU", 0) >= 1]

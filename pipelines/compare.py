@@ -14,7 +14,9 @@ Printed:
   metrics     for each metric, two rows: `final` (the value at the run's last logged step) and `best` (the
               maximum; the minimum for keys ending in `loss` or `kl` and for `time/` and `system/` keys), each as
               `value @step` (the earliest step of the best value); one value per step (the newest point, as MLflow
-              charts show a step logged twice)
+              charts show a step logged twice). A value logged as +-inf reads as inf/-inf (MLflow stores +-float
+              max: `storage.tracking.metric_value`), NaN as nan; a non-finite value (diverged) is never the best:
+              best is taken over the finite values (nan when there is none)
 With --png: one figure, a row per metric, against step (left) and against wall time (right: seconds since the
 run's first point or its MLflow start, whichever is earlier; a resumed run's pause shows as a gap), Agg backend.
 
@@ -54,8 +56,8 @@ class CompareError(ValueError):
 @dataclass
 class Summary:
     """One metric of one run: `final` at `final_step` (the last step logged), `best` at `best_step` (the earliest
-    step holding it; `best` is NaN when every value is), `lower_is_better` says which way best is taken, and the
-    points (step, value, timestamp in ms), one per step."""
+    step holding it, over the finite values only; NaN when no value is finite), `lower_is_better` says which way best
+    is taken, and the points (step, value, timestamp in ms), one per step."""
 
     final: float
     final_step: int
@@ -72,17 +74,16 @@ def lower_is_better(key: str) -> bool:
 
 def history(client, run_id: str, key: str) -> list[tuple[int, float, int]]:
     """(step, value, timestamp ms) of `key`, sorted by step, one point per step (the newest where a step was logged
-    twice)."""
-    by_step: dict[int, tuple[int, float, int]] = {}
-    for m in sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp)):
-        by_step[m.step] = (m.step, m.value, m.timestamp)
-    return [by_step[s] for s in sorted(by_step)]
+    twice); +-inf as logged (`storage.tracking.metric_history`, the one reading place)."""
+    from storage.tracking import metric_history
+    return metric_history(client, run_id, key)
 
 
 def summarize(points: list[tuple[int, float, int]], key: str) -> Summary:
-    """Final and best of one metric's points (`history`); NaN values never are the best."""
+    """Final and best of one metric's points (`history`); a non-finite value (NaN, +-inf: diverged) never is the
+    best, whichever way best is taken."""
     low = lower_is_better(key)
-    finite = [p for p in points if not math.isnan(p[1])]
+    finite = [p for p in points if math.isfinite(p[1])]
     if finite:
         best = min(finite, key=lambda p: (p[1] if low else -p[1], p[0]))
     else:
@@ -206,9 +207,11 @@ def _table(rows: list[list[str]]) -> str:
 
 def report(runs, run_labels, metrics, summaries: dict[str, list[Summary]], experiments: dict[str, str]) -> str:
     """The printed text (module docstring: runs, config, metrics); `experiments`: experiment id -> name."""
+    from storage.tracking import metric_value
     lines = ["runs:"]
     for r, lab in zip(runs, run_labels):
         env_steps = r.data.metrics.get("rollout/env_steps_total")
+        env_steps = None if env_steps is None else metric_value(env_steps)
         lines.append(f"  {lab}: experiment {experiments.get(r.info.experiment_id, r.info.experiment_id)}, MLflow "
                      f"run {r.info.run_id}, {r.info.status}"
                      + (f", {env_steps:.0f} env steps" if env_steps is not None else ""))

@@ -53,12 +53,12 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    parse_overrides(overrides)
+    typed = as_typed(overrides)  # Hydra's grammar; strings kept as typed (`as_typed`)
     register_schema()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return hydra_compose(config_name="config", overrides=list(overrides))
+            return hydra_compose(config_name="config", overrides=typed)
     except (HydraException, OmegaConfBaseException) as exc:
         raise _config_error(exc, overrides) from None
 
@@ -71,11 +71,13 @@ QUOTING = ("a value with commas is a quoted string: key='\"0,1\"' (the shell pas
 
 
 def parse_overrides(overrides: Sequence[str]) -> list:
-    """Parse each override with Hydra's grammar. Returns Hydra `Override` objects.
+    """Parse each override with Hydra's grammar. Returns Hydra `Override` objects, the value of a string key as
+    typed (`as_typed`: `experiment=2026_12` is the string "2026_12"; `input_line` holds the override Hydra is given).
 
     Raises:
         ConfigError: naming the override's key: a value with an unquoted comma (a Hydra sweep; the fix quotes it as
-            the key's type needs), or an override the grammar cannot read (with the forms that work).
+            the key's type needs), an override the grammar cannot read (with the forms that work), or a value of a
+            string key that cannot be kept as typed (`as_typed`).
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -89,8 +91,92 @@ def parse_overrides(overrides: Sequence[str]) -> list:
             raise _grammar_error(key, value) from None
         if ov.is_sweep_override():
             raise ConfigError(key, value, _comma_fix(key, value))
-        out.append(ov)
+        typed = _as_typed(o, ov)
+        out.append(ov if typed == o else parser.parse_override(typed))
     return out
+
+
+def as_typed(overrides: Sequence[str]) -> list[str]:
+    """The overrides as Hydra must be given them so that every string key keeps the text the user typed.
+
+    Hydra's grammar reads an unquoted value by its look: `2026_12` is the integer 202612 (underscores in numbers),
+    `1e3` the float 1000.0, `true` the bool True, `inf`/`nan` floats, `+5` the integer 5. For a key the schema types
+    as a string (`experiment`, `run_root`, `runner.resume`, `tracking.experiment`, `sft.store`, any `str` field, an
+    entry of a `dict[str, str]` such as `cluster.component_placement`) and for a config group choice (`conf=`,
+    `env=`, ...), the structured config would then hold `str(value)`: "202612", "1000.0", "True" - a run directory
+    and an MLflow experiment the user did not name, silently. Such a value is given to Hydra quoted (`key='2026_12'`),
+    so the key holds exactly what was typed. Number and bool keys are left as Hydra reads them (`runner.max_steps=
+    1_000` is 1000: what was meant); `null` stays None for an Optional string key (`policy.model_path=null`).
+
+    Raises:
+        ConfigError: as `parse_overrides`; `null` for a string key that cannot be None (the fix: give a value, or
+            quote the text null); inside a dict value, an entry of a string key that Hydra reads as a bool or a
+            number written otherwise than Python prints it (the fix: quote that entry).
+    """
+    return [ov.input_line for ov in parse_overrides(overrides)]
+
+
+_SCHEMA_NODE = []  # OmegaConf.structured(Config), built once (the schema is fixed)
+
+
+def _str_slot(key: str) -> bool | None:
+    """Whether the schema holds a string at dotted `key`: None when it does not (another type, a section, an unknown
+    key), else whether None is allowed there (Optional[str]). An entry of a dict section (a new one included) is a
+    string when the dict's values are (`dict[str, str]`)."""
+    from omegaconf.nodes import StringNode
+    if not _SCHEMA_NODE:
+        _SCHEMA_NODE.append(OmegaConf.structured(Config))
+    node = _SCHEMA_NODE[0]
+    for part in key.split("."):
+        if not isinstance(node, DictConfig) or node._is_none() or node._is_missing():
+            return None
+        if part in node:
+            node = node._get_node(part)
+        elif node._metadata.element_type is str and part == key.rsplit(".", 1)[-1]:
+            return False  # a new entry of a dict[str, str]
+        else:
+            return None
+    return node._is_optional() if isinstance(node, StringNode) else None
+
+
+def _as_typed(text: str, ov) -> str:
+    """One override `text` (parsed: `ov`) as Hydra must be given it (`as_typed`). Raises ConfigError."""
+    if ov.is_delete():
+        return text
+    key, value = ov.key_or_group, ov.value()
+    head, _, raw = text.partition("=")
+    raw = raw.strip()
+    if isinstance(value, dict):
+        _check_typed_entries(key, value, raw, head)
+        return text
+    optional = True if key in ("conf", *GROUPS) else _str_slot(key)  # a group choice is a name (null: none)
+    if optional is None or isinstance(value, (str, list)):
+        return text
+    if value is None:
+        if optional:
+            return text
+        raise ConfigError(key, raw, f"is a string and cannot be null; give a value (for the text {raw} itself, quote "
+                                    f"it: {key}=\"'{raw}'\" in the shell)")
+    return f"{head}='{raw}'"  # a bool/int/float token: plain characters, safe inside Hydra's single quotes
+
+
+def _check_typed_entries(key: str, value: dict, raw: str, head: str) -> None:
+    """A dict value's entries of string keys must read as typed: refuse a bool, a float, or an integer Hydra
+    wrote otherwise than it was typed (`1_0`, `+1`; the raw text of an entry is not kept by Hydra's parser)."""
+    import re
+    for name, v in value.items():
+        sub = f"{key}.{name}"
+        if isinstance(v, dict):
+            _check_typed_entries(sub, v, raw, head)
+            continue
+        if isinstance(v, str) or v is None or isinstance(v, list) or _str_slot(sub) is None:
+            continue
+        if isinstance(v, int) and not isinstance(v, bool) and re.search(rf"(?<![\w.+-]){v}(?![\w.])", raw):
+            continue  # written as Python prints it (actor: 0): the string "0" is what was typed
+        kind = "a bool" if isinstance(v, bool) else "a number"
+        raise ConfigError(sub, v, f"is a string, but Hydra reads this dict entry as {kind} (its text would change); "
+                                  f"quote it inside the dict: {head.lstrip('+~')}={{{name}: 'VALUE'}} (in the shell: "
+                                  f"'{head}={{{name}: \"VALUE\"}}')")
 
 
 def _schema_default(key: str):
@@ -147,7 +233,7 @@ def _config_error(exc: Exception, overrides: Sequence[str]) -> ConfigError:
     for group in ("conf", *GROUPS):
         if f"in group {group}" in msg or f"Could not find '{group}/" in msg:
             names = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-            given = next((o.split("=", 1)[1] for o in overrides if o.startswith(f"{group}=")), None)
+            given = next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith(f"{group}=")), None)  # the last wins
             if given is None:  # chosen by the experiment file's defaults list
                 given = msg.split(f"Could not find '{group}/", 1)[-1].split("'", 1)[0] if f"'{group}/" in msg else "?"
             hint = did_you_mean(given, names)
@@ -452,11 +538,15 @@ def check_sft_store(cfg: Config) -> None:
     env task, control mode), state length, chunk length, images, and at least one selectable chunk step.
 
     Raises ConfigError (sft.store) for each mismatch, and for a store that cannot be read (damaged metadata or
-    chunk files: a half-copied or corrupted store) naming the error and the fix."""
+    chunk files: a half-copied or corrupted store; every chunk file of every field the run reads, `sft_fields`, is
+    checked to exist) naming the error and the fix."""
+    from storage.trajectories import DamagedStore
     try:
         _check_sft_store(cfg)
     except ConfigError:
         raise
+    except DamagedStore as exc:  # e.g. its group metadata unreadable: the message names the damage and the fix
+        raise ConfigError("sft.store", cfg.sft.store, str(exc).split(": ", 1)[-1]) from None
     except Exception as exc:  # noqa: BLE001 - zarr/numcodecs/json errors of a damaged store: one line naming it
         raise ConfigError("sft.store", cfg.sft.store, f"cannot be read ({type(exc).__name__}: "
                                                       f"{' '.join(str(exc).split())[:200]}): the store is damaged "
@@ -466,9 +556,13 @@ def check_sft_store(cfg: Config) -> None:
 
 
 def _check_sft_store(cfg: Config) -> None:
+    from storage.rundir import store_owner
     from storage.trajectories import TrajectoryStore
-    from tasks.demo_index import DamagedStore, sft_index
+    from tasks.demo_index import DamagedStore, sft_fields, sft_index
     from tasks.envs import check_gripper_convention, state_dim
+    busy = store_owner(cfg.sft.store, readers=False)  # a recording writes it (record.out or its .partial)
+    if busy is not None:
+        raise ConfigError("sft.store", cfg.sft.store, busy)
     st = TrajectoryStore.open(cfg.sft.store)
     if "teacher_run" in st.attrs and "episode_index" not in st.attrs:  # pipelines.record writes it last
         raise ConfigError("sft.store", cfg.sft.store, "is a recording that did not finish (pipelines.record was "
@@ -508,6 +602,8 @@ def _check_sft_store(cfg: Config) -> None:
                           stacklevel=2)
     try:
         sft_index(cfg.sft.store, cfg.sft.only_success)
+        # every chunk file the run's data workers will read, stat only (they read through the same check)
+        st.check_files(sft_fields(st.fields, cfg.sft.only_success, cfg.sft.value_coef > 0))
     except DamagedStore as exc:  # its message names the damage and the fix
         raise ConfigError("sft.store", cfg.sft.store, str(exc).split(": ", 1)[-1]) from None
     except ValueError as exc:
@@ -793,6 +889,10 @@ def check_record(cfg: Config, *, require_teacher: bool = True) -> None:
     if record_output_path(cfg).exists():
         raise ConfigError("record.out", str(record_output_path(cfg)),
                           "exists; choose another path (a store is never overwritten)")
+    from storage.rundir import store_owner
+    busy = store_owner(record_output_path(cfg))  # another recording to it, or a live run reading it (sft.store)
+    if busy is not None:
+        raise ConfigError("record.out", str(record_output_path(cfg)), busy)
     if cfg.record.teacher is None and not require_teacher:
         return
     from tasks.envs import check_scripted_teacher, is_scripted_teacher

@@ -134,7 +134,7 @@ def eval_config(src: Source, overrides: list[str]):
         tasks.config.ConfigError: a key outside EVAL_KEYS for a run source, no conf= for an hf dir, a bad value."""
     from omegaconf import OmegaConf
 
-    from pipelines.config import check_components, load_config, parse_overrides, to_config
+    from pipelines.config import as_typed, check_components, load_config, parse_overrides, to_config
     from tasks.config import ConfigError
     if src.hf is not None:
         if not any(o.split("=", 1)[0] == "conf" for o in overrides):
@@ -153,7 +153,8 @@ def eval_config(src: Source, overrides: list[str]):
     if OmegaConf.select(saved, "env.eval.val_episodes"):  # the run's validation split: an eval plays the eval's
         saved.env.eval.val_episodes = 0  # episodes only, on whatever seeds an override gives (val's included)
     try:
-        merged = OmegaConf.merge(saved, OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
+        # string keys keep the text typed (run_root=2026_12 is "2026_12", not 202612: pipelines.config.as_typed)
+        merged = OmegaConf.merge(saved, OmegaConf.from_dotlist([o.lstrip("+") for o in as_typed(overrides)]))
     except Exception as exc:  # noqa: BLE001 - OmegaConf's type errors: one line
         raise ConfigError("overrides", " ".join(overrides), str(exc).splitlines()[0]) from None
     cfg = protocol_defaults(to_config(merged, saved=True), overrides)
@@ -252,7 +253,13 @@ def evaluate(cfg, src: Source, out: Path, handle, *, echo=print) -> dict:
     weights = client.scatter({"version": version, "state_dict": state_dict}, workers=[placement.actor_worker])
     eval_id = f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
     video_dir = out / "videos" if graphs.eval_video_count(cfg) else None
-    out.mkdir(parents=True)
+    try:  # claimed here: two evaluations of one checkpoint at once chose the same free name (output_dir)
+        out.mkdir(parents=True)
+    except FileExistsError:
+        from tasks.config import ConfigError
+        raise ConfigError("output", str(out), "was created meanwhile by another command (another evaluation of "
+                                              "the same checkpoint?); run again: the default takes the next free "
+                                              "name, or give --out") from None
     graph, keys = graphs.build_eval(cfg, run_id=eval_id, step=src.step or 0, weights=weights, placement=placement,
                                     video_dir=None if video_dir is None else str(video_dir))
     futures = client.get(graph, keys, sync=False)

@@ -525,4 +525,4 @@ def _save_checkpoint(run_dir: str, step: int, state: dict, meta: dict) -> str:
     return str(save_checkpoint(run_dir, step, {"policy": state["policy"], "optimizer": state["optimizer"],
                                                "rng_torch": state["rng_torch"], "run": meta,
                                                **{k: state[k] for k in ("rng", "policy_ema")
-                                                  if state.get(k) is not None}}))
+                                                  if state.get(k) is not None}}, create_run_dir=False))

@@ -7,14 +7,16 @@ reported up to its last event. A run ends by writing the same summary to `<run d
 
 Printed: the table the run prints at its end (time per phase: wall seconds, share of the run wall, busy
 worker-seconds; env steps/s, update samples/s, peak memory per process role, retries); with --json the summary
-as JSON instead. --write also writes it to `<run dir>/perf_summary.json`.
+as JSON instead. --write also writes it to `<run dir>/perf_summary.json`, under the run dir's lock
+(`storage.rundir.lock_run_dir`): refused, one line naming the driver, while the run is live.
 
 Examples:
   python -m pipelines.perf 20261201-151530-98db
   python -m pipelines.perf runs/smoke/20261201-151530-98db --json
   python -m pipelines.perf 20261201-151530-98db --run-root /tmp/runs --write
 
-Exit codes: 0 printed; 2 an unknown run or a run dir without perf events (one line `error: ...` with the fix).
+Exit codes: 0 printed; 2 an unknown run, a run dir without perf events, or --write on a live run (one line
+`error: ...` with the fix).
 """
 from __future__ import annotations
 
@@ -73,7 +75,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {run_dir} has no perf events ({run_dir / EVENTS}); runs started before the perf report "
               f"existed have none", file=sys.stderr)
         return 2
-    summary = write_summary(run_dir)[1] if args.write else summarize(events)
+    if args.write:  # a write into the run: only with the run's lock (its live driver writes the summary itself)
+        from storage.locks import LockBusy
+        from storage.rundir import lock_run_dir
+        try:
+            with lock_run_dir(run_dir):
+                summary = write_summary(run_dir)[1]
+        except LockBusy as exc:
+            print(f"error: --write: {exc} (its driver writes perf_summary.json when it ends; without --write the "
+                  f"report is printed)", file=sys.stderr)
+            return 2
+    else:
+        summary = summarize(events)
     print(json.dumps(summary, indent=1, sort_keys=True) if args.json else format_table(summary))
     return 0
 

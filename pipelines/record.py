@@ -13,7 +13,8 @@ Output: a trajectory store (default `<run_root>/demos/<experiment>.zarr`, refuse
 attributes name the teacher, count the successful episodes and list every episode (`episode_index`: episode_id, seed,
 task_id, trial_id, success_once, episode_len; task_id 0 / trial_id -1 on simulators without stored init states); `algorithm.name=sft sft.store=PATH` trains on it.
 Exit codes as pipelines.run: 0 done, 2 bad config / teacher / output path, or an output directory that cannot
-be written (checked before any worker starts; one line), an unknown flag or a word that is not an override,
+be written (checked before any worker starts; one line), another recording to the same output or a live run
+reading it as sft.store (one writer per store: `<out>.lock`, `storage.rundir.lock_store`; the line names it), an unknown flag or a word that is not an override,
 1 failure, 130 interrupted.
 
 Examples:
@@ -29,8 +30,15 @@ import sys
 import time
 
 
-def record(cfg, handle, *, echo=print) -> dict:
-    """Record `record.num_episodes` (rounded up to whole rounds) teacher episodes. Returns a summary dict."""
+def record(cfg, handle, *, echo=print, lock=None) -> dict:
+    """Record `record.num_episodes` (rounded up to whole rounds) teacher episodes. Returns a summary dict.
+
+    `lock`: the output store's lock when the caller took it (`storage.rundir.lock_store`, main: before the
+    cluster starts); else taken here, before anything is written, and released at the end. One recording per
+    output path, and none into a store a live run reads (sft.store).
+
+    Raises:
+        tasks.config.ConfigError (key record.out): another recording writes the path, or a live run reads it."""
     import numpy as np
     from tqdm import tqdm
 
@@ -51,6 +59,9 @@ def record(cfg, handle, *, echo=print) -> dict:
         run_dir, ckpt = resolve_teacher(cfg.record.teacher, cfg.run_root)  # its files verified by check_record
         tcfg = teacher_config(run_dir)
     out = record_output_path(cfg)
+    if lock is None:
+        with _store_lock(out) as own:
+            return record(cfg, handle, echo=echo, lock=own)
     client = handle.client
     placement = plan_placement(cfg, client)
     watch = Watcher(cfg, client, placement)  # every wait watched: a lost or stalled worker ends it (RunStalled)
@@ -126,6 +137,18 @@ def record(cfg, handle, *, echo=print) -> dict:
     return summary
 
 
+def _store_lock(out):
+    """`storage.rundir.lock_store(out)` (exclusive; `partial_path(out)` shares its lock file), a busy one as
+    ConfigError naming the holder."""
+    from storage.locks import LockBusy
+    from storage.rundir import lock_store
+    from tasks.config import ConfigError
+    try:
+        return lock_store(out)
+    except LockBusy as exc:
+        raise ConfigError("record.out", str(out), str(exc)) from None
+
+
 def preflight_writes(cfg) -> list[tuple[str, str, Path]]:
     """`pipelines.cli.preflight`'s `writes` of a recording: the directory the store is written in, named by the
     key that put it there (`record.out`, else `run_root`). pipelines.validate checks the same."""
@@ -153,15 +176,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not preflight(cfg, tracking=False, writes=preflight_writes(cfg)):  # before any worker starts
         return 2
+    from pipelines.config import record_output_path
+    from tasks.config import ConfigError
+    try:  # one writer per output store, taken before the cluster starts (a second recording: one line, exit 2)
+        lock = _store_lock(record_output_path(cfg))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
     def body(handle) -> int:
         print(f"dagrl record: dashboard {handle.dashboard_link}", flush=True)
-        s = record(cfg, handle)
+        s = record(cfg, handle, lock=lock)
         tasks = ", ".join(f"task {t}: {k}/{n}" for t, (k, n) in s["per_task"].items())
         print(f"dagrl record: {s['episodes']} episodes ({s['successful']} successful, {s['success_rate']:.2f}; "
               f"{tasks}) in {s['seconds']:.0f}s -> {s['store']}")
         return 0
-    return with_cluster(cfg, body)
+    with lock:
+        return with_cluster(cfg, body)
 
 if __name__ == "__main__":
     from pipelines.cli import entry

@@ -5,9 +5,11 @@ worker starts, checks where it will write (`run_root` writable, `tracking.uri` r
 answers within seconds; `pipelines.cli.preflight`), starts the local Dask cluster (or connects to
 `cluster.address`), prints the dashboard link, and trains. Exit codes: 0 done, 2 bad config, an unwritable
 `run_root` or unusable `tracking.uri`, or a cluster that cannot start (one line on stderr, nothing written; a
-`runner.resume` that cannot be honoured is found before the cluster starts), 1 a failure during training (a lost
-cluster, or a step stopped by a non-finite value: one line `error: training step N: ...`), 130 interrupted. The
-first SIGINT (Ctrl-C) or SIGTERM during training finishes the step in flight, writes a checkpoint and exits 130
+`runner.resume` that cannot be honoured is found before the cluster starts, also a run another live driver owns:
+one driver per run dir, `storage.rundir.lock_run_dir`, the line names it), 1 a failure during training (a lost
+cluster, or a step stopped by a non-finite value: one line `error: training step N: ...`; the run directory, its
+trajectory store or its MLflow store removed under the run: one line naming it, nothing re-created), 130
+interrupted. The first SIGINT (Ctrl-C) or SIGTERM during training finishes the step in flight, writes a checkpoint and exits 130
 (resume with `runner.resume=<run_id>` or `runner.resume=latest`); a second one exits at once.
 
 Extra flags: `--show` prints the resolved config and exits. An unknown flag, or a word that is not a Hydra
@@ -45,14 +47,26 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not preflight(cfg):  # run_root writable, tracking.uri reachable: before a resume reads it, before any worker
         return 2
-    if cfg.runner.resume is not None:  # which run, which checkpoint, same training keys: offline, before any worker
-        from pipelines.runner.setup import resolve_resume
-        try:
-            resolve_resume(cfg)
-        except ConfigError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    return with_cluster(cfg, lambda handle: _train(cfg, handle))
+    if cfg.runner.resume is None:  # a new run: the Runner takes its new run dir's lock before writing into it
+        return with_cluster(cfg, lambda handle: _train(cfg, handle))
+    # which run, which checkpoint, same training keys, no live driver on it: offline, before any worker; then the
+    # run dir's lock, held until the command ends (a second driver on the run is refused in one line, exit 2)
+    from pathlib import Path
+
+    from pipelines.runner.setup import resolve_resume
+    from storage.locks import LockBusy
+    from storage.rundir import lock_run_dir
+    try:
+        run_id = resolve_resume(cfg).state.run_id
+        lock = lock_run_dir(Path(cfg.run_root).resolve() / cfg.experiment / run_id)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except LockBusy as exc:
+        print(f"error: {ConfigError('runner.resume', cfg.runner.resume, str(exc))}", file=sys.stderr)
+        return 2
+    with lock:
+        return with_cluster(cfg, lambda handle: _train(cfg, handle, lock))
 
 
 class graceful_stop(signal_handlers):
@@ -86,11 +100,11 @@ class graceful_stop(signal_handlers):
         self._stop(name)
 
 
-def _train(cfg, handle) -> int:
+def _train(cfg, handle, run_lock=None) -> int:
     from pipelines.runner import Runner
     print(f"dagrl: experiment {cfg.experiment} | dashboard {handle.dashboard_link}", flush=True)
     from tasks.evalstats import fmt_rate
-    runner = Runner(cfg, handle)
+    runner = Runner(cfg, handle, run_lock=run_lock)
     print(f"dagrl: run {runner.state.run_id} | run dir {runner.run_dir} | MLflow {runner.tracking_uri} "
           f"(run {runner.tracker.run_id})", flush=True)
     with graceful_stop(runner):
@@ -104,9 +118,11 @@ def _train(cfg, handle) -> int:
 
     def rate(key: str) -> str:  # the rate with its Wilson 95 % interval (tasks.evalstats.fmt_rate)
         return fmt_rate(ev.get(f"eval/{key}", nan), ev.get(f"eval/{key}_ci_low", nan), ev.get(f"eval/{key}_ci_high", nan))
-    print(f"dagrl: done: {res.steps} steps, {res.env_steps} env steps in {res.wall_s:.0f}s | "
-          f"eval success_once {rate('success_once')} success_at_end {rate('success_at_end')} over "
-          f"{ev.get('eval/num_episodes', 0):.0f} episodes ({best_text(runner.state, ev)}) | "
+    evaluated = (f"eval success_once {rate('success_once')} success_at_end {rate('success_at_end')} over "
+                 f"{ev['eval/num_episodes']:.0f} episodes ({best_text(runner.state, ev)})"
+                 if ev.get("eval/num_episodes")  # else no eval ran in this session: nothing to summarise
+                 else f"no eval in this session (the run's evals: {runner.run_dir / 'evals'})")
+    print(f"dagrl: done: {res.steps} steps, {res.env_steps} env steps in {res.wall_s:.0f}s | {evaluated} | "
           f"peak memory {res.peak_rss_gb:.2f} GiB")
     print(f"dagrl: trajectories {res.store_path} | view: mlflow ui --backend-store-uri {res.tracking_uri}")
     return 0

@@ -123,9 +123,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError("cluster.address", None, "--connect checks an existing cluster: give "
                                                            "cluster.address=tcp://HOST:PORT (pipelines.run starts "
                                                            "the embedded one itself)")
-            from pipelines.cluster import ComponentPlacement, connect, plan_placement, security
+            from pipelines.cluster import ComponentPlacement, cluster_info, connect, plan_placement, security
             with connect(cfg.cluster.address, cfg.cluster.connect_timeout_s, security(cfg)) as client:
-                info = client.scheduler_info(n_workers=-1)
+                info = cluster_info(client)  # every worker (Client.scheduler_info's cache can miss some)
             live = plan_placement(cfg, info)
             placement = ComponentPlacement(live.devices, len(live.gpu_workers), live.mode)
             workers = describe_workers(info, live, cfg.rollout.inference)

@@ -14,7 +14,8 @@ They still end with the driver however it ends: Dask's worker process exits as s
 When a worker is lost mid-step, a surviving worker that was sending it data logged Dask's "failed during get data"
 error with a ~20-line ConnectionResetError traceback before the driver's own one-line report ("worker(s) [...]
 lost during step N; retrying"): that record (an OSError while serving a peer that went away) is dropped here; any
-other worker error still shows.
+other worker error still shows. Likewise Dask's "Compute Failed" record of a task that raised and its "Worker stream
+died" record of a lost peer are kept off the console (`DriverReportsFilter`): the driver reports both.
 """
 from __future__ import annotations
 
@@ -30,6 +31,39 @@ class PeerGoneFilter(logging.Filter):
                     and isinstance(record.exc_info[1], OSError))
 
 
+class DriverReportsFilter(logging.Filter):
+    """On the console handlers of a worker process (and the driver's, which holds the embedded scheduler): drops
+    distributed's records of failures the driver reports itself, each in one line, where they printed a ~20-line
+    traceback beside it:
+
+    * `distributed.worker` "Compute Failed" (a task raised: the exception reaches the driver, which waits on every
+      task it submits; the known kinds become one line: a non-finite value, a failed checkpoint write, a vanished
+      run dir; anything else is raised by the driver with the task's traceback, so no error is hidden);
+    * `distributed.worker` "Worker stream died during communication" with an OSError (a peer worker was lost while
+      this one fetched data from it: the driver reports the lost worker and retries the step).
+
+    Only the console drops them: they stay in the worker's own log (`Client.get_worker_logs()`, the dashboard's
+    worker logs), which is held by a non-stream handler."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        if record.name == "distributed.worker" and msg.startswith("Compute Failed"):
+            return False
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (msg.startswith("Worker stream died during communication") and isinstance(exc, OSError))
+
+
+def route_reported_failures() -> None:
+    """Add `DriverReportsFilter` (once) to every console handler (a StreamHandler that is not a FileHandler) of the
+    `distributed` logger and of the root logger in this process. Called by `dask_setup` in each worker and by
+    `pipelines.cluster.start_cluster` in the driver."""
+    for name in ("distributed", None):
+        for handler in logging.getLogger(name).handlers:
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler) \
+                    and not any(isinstance(f, DriverReportsFilter) for f in handler.filters):
+                handler.addFilter(DriverReportsFilter())
+
+
 def dask_setup(worker) -> None:
     """In a worker process the Nanny spawned: leave the driver's session; on any main thread: ignore SIGINT. An
     in-process worker (its loop on another thread of the driver) changes nothing: the driver decides anyway."""
@@ -40,6 +74,7 @@ def dask_setup(worker) -> None:
     log = logging.getLogger("distributed.worker")
     if not any(isinstance(f, PeerGoneFilter) for f in log.filters):  # once per process (in-process workers share it)
         log.addFilter(PeerGoneFilter())
+    route_reported_failures()
     if threading.current_thread() is not threading.main_thread():
         return
     if multiprocessing.parent_process() is not None:  # a worker process the Nanny spawned (never the driver)

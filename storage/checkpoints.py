@@ -182,10 +182,14 @@ def checkpoint_step(path: str | os.PathLike) -> int:
     return int(m.group(1))
 
 
-def save_checkpoint(run_dir: str | os.PathLike, step: int, state: Mapping[str, Any]) -> Path:
+def save_checkpoint(run_dir: str | os.PathLike, step: int, state: Mapping[str, Any], *,
+                    create_run_dir: bool = True) -> Path:
     """Write ``state`` atomically to ``<run_dir>/checkpoints/global_step_<step>/`` and return that path.
+    ``create_run_dir=False`` (a running run's checkpoints): ``run_dir`` must exist and is never made again
+    (``storage.rundir.make_dir_in``), so a run directory removed under its run is not re-created by a checkpoint.
 
     Raises:
+        storage.rundir.RunDirGone: ``create_run_dir=False`` and ``run_dir`` is not there.
         ValueError: a negative step, a key that is not file-name safe, or a value that could not be loaded back
             (:func:`check_loadable`: the message names its key path) - all before anything is written.
     """
@@ -200,8 +204,12 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, state: Mapping[str, A
     for key, value in state.items():  # refused before anything is written
         if key not in json_keys:
             check_loadable(value, key)
-    parent = Path(run_dir) / CHECKPOINTS_DIR
-    parent.mkdir(parents=True, exist_ok=True)
+    if create_run_dir:
+        parent = Path(run_dir) / CHECKPOINTS_DIR
+        parent.mkdir(parents=True, exist_ok=True)
+    else:
+        from storage.rundir import make_dir_in
+        parent = make_dir_in(run_dir, CHECKPOINTS_DIR)
     final = parent / f"global_step_{step}"
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-global_step_{step}-", dir=parent))
     old = None
@@ -522,3 +530,44 @@ def sync_best(run_dir: str | os.PathLike, step: int, value: float, metric: str =
         return mark_best(run_dir, step, value, metric)
     clear_best(run_dir)
     return None
+
+
+_SAMPLED_ABOVE = 64 << 20  # files larger than this are fingerprinted from samples (see `directory_fingerprint`)
+_SAMPLES, _SAMPLE_BYTES = 64, 64 << 10
+
+
+def directory_fingerprint(path: str | os.PathLike) -> str:
+    """The identity of a model directory a run reads from outside its run dir (`policy.model_path`: an exported
+    ``hf/`` or a checkpoint), cheap enough to take at every start and resume. One line:
+
+    - a directory with a dagrl index (``dagrl_files.json`` of :func:`index_export`, or a checkpoint's
+      ``index.json``, both listing every file's sha256): ``index <name> sha256 <16 hex>`` of that index (one small
+      read; its files are verified against it elsewhere: ``export_damage``, ``verify_checkpoint``);
+    - any other directory: ``files sha256 <16 hex> (<n> files, <MB> MB)`` over every file's relative path, size and
+      content: whole for files up to 64 MiB, 64 blocks of 64 KiB spread evenly over a larger file plus its
+      last block (about 4 MiB read per weights file: retrained weights of the same shape differ in every block;
+      a change confined to a few tensors of a larger file may fall between samples).
+
+    Raises:
+        FileNotFoundError: ``path`` is not a directory.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is not a directory")
+    for name in (EXPORT_INDEX, INDEX_FILE):
+        if (path / name).is_file():
+            return f"index {name} sha256 {hashlib.sha256((path / name).read_bytes()).hexdigest()[:16]}"
+    h, count, total = hashlib.sha256(), 0, 0
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        size = f.stat().st_size
+        h.update(f"{f.relative_to(path).as_posix()}\0{size}\0".encode())
+        with open(f, "rb") as fh:
+            if size <= _SAMPLED_ABOVE:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+            else:
+                for i in range(_SAMPLES + 1):
+                    fh.seek(min(i * (size // _SAMPLES), size - _SAMPLE_BYTES))
+                    h.update(fh.read(_SAMPLE_BYTES))
+        count, total = count + 1, total + size
+    return f"files sha256 {h.hexdigest()[:16]} ({count} files, {total / 1e6:.1f} MB)"

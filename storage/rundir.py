@@ -133,3 +133,116 @@ def check_writable_dir(path: str | os.PathLike) -> None:
         where = "" if anc == p else f" (its nearest existing parent {anc})"
         raise ValueError(f"cannot create files in it{where}: {exc.strerror or exc}; choose a writable directory "
                          f"or fix its permissions") from None
+
+
+# ----- a run's files vanishing under it -----
+
+class RunDirGone(RuntimeError):
+    """What a run writes into was removed or replaced while the run went on: its run directory (or a part of it:
+    checkpoints/, evals/, the trajectory store) or its local MLflow store (`storage.tracking.Tracker.store_gone`).
+    The message is one line: what vanished, what happened, the fix."""
+
+
+def dir_identity(path: str | os.PathLike) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of the directory `path`, or None when it is not there (a directory made again at the same
+    path after a removal has another identity)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def run_dir_gone(run_dir: str | os.PathLike, identity: tuple[int, int] | None) -> str | None:
+    """None while `run_dir` is the directory whose `dir_identity` was `identity`; else the one line saying it was
+    removed (or replaced by another directory at the same path) while the run trained, and what to do."""
+    now = dir_identity(run_dir)
+    if now is not None and (identity is None or now == identity):
+        return None
+    what = "removed" if now is None else "removed and replaced by another directory"
+    return (f"the run directory {run_dir} was {what} while the run trained; the run stopped and wrote nothing "
+            f"more (nothing was re-created there): restore the directory and resume with runner.resume="
+            f"{Path(run_dir).name}, or start a new run")
+
+
+def make_dir_in(parent: str | os.PathLike, *parts: str) -> Path:
+    """`<parent>/<parts...>` made (each level that is missing; `exist_ok`) and returned, without ever creating
+    `parent` itself: the writers of a run's files (checkpoints, eval records, perf events) call this with the run
+    directory as `parent`, so a run directory removed under a running run is not re-created piece by piece.
+
+    Raises:
+        RunDirGone: `parent` is not a directory (removed, or never made).
+    """
+    parent = Path(parent)
+    if not parent.is_dir():
+        raise RunDirGone(f"{parent} is gone (removed while a run wrote into it): not re-created; restore it or "
+                         f"start a new run")
+    path = parent.joinpath(*parts)
+    for level in [*reversed(path.relative_to(parent).parents[:-1]), path.relative_to(parent)]:
+        try:
+            (parent / level).mkdir()
+        except FileExistsError:
+            pass
+        except FileNotFoundError:  # `parent` vanished between the check and here
+            raise RunDirGone(f"{parent} is gone (removed while a run wrote into it): not re-created; restore it "
+                             f"or start a new run") from None
+    return path
+
+
+# ----- one live owner per run directory and per recorded store (storage.locks) -----
+LOCK_FILE = ".lock"  # <run dir>/.lock: the driver that owns the run (storage.locks), removed when it ends
+
+
+def lock_run_dir(run_dir: str | os.PathLike, *, command: str | None = None):
+    """Take the owner lock of ``run_dir`` (``<run_dir>/.lock``; the directory is created if missing) for this
+    process: call it before anything is written into the run, release it (``.release()`` or ``with``) when the
+    driver ends. Returns a ``storage.locks.OwnerLock``; its ``note`` is a one-line takeover note when a dead
+    driver's lock was taken over (same host, pid gone or reused).
+
+    Raises:
+        storage.locks.LockBusy: another live driver owns the run (one line: pid, host, since when, command, fix);
+            on another host, liveness cannot be checked: the line says so and names the lock file.
+    """
+    from storage.locks import acquire
+    run_dir = Path(run_dir)
+    return acquire(run_dir / LOCK_FILE, what=f"run {run_dir.name} ({run_dir})", command=command)
+
+
+def run_owner(run_dir: str | os.PathLike) -> str | None:
+    """The one-line refusal for a command that must not write into ``run_dir`` while another process owns it
+    (``lock_run_dir``), or None when no live driver owns it (also when this process does). Creates nothing."""
+    from storage.locks import busy_message, live_holders
+    run_dir = Path(run_dir)
+    holders = live_holders(run_dir / LOCK_FILE)
+    return busy_message(f"run {run_dir.name} ({run_dir})", run_dir / LOCK_FILE, holders) if holders else None
+
+
+def store_lock_file(store: str | os.PathLike) -> Path:
+    """The lock file of a trajectory store path: ``<store>.lock`` beside it, the same for the ``<store>.partial``
+    a recording writes first (pipelines.record), so that a reader of either meets the recording's lock."""
+    p = Path(store).absolute()
+    name = p.name.removesuffix(".partial") if p.name.endswith(".partial") else p.name
+    return p.with_name(name + ".lock")
+
+
+def lock_store(store: str | os.PathLike, *, shared: bool = False, command: str | None = None):
+    """Take the lock of a trajectory store path outside a run directory (``store_lock_file``): exclusive for its
+    writer (pipelines.record), ``shared`` for a run that reads it for its life (``sft.store``). Returns a
+    ``storage.locks.OwnerLock``.
+
+    Raises:
+        storage.locks.LockBusy: a recording writes it (any request), or a live run reads it (an exclusive
+            request); one line naming the holder(s) and the fix.
+    """
+    from storage.locks import acquire
+    return acquire(store_lock_file(store), what=f"trajectory store {Path(store)}", shared=shared, command=command)
+
+
+def store_owner(store: str | os.PathLike, *, readers: bool = True) -> str | None:
+    """The one-line refusal for writing the trajectory store ``store`` (a recording writes it, or with ``readers``
+    a live run reads it: ``lock_store``), or None when it is free (also when this process holds it). For a
+    reader (``readers=False``): only a recording counts. Creates nothing."""
+    from storage.locks import busy_message, live_holders
+    path = store_lock_file(store)
+    holders = live_holders(path, writers_only=not readers)
+    return busy_message(f"trajectory store {Path(store)}", path, holders) if holders else None

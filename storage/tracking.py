@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import sys
 import time
 import warnings
@@ -55,6 +56,15 @@ def _sqlite_path(uri: str) -> Path | None:
     """The database file a ``sqlite:///`` tracking uri names (query parameters dropped), else None."""
     prefix = "sqlite:///"
     return Path(uri[len(prefix):].split("?", 1)[0]) if uri.startswith(prefix) else None
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of `path`, None when it is not there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 def _sqlite_db(uri: str) -> Path | None:
@@ -267,6 +277,30 @@ def unflatten_values(params: Mapping[str, str]) -> dict[str, str]:
     return {config_key(b): "".join(v for _, v in sorted(p.items())) for b, p in parts.items()}
 
 
+def metric_value(value: float) -> float:
+    """A logged metric value as it was logged. MLflow's SQL store saves +-inf as +-``sys.float_info.max``
+    (1.7976931348623157e308), so a diverged value would read back as a huge finite number (printed -1.798e+308,
+    ranked "best" by a minimum); every value at or beyond +-float max reads back as +-inf. NaN stays NaN. The one
+    mapping of values that come back from MLflow (``metric_history``, ``Tracker.get_metric_history``,
+    pipelines.compare's run summaries)."""
+    v = float(value)
+    if v >= sys.float_info.max:
+        return math.inf
+    if v <= -sys.float_info.max:
+        return -math.inf
+    return v
+
+
+def metric_history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float, int]]:
+    """(step, value, timestamp in ms) of metric ``key`` of MLflow run ``run_id``, sorted by step, one point per step
+    (the newest where a step was logged twice, as MLflow charts show), values through ``metric_value`` (+-inf as
+    logged, not +-float max). Raises MlflowException as ``MlflowClient.get_metric_history``."""
+    by_step: dict[int, tuple[int, float, int]] = {}
+    for m in sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp)):
+        by_step[m.step] = (m.step, metric_value(m.value), m.timestamp)
+    return [by_step[s] for s in sorted(by_step)]
+
+
 class Tracker:
     """One MLflow run: start a new one, or resume ``run_id`` (the same run continues)."""
 
@@ -300,6 +334,30 @@ class Tracker:
             self._client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
         self._run_id = run.info.run_id
         self.experiment_id = experiment_id
+        db = _sqlite_path(uri)  # a local sqlite store: its file's identity, to tell when it vanishes (`store_gone`)
+        self._db = (db, _file_identity(db)) if db is not None else None
+
+    def store_gone(self) -> str | None:
+        """None while the run's local sqlite store is the file it was (or the store is not a local sqlite file);
+        else one line: the store was removed or replaced under the run (sqlite then fails every write with
+        "attempt to write a readonly database" or "no such table", and MLflow logs each with a long traceback)."""
+        if self._db is None:
+            return None
+        db, ident = self._db
+        now = _file_identity(db)
+        if now is not None and now == ident:
+            return None
+        what = "removed" if now is None else "removed and replaced by another file"
+        return (f"the MLflow store {db} (tracking.uri {self.uri}) was {what} while the run trained; the run stopped "
+                f"(its MLflow run {self._run_id} went with the store): restore the store from a copy and resume, "
+                f"or start a new run")
+
+    def _check_store(self) -> None:
+        """Raise storage.rundir.RunDirGone (`store_gone`'s line) before a write to a vanished local store."""
+        why = self.store_gone()
+        if why is not None:
+            from storage.rundir import RunDirGone
+            raise RunDirGone(why)
 
     def _experiment_id(self, name: str, artifact_location: str | None) -> str:
         exp = self._client.get_experiment_by_name(name)
@@ -352,6 +410,7 @@ class Tracker:
         Non-finite values are logged too, never dropped (a NaN loss is a fact the charts must show): MLflow keeps
         NaN as NaN; its SQL store saves +-inf as +-1.7976931348623157e308 (``sys.float_info.max``). Each one is
         counted in ``nonfinite_logged``."""
+        self._check_store()
         ts = int(time.time() * 1000)
         batch: list[Metric] = []
         for key, value in metrics.items():
@@ -364,8 +423,9 @@ class Tracker:
         return len(batch)
 
     def get_metric_history(self, key: str) -> list[tuple[int, float]]:
+        """Every (step, value) logged for ``key`` in this run, by step then time; +-inf as logged (``metric_value``)."""
         history = self._client.get_metric_history(self._run_id, key)
-        return [(m.step, m.value) for m in sorted(history, key=lambda m: (m.step, m.timestamp))]
+        return [(m.step, metric_value(m.value)) for m in sorted(history, key=lambda m: (m.step, m.timestamp))]
 
     # ---- one timeline: fork a run at a step ----------------------------------------------------------
     def fork(self, through_step: int, *, reason: str = "rollback") -> str:
@@ -433,17 +493,20 @@ class Tracker:
     # ---- artifacts and status --------------------------------------------------------------------------
     def log_artifact(self, local_path: str | Path, artifact_path: str | None = None) -> None:
         """Log a file, or every file of a directory (under `artifact_path`)."""
+        self._check_store()
         if Path(local_path).is_dir():
             self._client.log_artifacts(self._run_id, str(local_path), artifact_path)
         else:
             self._client.log_artifact(self._run_id, str(local_path), artifact_path)
 
     def log_text(self, text: str, artifact_file: str) -> None:
+        self._check_store()
         self._client.log_text(self._run_id, text, artifact_file)
 
     def set_terminated(self, status: str = "FINISHED") -> None:
         if status not in _STATUSES:
             raise ValueError(f"status must be one of {_STATUSES}, got {status!r}")
+        self._check_store()
         self._client.set_terminated(self._run_id, status)
 
     def __repr__(self) -> str:

@@ -28,8 +28,17 @@ half-rewritten step (shard 0 new, shard 1 old) is never shown. A rollback or res
 Stores written before attempts existed (no ``attempt`` array) read as before: ``complete[n]`` alone.
 
 Damage (files lost or garbled after the run wrote them): zarr reads a missing chunk file as the fill value, zeros,
-without a word. Every shard write stores all its chunk files, so a reader that must not take lost data for zeros
-(replay) calls :meth:`TrajectoryStore.check_files` first, which raises :class:`DamagedStore` naming the file.
+without a word. Every shard write stores all its chunk files, so a chunk file missing from a written step is damage.
+The one read path checks for it: :meth:`TrajectoryStore.read` (and :meth:`TrajectoryStore.gather`,
+:meth:`TrajectoryStore.to_dask`, built on the same check) stats the chunk files of the steps it returns before
+returning data, and turns a chunk that cannot be decoded into the same error: :class:`DamagedStore`, one line
+naming the store, the array, the chunk file with its step and envs, and the fix. Readers read fields through these
+methods only (never ``zarr.open`` on a store); :meth:`TrajectoryStore.check_files` runs the same check without
+reading (a config check, replay's up-front check).
+
+Identity: a store created by this version carries a random ``store_id`` attribute; :meth:`TrajectoryStore.fingerprint`
+(the id, or the creation time of an older store, plus a digest of the layout, the complete steps with their attempts
+and the caller attributes) tells two recordings at one path apart without reading field data.
 
 Concurrency (zarr 3 loses data when two writers touch one chunk, and on concurrent resizes):
 
@@ -42,11 +51,13 @@ Concurrency (zarr 3 loses data when two writers touch one chunk, and on concurre
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import math
 import os
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +69,7 @@ import zarr
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # 1: the per-step group is named "epochs"
 
-_RESERVED_ATTRS = ("schema_version", "created_at", "layout")
+_RESERVED_ATTRS = ("schema_version", "created_at", "layout", "store_id")
 _FIELDS_GROUP = "fields"
 _STEPS_GROUP = "steps"
 _STEPS_GROUP_V1 = "epochs"
@@ -102,6 +113,18 @@ class DamagedStore(ValueError):
     """A trajectory store whose files contradict its own metadata: a field's array metadata missing or unreadable,
     or a chunk file of a complete step missing (zarr would read it as the fill value, silently) or not decodable.
     The message is one line naming the store, the array, the chunk file (step, envs) where known and the fix."""
+
+
+class StoreGone(FileNotFoundError):
+    """The store's directory (its ``zarr.json``) vanished under a writer: it was removed while the run wrote."""
+
+
+def _check_present(path: str | os.PathLike) -> None:
+    """Raise :class:`StoreGone` unless ``path`` still holds the store's group metadata: checked before each driver
+    and worker write, since zarr's local store makes every missing parent directory of a chunk it writes (a store
+    removed under a running run came back piece by piece)."""
+    if not os.path.isfile(os.path.join(os.fspath(path), "zarr.json")):
+        raise StoreGone(f"trajectory store {path} was removed while it was written to; nothing is re-created")
 
 
 def _why(exc: BaseException) -> str:
@@ -157,7 +180,13 @@ def _open_group(path: Path, mode: str = "r+") -> zarr.Group:
         raise FileNotFoundError(f"no trajectory store at {path}: the path does not exist")
     if not _is_zarr_group(path):
         raise ValueError(f"{path} is not a dagrl trajectory store (no zarr v3 group metadata zarr.json there)")
-    group = zarr.open_group(str(path), mode=mode)
+    try:
+        group = zarr.open_group(str(path), mode=mode)
+        group.attrs.asdict()
+    except Exception as exc:  # noqa: BLE001 - json/metadata errors of a truncated or garbled zarr.json
+        raise DamagedStore(f"trajectory store {path} is damaged: its group metadata ({path / 'zarr.json'}) cannot "
+                           f"be read ({_why(exc)}); its data cannot be trusted: re-record it, or restore it from a "
+                           f"whole copy") from None
     version = group.attrs.get("schema_version")
     if version is None or "layout" not in group.attrs:
         raise ValueError(f"{path} is a zarr group but not a dagrl trajectory store (no schema_version/layout attrs)")
@@ -243,6 +272,7 @@ class TrajectoryStore:
         group.attrs.update({
             "schema_version": SCHEMA_VERSION,
             "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "store_id": uuid.uuid4().hex,  # this recording's identity (`fingerprint`)
             "layout": layout,
             **attrs,
         })
@@ -319,7 +349,9 @@ class TrajectoryStore:
             the step's new attempt id (int >= 1); :func:`write_shard` records it per shard.
         Raises:
             ValueError: a negative step.
+            StoreGone: the store's directory was removed (nothing is re-created).
         """
+        _check_present(self._path)
         step = int(step)
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
@@ -385,7 +417,9 @@ class TrajectoryStore:
         Raises:
             ValueError: the step is not allocated, or a shard has not written the step's latest attempt (the
                 message names the shards and the attempts they hold).
+            StoreGone: the store's directory was removed (nothing is re-created).
         """
+        _check_present(self._path)
         step = int(step)
         E = self.num_steps
         if not 0 <= step < E:
@@ -439,19 +473,72 @@ class TrajectoryStore:
         return self._step_array(name)[:]
 
     def to_dask(self, field: str):
-        """Lazy ``[N, T, B, ...]`` dask array, one dask chunk per zarr chunk (step x shard)."""
+        """Lazy ``[N, T, B, ...]`` dask array, one dask chunk per zarr chunk (step x shard).
+
+        The chunk files of the complete steps are checked (stat only) when it is built, as :meth:`read` does; a
+        chunk that exists but cannot be decoded fails at compute time with zarr's error. Steps that are not
+        complete are not vouched for (fill values where nothing was written).
+
+        Raises:
+            DamagedStore: a complete step's chunk file of ``field`` missing, or its array metadata unreadable.
+            KeyError: ``field`` not in the store's layout.
+        """
         import dask.array as da
 
-        return da.from_zarr(self._field_array(field))
+        arr = self._verified_array(field)
+        self._check_chunks(field, arr, self._complete_for_check(), "complete")
+        return da.from_zarr(arr)
 
     def read(self, field: str, steps: Iterable[int] | None = None) -> np.ndarray:
-        arr = self._field_array(field)
+        """``field`` at training ``steps`` (int, in the given order), ``[len(steps), T, B, *shape]`` in the field's
+        dtype; ``steps`` None: every allocated step, ``[N, T, B, *shape]``. THE verified read of a store's data:
+        before any data is returned, every chunk file it needs is checked to exist (a stat per (step, shard); a
+        missing one would read as zeros), for ``steps`` None those of the complete steps (steps not complete are
+        returned as they are: fill values where nothing was written); a chunk that cannot be decoded is named too.
+        Readers pass complete steps (:meth:`complete_steps`).
+
+        Raises:
+            DamagedStore: a needed chunk file missing or undecodable, or the field's array metadata missing or
+                unreadable: one line naming the store, ``fields/<field>``, the chunk file, its step and envs, and the
+                fix (re-record or restore).
+            IndexError: a step outside ``[0, N)``. KeyError: ``field`` not in the store's layout.
+        """
+        arr = self._verified_array(field)
         if steps is None:
-            return arr[:]
-        idx = np.asarray(list(steps), dtype=np.int64)
-        if idx.size and (idx.min() < 0 or idx.max() >= arr.shape[0]):
-            raise IndexError(f"steps {idx.tolist()} out of range for N={arr.shape[0]} in {self._path}")
-        return arr.oindex[idx]
+            check, state, sel = self._complete_for_check(), "complete", None
+        else:
+            sel = np.asarray(list(steps), dtype=np.int64)
+            if sel.size and (sel.min() < 0 or sel.max() >= arr.shape[0]):
+                raise IndexError(f"steps {sel.tolist()} out of range for N={arr.shape[0]} in {self._path}")
+            check, state = sel, "read"
+        self._check_chunks(field, arr, check, state)
+        try:
+            return arr[:] if sel is None else arr.oindex[sel]
+        except MemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - codec/IO errors of a garbled chunk file: name the file
+            asked = sorted({int(n) for n in (range(arr.shape[0]) if sel is None else sel)})
+            self._check_chunks(field, arr, asked, state, decode=True)  # raises DamagedStore naming the chunk
+            raise self._damaged(f"{_FIELDS_GROUP}/{field} at steps {_ranges(np.asarray(asked))} cannot be read "
+                                f"({_why(exc)})") from None
+
+    def gather(self, field: str, rows: np.ndarray) -> np.ndarray:
+        """``field`` at the ``(step, t, b)`` rows (int ``[M, 3]``): ``[M, *shape]`` in the rows' order, in the
+        field's dtype. Read one step at a time through :meth:`read` (verified), so the peak is the result plus one
+        step's field.
+
+        Raises:
+            DamagedStore, IndexError, KeyError: as :meth:`read`.
+        """
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+        if field not in self._fields:
+            self._verified_array(field)  # the KeyError naming the known fields
+        spec = self._fields[field]
+        out = np.empty((len(rows), *spec.shape), spec.dtype)
+        for n in np.unique(rows[:, 0]):
+            sel = np.flatnonzero(rows[:, 0] == n)
+            out[sel] = self.read(field, [int(n)])[0][rows[sel, 1], rows[sel, 2]]
+        return out
 
     def check_files(self, fields: Iterable[str] | None = None, steps: Iterable[int] | None = None, *,
                     decode: bool = False) -> None:
@@ -462,7 +549,8 @@ class TrajectoryStore:
         done after the run wrote it (a deleted or half-copied file) that zarr would read back silently as the
         fill value (zeros, False). Steps passed explicitly are checked as given: pass only steps that were
         written. With ``decode``, each of those chunks is also read and decoded (reads the data: for locating
-        the damage after a read failed, not for every open of a large store).
+        the damage after a read failed, not for every open of a large store). :meth:`read` runs the same check
+        (without ``decode``) on every read; this is the check alone (a config check before a run starts).
 
         Raises:
             DamagedStore: one line naming the store, the array (``fields/<name>``, or the step bookkeeping), the
@@ -474,46 +562,92 @@ class TrajectoryStore:
         if unknown:
             raise KeyError(f"no field {unknown[0]!r} in {self._path}; known fields: {sorted(self._fields)}")
         state = "written" if steps is not None else "complete"
-        if steps is None:
-            try:
-                steps = self.complete_steps()
-            except Exception as exc:  # noqa: BLE001 - zarr/numcodecs/json errors of damaged bookkeeping files
-                raise self._damaged(f"its step bookkeeping ({self._steps}/{_COMPLETE}, {_ATTEMPT}, "
-                                    f"{_SHARD_ATTEMPT}) cannot be read ({_why(exc)})") from None
-        steps = sorted({int(n) for n in steps})
-        S = self._shard_size
+        steps = self._complete_for_check() if steps is None else steps
         for name in names:
-            key = f"{_FIELDS_GROUP}/{name}"
-            try:
-                arr = self._group[key]
-            except Exception as exc:  # noqa: BLE001 - KeyError (no zarr.json), json/metadata errors
-                raise self._damaged(f"{key}: its array metadata ({key}/zarr.json) is missing or unreadable "
-                                    f"({_why(exc)})") from None
-            if not isinstance(arr, zarr.Array) or arr.ndim != 3 + len(self._fields[name].shape):
-                raise self._damaged(f"{key}: its array metadata ({key}/zarr.json) does not describe the field "
-                                    f"[N, T, B, *{list(self._fields[name].shape)}] of the store's layout")
-            if not steps or 0 in arr.shape[1:]:  # a field with a zero-size dim has no chunk files
-                continue
-            if steps[-1] >= arr.shape[0]:
-                raise self._damaged(f"{key}: holds {arr.shape[0]} steps, step {steps[-1]} is {state}")
-            missing = []
-            for n in steps:
-                for s in range(self.num_shards):
-                    chunk = arr.metadata.encode_chunk_key((n, 0, s) + (0,) * (arr.ndim - 3))
-                    envs = f"env {s}" if S == 1 else f"envs {s * S}-{(s + 1) * S - 1}"
-                    where = f"{key} chunk file {chunk} (step {n}, {envs})"
-                    if not (self._path / key / chunk).is_file():
-                        missing.append(where)
-                    elif decode and not missing:
-                        try:
-                            arr[n, :, s * S:(s + 1) * S]
-                        except Exception as exc:  # noqa: BLE001 - codec errors of a garbled chunk file
-                            raise self._damaged(f"{where} cannot be decoded ({_why(exc)})") from None
-            if missing:
-                fill = "False" if arr.dtype == np.bool_ else "zeros"
-                more = f" (and {len(missing) - 1} more chunk files of {key})" if len(missing) > 1 else ""
-                raise self._damaged(f"{missing[0]} is missing{more}, though the step is {state} (zarr would "
-                                    f"read it as {fill})")
+            self._check_chunks(name, self._verified_array(name), steps, state, decode=decode)
+
+    def fingerprint(self) -> str:
+        """The identity of the data a reader of this store gets, without reading field data: one line
+        ``store <store_id[:12]> (created <created_at>), <k> complete steps, digest <sha256[:16]>`` (a store
+        written before ``store_id`` existed: ``store created <created_at>, ...``). The digest covers the store id,
+        the creation time, the layout, the complete steps with their attempt ids and the caller attributes (a
+        recording's episode index among them): a store re-recorded at the same path, a step added, redone or
+        invalidated, gives another fingerprint; the same files copied elsewhere give the same one.
+
+        Raises:
+            DamagedStore: the step bookkeeping cannot be read.
+        """
+        attrs = self.attrs
+        done = self._complete_for_check()
+        attempts = (self._step_array(_ATTEMPT)[:][done].tolist() if self._has_attempts() and len(done)
+                    else [1] * len(done))
+        user = {k: v for k, v in attrs.items() if k not in _RESERVED_ATTRS}
+        blob = json.dumps({"store_id": attrs.get("store_id"), "created_at": attrs.get("created_at"),
+                           "schema_version": attrs.get("schema_version"), "layout": attrs.get("layout"),
+                           "complete": [int(n) for n in done], "attempts": attempts, "attrs": user},
+                          sort_keys=True, default=str)
+        digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
+        sid = attrs.get("store_id")
+        who = f"store {str(sid)[:12]} (created {attrs.get('created_at')})" if sid else \
+            f"store created {attrs.get('created_at')}"
+        return f"{who}, {len(done)} complete steps, digest {digest}"
+
+    def _complete_for_check(self) -> np.ndarray:
+        """:meth:`complete_steps`, a damaged step bookkeeping raised as DamagedStore."""
+        try:
+            return self.complete_steps()
+        except Exception as exc:  # noqa: BLE001 - zarr/numcodecs/json errors of damaged bookkeeping files
+            raise self._damaged(f"its step bookkeeping ({self._steps}/{_COMPLETE}, {_ATTEMPT}, "
+                                f"{_SHARD_ATTEMPT}) cannot be read ({_why(exc)})") from None
+
+    def _verified_array(self, name: str) -> zarr.Array:
+        """The zarr array of field ``name``, its metadata checked against the layout.
+
+        Raises:
+            KeyError: not a field of the layout. DamagedStore: metadata missing, unreadable or of another shape.
+        """
+        if name not in self._fields:
+            raise KeyError(f"no field {name!r} in {self._path}; known fields: {sorted(self._fields)}")
+        key = f"{_FIELDS_GROUP}/{name}"
+        try:
+            arr = self._group[key]
+        except Exception as exc:  # noqa: BLE001 - KeyError (no zarr.json), json/metadata errors
+            raise self._damaged(f"{key}: its array metadata ({key}/zarr.json) is missing or unreadable "
+                                f"({_why(exc)})") from None
+        if not isinstance(arr, zarr.Array) or arr.ndim != 3 + len(self._fields[name].shape):
+            raise self._damaged(f"{key}: its array metadata ({key}/zarr.json) does not describe the field "
+                                f"[N, T, B, *{list(self._fields[name].shape)}] of the store's layout")
+        return arr
+
+    def _check_chunks(self, name: str, arr: zarr.Array, steps: Iterable[int], state: str, *,
+                      decode: bool = False) -> None:
+        """Stat (and with ``decode`` read) the chunk file of every (step, shard) of field ``name`` at ``steps``;
+        ``state`` says why they must exist ("complete", "written", "read"). Raises DamagedStore (check_files)."""
+        key = f"{_FIELDS_GROUP}/{name}"
+        steps = sorted({int(n) for n in steps})
+        if not steps or 0 in arr.shape[1:]:  # a field with a zero-size dim has no chunk files
+            return
+        if steps[-1] >= arr.shape[0]:
+            raise self._damaged(f"{key}: holds {arr.shape[0]} steps, step {steps[-1]} is {state}")
+        S, tail = self._shard_size, (0,) * (arr.ndim - 3)
+        missing = []
+        for n in steps:
+            for s in range(self.num_shards):
+                chunk = arr.metadata.encode_chunk_key((n, 0, s) + tail)
+                envs = f"env {s}" if S == 1 else f"envs {s * S}-{(s + 1) * S - 1}"
+                where = f"{key} chunk file {chunk} (step {n}, {envs})"
+                if not os.path.isfile(os.path.join(self._path, key, chunk)):
+                    missing.append(where)
+                elif decode and not missing:
+                    try:
+                        arr[n, :, s * S:(s + 1) * S]
+                    except Exception as exc:  # noqa: BLE001 - codec errors of a garbled chunk file
+                        raise self._damaged(f"{where} cannot be decoded ({_why(exc)})") from None
+        if missing:
+            fill = "False" if arr.dtype == np.bool_ else "zeros"
+            more = f" (and {len(missing) - 1} more chunk files of {key})" if len(missing) > 1 else ""
+            why = "" if state == "read" else f", though the step is {state}"
+            raise self._damaged(f"{missing[0]} is missing{more}{why} (zarr would read it as {fill})")
 
     # ---- helpers ---------------------------------------------------------------------------------------
     def _damaged(self, what: str) -> DamagedStore:
@@ -595,10 +729,12 @@ def write_shard(path: str, *, step: int, shard: int, data: Mapping[str, np.ndarr
     Runs inside Dask tasks. ``data[name]`` must be ``[T, shard_size, *spec.shape]`` with the field's exact
     dtype (no casting). The step must have been reserved by the driver. ``attempt``: the id
     :meth:`TrajectoryStore.reserve` returned for this write (None: the step's latest attempt when the write
-    starts). Returns ``{"bytes", "seconds"}`` (bytes = uncompressed payload).
+    starts). Returns ``{"bytes", "seconds"}`` (bytes = uncompressed payload). Raises :class:`StoreGone` when the
+    store's directory was removed (zarr's local store would make the chunk files' directories again).
     """
     t0 = time.perf_counter()
     key = os.path.abspath(os.fspath(path))
+    _check_present(key)
     step, shard = int(step), int(shard)
     with _CACHE_LOCK:
         opened = _CACHE.get(key)

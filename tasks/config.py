@@ -138,6 +138,10 @@ class EnvConfig:
     # goal target's relative to the object (m, from the simulator's poses; 14-D), as ManiSkill's state obs hold
     # the object poses. False: the community's 8-D proprio state only (objects seen through the camera alone)
     object_state: bool = False
+    # the prompt of each task: benchmark = LIBERO's task.language (what openpi's and OpenVLA's LIBERO evaluations
+    # and their published checkpoints use); bddl = the `(:language ...)` line of the task's BDDL file (differs
+    # for 29 of the 130 tasks: "pick the akita black bowl ..." for "pick up the black bowl ...")
+    instruction_source: str = "benchmark"
 
     @property
     def shard_size(self) -> int:
@@ -986,6 +990,9 @@ def inert_keys(cfg: Config, command: str = "run", cuda_count: int = 0) -> list[t
     if e.simulator != "maniskill":
         off(["env.robot_visual_lod"], f"decimates a ManiSkill robot's visual meshes; env.simulator={e.simulator} "
                                       f"does not read it: drop it")
+    if e.simulator != "libero":
+        off(["env.instruction_source"], f"chooses where LIBERO's task instructions come from; "
+                                        f"env.simulator={e.simulator} does not read it: drop it")
     if e.simulator != "maniskill" or e.sim_backend != "physx_cpu":
         off(["env.fast_step"], f"chooses how a ManiSkill CPU env (env.sim_backend=physx_cpu) computes its step; "
                                f"env.simulator={e.simulator} with env.sim_backend={e.sim_backend} does not read it: "

@@ -16,8 +16,8 @@ def sft_index(store_path: str, only_success: bool) -> np.ndarray:
 
     Raises:
         DamagedStore: missing data: a recording whose index lists episodes but no complete step, or a chunk file of
-            a complete step missing or an array's metadata unreadable (`TrajectoryStore.check_files`: zarr would
-            read a missing chunk as the fill value, all-False).
+            a complete step missing or undecodable or an array's metadata unreadable (the store's verified read,
+            `TrajectoryStore.read`: zarr would read a missing chunk as the fill value, all-False).
         ValueError: the store holds no such chunk step (names the store and the filter).
     """
     from storage.trajectories import TrajectoryStore
@@ -27,7 +27,6 @@ def sft_index(store_path: str, only_success: bool) -> np.ndarray:
         raise DamagedStore(f"trajectory store {store_path} is damaged: its index lists {st.attrs['episodes']} "
                            f"episodes but no step is marked complete (steps/complete chunk files missing?); "
                            f"re-record it, or restore it from a whole copy")
-    st.check_files(("step_mask", "episode_id", "success") if only_success else ("step_mask", "episode_id"))
     mask = st.read("step_mask", steps).any(-1)  # [N, T, B]
     ep_id = st.read("episode_id", steps)
     if only_success:
@@ -43,6 +42,19 @@ def sft_index(store_path: str, only_success: bool) -> np.ndarray:
 
 
 SFT_FIELDS = ("obs", "rgb", "actions", "task_id")  # what an SFT data worker holds per sample (those stored)
+VALUE_FIELDS = ("rewards", "step_mask", "truncated")  # what the value warm start reads (`sft.value_coef` > 0)
+
+
+def sft_fields(stored, only_success: bool, value: bool) -> tuple[str, ...]:
+    """Every field an SFT run reads from its store, of those `stored` (a store's field names): `sft_index`'s
+    (step_mask, episode_id, and success with `only_success`), the samples' `SFT_FIELDS` and, with `value`
+    (`sft.value_coef` > 0), the value warm start's `VALUE_FIELDS`. The fields whose chunk files `pipelines.config`
+    checks before a run starts."""
+    index = ("step_mask", "episode_id", *(("success",) if only_success else ()))
+    wanted = (*index, *SFT_FIELDS, *(VALUE_FIELDS if value else ()))
+    return tuple(dict.fromkeys(f for f in wanted if f in stored))
+
+
 SFT_WORKER_BASE_GIB = 1.0  # an SFT env worker without its samples: ManiSkill eval shard, torch (measured 2026-12-05:
 # 0.98-1.01 GiB peak RSS in 3 conf=pushcube_flow_sft runs whose samples were 6 MB)
 
@@ -77,6 +89,7 @@ def set_demo_stats(cfg: Config, policy: torch.nn.Module) -> bool:
 
     Raises:
         ValueError: no selectable chunk step in the store (`sft_index`).
+        DamagedStore: a chunk file it reads missing or undecodable (`TrajectoryStore.gather`).
     """
     if cfg.algorithm.name != "sft" or cfg.policy.model_path:
         return False
@@ -87,9 +100,8 @@ def set_demo_stats(cfg: Config, policy: torch.nn.Module) -> bool:
     from storage.trajectories import TrajectoryStore
     rows = sft_index(cfg.sft.store, cfg.sft.only_success)
     st = TrajectoryStore.open(cfg.sft.store)
-    idx = (rows[:, 0], rows[:, 1], rows[:, 2])
     if hasattr(policy, "set_action_stats") or norm:
-        actions, mask = st.read("actions")[idx], st.read("step_mask")[idx]  # [M, C, D], [M, C]
+        actions, mask = st.gather("actions", rows), st.gather("step_mask", rows)  # [M, C, D], [M, C]
         executed = actions[mask]  # [K, D] the executed actions of the samples
         if hasattr(policy, "set_action_stats"):
             from tasks.policies.token_vla import action_stats_from_data
@@ -98,6 +110,6 @@ def set_demo_stats(cfg: Config, policy: torch.nn.Module) -> bool:
             x = executed.astype(np.float64)
             policy.set_action_norm(x.mean(0), np.maximum(x.std(0), ACTION_STD_FLOOR))
     if state:  # policy.normalize_state: the samples' state at their chunk start, [M, O]
-        obs = st.read("obs")[idx].astype(np.float64)
+        obs = st.gather("obs", rows).astype(np.float64)
         policy.prefix.set_state_stats(obs.mean(0), np.maximum(obs.std(0), STATE_STD_FLOOR))
     return True

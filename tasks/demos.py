@@ -159,21 +159,28 @@ def rows_in(rows: np.ndarray, subset: np.ndarray) -> np.ndarray:
 
 def gather(st, field: str, rows: np.ndarray) -> np.ndarray:
     """`field` of the TrajectoryStore `st` at the (step, t, b) rows (int [M, 3]): [M, *field shape], in the rows'
-    order. Read one step at a time, so the peak is the result plus one step's field (reading the whole field first
-    held every step of a large store twice over; `tasks.demo_index.sft_dataset_bytes` estimates this peak)."""
-    spec = st.fields[field]
-    out = np.empty((len(rows), *spec.shape), spec.dtype)
-    for n in np.unique(rows[:, 0]):
-        sel = np.flatnonzero(rows[:, 0] == n)
-        out[sel] = st.read(field, [int(n)])[0][rows[sel, 1], rows[sel, 2]]
-    return out
+    order (`TrajectoryStore.gather`: the store's verified read, one step at a time, so the peak is the result plus
+    one step's field; reading the whole field first held every step of a large store twice over;
+    `tasks.demo_index.sft_dataset_bytes` estimates this peak).
+
+    Raises:
+        DamagedStore: a chunk file of a needed step missing or undecodable (zarr would read a missing one as zeros).
+    """
+    return st.gather(field, rows)
 
 
 def _dataset(cfg: Config) -> dict[str, np.ndarray]:
     """The samples in memory, cached per worker: obs [M, O], rgb [M, H, W, 3] (if stored), actions [M, C, D].
 
     With `sft.value_coef` > 0 the samples are the chunk steps of every recorded episode, with `bc` bool [M] (the
-    behaviour-cloning selection, `sft.only_success`) and `returns` float32 [M] (`chunk_returns`)."""
+    behaviour-cloning selection, `sft.only_success`) and `returns` float32 [M] (`chunk_returns`).
+
+    Every field is read through the store's verified read (`TrajectoryStore.read` / `gather`).
+
+    Raises:
+        DamagedStore: a chunk file of a field it reads missing or undecodable at a complete step (one line naming
+            the store, the field, the chunk file, its step and envs, and the fix); `pipelines.config` checks the
+            same files (`sft_fields`) before a run starts."""
     store_path, only_success, value = cfg.sft.store, cfg.sft.only_success, cfg.sft.value_coef > 0
 
     def load():

@@ -238,42 +238,76 @@ def rate_summary(outcomes: Mapping[str, Mapping], z: float = Z95) -> dict[str, f
 
 
 def write_eval(run_dir, step: int, outcomes: Mapping[str, Mapping], extra: Mapping | None = None,
-               split: str = "eval"):
+               split: str = "eval", create_run_dir: bool = True):
     """Write `<run_dir>/evals/step_<step>.json` (split "val": `evals/val/step_<step>.json`) atomically: {"step",
     "summary": rate_summary, "episodes": outcomes, **extra}; an existing file of that step (a redone step) is
-    replaced. Returns its path."""
+    replaced. Returns its path. `create_run_dir=False` (a running run's evals): `run_dir` must exist and is never
+    made again (raises storage.rundir.RunDirGone when it is not there)."""
     d = _evals_dir(run_dir, split)
-    d.mkdir(parents=True, exist_ok=True)
+    if create_run_dir:
+        d.mkdir(parents=True, exist_ok=True)
+    else:
+        from storage.rundir import make_dir_in
+        make_dir_in(run_dir, *d.relative_to(Path(run_dir)).parts)
     rec = {"step": int(step), **dict(extra or {}), "summary": rate_summary(outcomes), "episodes": dict(outcomes)}
     from storage.rundir import write_text_atomic
     return write_text_atomic(d / f"step_{int(step)}.json", json.dumps(rec, indent=0, sort_keys=False))
 
 
-def read_evals(run_dir, split: str = "eval") -> dict[int, dict]:
-    """Every eval record of a run's split ({step: record}, ascending steps); unreadable files are skipped."""
+class DamagedEvalRecord(ValueError):
+    """An eval record (`<run_dir>/evals/step_<N>.json`) that cannot be read back: `write_eval` writes each one whole
+    (atomically), so a truncated, garbled or unreadable one was damaged after it was written. The message is one line
+    naming the file, what is wrong and the fix."""
+
+
+def _eval_files(run_dir, split: str) -> dict[int, Path]:
+    """{step: path} of the eval record files of a run's split (by name only, nothing read), ascending steps."""
     d = _evals_dir(run_dir, split)
-    found: dict[int, dict] = {}
     if not d.is_dir():
-        return found
-    for f in d.iterdir():
-        m = re.match(r"^step_(\d+)\.json$", f.name)
-        if not m:
+        return {}
+    found = {int(m.group(1)): f for f in d.iterdir() if (m := re.match(r"^step_(\d+)\.json$", f.name))}
+    return dict(sorted(found.items()))
+
+
+def read_evals(run_dir, split: str = "eval", upto: int | None = None) -> dict[int, dict]:
+    """Every eval record of a run's split ({step: record}, ascending steps; `upto`: those of steps <= upto only,
+    the others not opened), each checked to be whole: a JSON
+    object whose "step" is the step of its name and that holds "summary" and "episodes" (a record dropped silently
+    would move a run's baseline, best or regression check to another eval).
+
+    Raises:
+        DamagedEvalRecord: a record file unreadable, not valid JSON (e.g. truncated) or not a whole record (names
+            the file and the fix: restore it, or move it aside to drop that eval).
+    """
+    found: dict[int, dict] = {}
+    for step, f in _eval_files(run_dir, split).items():
+        if upto is not None and step > upto:
             continue
         try:
-            found[int(m.group(1))] = json.loads(f.read_text())
-        except (OSError, ValueError):
-            continue
-    return dict(sorted(found.items()))
+            rec = json.loads(f.read_text())
+            if not isinstance(rec, dict) or int(rec["step"]) != step or not isinstance(rec["summary"], dict) \
+                    or not isinstance(rec["episodes"], dict):
+                raise ValueError(f"not a whole eval record of step {step} (its \"step\", \"summary\" or "
+                                 f"\"episodes\" is missing or wrong)")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            why = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+            raise DamagedEvalRecord(f"eval record {f} is damaged ({why}); eval records are written whole, so it was "
+                                    f"cut or changed since: restore it from a copy, or move it aside (mv {f} "
+                                    f"{f}.damaged) and that eval is no longer counted") from None
+        found[step] = rec
+    return found
 
 
 def discard_evals_after(run_dir, step: int) -> list[int]:
     """Remove the eval records of steps > `step`, of every split (a rollback or resume to `step`: those evals belong
-    to a superseded timeline); returns the removed steps (of either split, ascending)."""
+    to a superseded timeline; found by name, so a damaged one goes too); returns the removed steps (of either split,
+    ascending)."""
     gone: set[int] = set()
     for split in ("eval", "val"):
-        for s in [s for s in read_evals(run_dir, split) if s > step]:
-            (_evals_dir(run_dir, split) / f"step_{s}.json").unlink(missing_ok=True)
-            gone.add(s)
+        for s, f in _eval_files(run_dir, split).items():
+            if s > step:
+                f.unlink(missing_ok=True)
+                gone.add(s)
     return sorted(gone)
 
 
@@ -283,7 +317,10 @@ def start_checkpoint_eval(model_path) -> tuple[str, dict] | None:
     global_step_<N>), the record `<run_dir>/evals/step_<N>.json` (`write_eval`).
 
     Returns (label, record) with label `run <run dir name> step <N>`, or None: no model_path, not a run's
-    checkpoint (e.g. an exported hf dir elsewhere), or that step has no readable eval record."""
+    checkpoint (e.g. an exported hf dir elsewhere), or that step has no eval record.
+
+    Raises:
+        DamagedEvalRecord: an eval record of that run is damaged (`read_evals`)."""
     if not model_path:
         return None
     try:
@@ -333,6 +370,14 @@ def pick_baseline(run_evals: Mapping[int, Mapping], start: Mapping | None) -> tu
     if len(run_evals) > 1:
         return "run", min(run_evals)
     return None
+
+
+def improves(value: float, best: float) -> bool:
+    """Whether an eval's `value` (higher is better, e.g. success_once) replaces `best` as the run's best (the choice
+    of `checkpoints/best`): only a finite value strictly above `best`, or any finite value when `best` is not finite.
+    A non-finite value (NaN: no episodes; +-inf: a diverged figure) is never the best."""
+    value = float(value)
+    return math.isfinite(value) and (not math.isfinite(float(best)) or value > float(best))
 
 
 def regression(now: Mapping[str, Mapping], first: Mapping[str, Mapping], key: str = "success_once",

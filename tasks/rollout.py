@@ -117,15 +117,16 @@ def instruction(cfg: Config) -> str:
 
 def instructions(cfg: Config) -> tuple[str, ...]:
     """The run's instruction table (tasks.envs.instructions: index = task_id), cached per process (a plain dict
-    keyed by simulator and env task, not the worker's resident registry: the table is no per-run state)."""
-    key = (cfg.env.simulator, cfg.env.env_id)
+    keyed by simulator, env task and instruction source, not the worker's resident registry: the table is no
+    per-run state)."""
+    key = (cfg.env.simulator, cfg.env.env_id, cfg.env.instruction_source)
     if key not in _INSTRUCTIONS:
         from tasks.envs import instructions as env_instructions
         _INSTRUCTIONS[key] = tuple(env_instructions(cfg.env))
     return _INSTRUCTIONS[key]
 
 
-_INSTRUCTIONS: dict[tuple[str, str], tuple[str, ...]] = {}
+_INSTRUCTIONS: dict[tuple[str, str, str], tuple[str, ...]] = {}
 
 
 num_values = tj.num_values  # value outputs per chunk step V: C for action-level rewards, else 1

@@ -138,7 +138,8 @@ def write_episode_video(env, episode: dict, path: Path, title: str) -> dict:
 def eval_videos(cfg: Config, run_id: str, out_dir: str, step: int, *episode_lists: list[dict]) -> dict:
     """Task: the mp4s of the first `cfg.runner.eval_videos` episodes (by episode id) among the eval shards'
     episode lists that carry "actions"; the render instance stays resident on the worker (one per run and size:
-    the first camera instance in a process compiles shaders, 15-30 s on software Vulkan).
+    the first camera instance in a process compiles shaders, 15-30 s on software Vulkan). `out_dir` must exist
+    (the driver makes it, `pipelines.runner`): one that is gone is the "error", never made again here.
 
     Returns:
         {"videos": [write_episode_video's dicts, in filming order: the render instance's current task first, then
@@ -157,6 +158,8 @@ def eval_videos(cfg: Config, run_id: str, out_dir: str, step: int, *episode_list
         if not chosen:
             raise RuntimeError("no eval episode carries its actions (GPU simulation keeps no action log: "
                                "env.sim_backend=physx_cuda episodes are not replayable on the CPU renderer)")
+        if not Path(out_dir).is_dir():  # the driver made it; gone means the run dir was removed: not re-created
+            raise FileNotFoundError(f"the video directory {out_dir} is gone (removed with the run directory?)")
         env, _ = resident.get_or_create(f"{run_id}/render/{r.eval_video_size}",
                                         lambda: make_single_env(cfg.env, render_size=r.eval_video_size))
         setup_s = time.perf_counter() - t0

@@ -45,6 +45,7 @@ from pipelines.runner.scheduler import Scheduler, StepFailed
 from pipelines.runner.setup import (Resume, RunResult, RunState, Setup, new_run_id, resolve_resume, run_params,
                                     trajectory_fields)
 from storage.checkpoints import mark_best, prune_checkpoints, read_best
+from storage.rundir import RunDirGone, run_dir_gone
 from tasks import evalstats
 from tasks.config import Config
 
@@ -56,14 +57,17 @@ class Runner(Scheduler, Setup, Recovery):
     """Drives one experiment on a connected cluster. `run()` returns a RunResult.
 
     Raises (from the constructor): tasks.config.ConfigError for a resume that cannot be honoured
-    (`resolve_resume`), before anything is written."""
+    (`resolve_resume`) or a run dir another live driver owns (`Setup._hold_run_dir`), before anything is written.
+    `run_lock`: the run dir's lock when the caller took it already (pipelines.run); else the Runner takes it and
+    releases it when `run()` ends."""
 
-    def __init__(self, cfg: Config, handle: ClusterHandle, *, echo=print):
+    def __init__(self, cfg: Config, handle: ClusterHandle, *, echo=print, run_lock=None):
         self.cfg, self.handle, self.client, self.echo = cfg, handle, handle.client, self._bar_safe(echo)
         self.root = Path(cfg.run_root).resolve()
         self.placement: Placement = plan_placement(cfg, self.client)
         self._placed_ids = self._placed_worker_ids()
         self.state, ckpt, resume = self._start_or_resume()  # refuses a bad resume before writing anything
+        self._hold_run_dir(run_lock)  # one live driver per run dir (and sft.store not re-recorded): before any write
         self.group: dict | None = None  # multi-rank actor: {"master_addr", "master_port"} of the current generation
         self.actor_weights = None  # what the ranks take as weights: the init's (to build from), then {"version"}
         if ckpt is not None and self.ranks > 1:  # a resumed run: drop groups a previous driver left on the workers
@@ -90,6 +94,7 @@ class Runner(Scheduler, Setup, Recovery):
             self._reset_pipeline()
         except BaseException as exc:
             self.tracker.set_terminated("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+            self._release_run_dir()
             raise
 
     # ----- the loop -----
@@ -98,7 +103,12 @@ class Runner(Scheduler, Setup, Recovery):
         checkpoint (none of the eval when stopped early). Sets the MLflow run FINISHED / KILLED / FAILED. Ends with
         the perf report (`_report`: perf_summary.json in the run dir and in MLflow, the table printed), also when
         nothing was left to do (a resume of a finished run). `RunResult.peak_rss_gb`: the sum of every process's
-        peak resident memory (driver, scheduler, workers; pipelines.runner.perf)."""
+        peak resident memory (driver, scheduler, workers; pipelines.runner.perf).
+
+        Raises:
+            storage.rundir.RunDirGone: the run directory, its trajectory store or its local MLflow store was removed
+                (or replaced) while the run trained, whatever failed first because of it (`_files_gone`: one line;
+                nothing more is written there, nothing re-created)."""
         st = self.state
         t_start = time.perf_counter()
         self.perf.session_start()
@@ -110,6 +120,8 @@ class Runner(Scheduler, Setup, Recovery):
             self._wait_init()
             self._eval_at_start(t_start)
             while True:
+                if self._files_gone() is not None:  # a step writes nothing that would show it (no store)
+                    raise RunDirGone(self._files_gone())
                 self._stopping = self._done(t_start)
                 if self._stopping and not self._ahead:  # steps in flight when the run is done still finish
                     break
@@ -121,17 +133,40 @@ class Runner(Scheduler, Setup, Recovery):
         except KeyboardInterrupt:
             status = "KILLED"
             raise
+        except Exception:
+            gone = self._files_gone()
+            if gone is not None:  # whatever failed first (a store read, a checkpoint task, an eval record, an MLflow
+                raise RunDirGone(gone) from None  # write) did so because the run's files vanished: the one line
+            raise
         finally:
-            self._flush_complete_at_end()
+            gone = self._files_gone() is not None
+            if not gone:  # else nothing more is written (the store mark and the perf summary would re-create
+                self._flush_complete_at_end()  # parts of a removed run dir; a vanished MLflow store takes nothing)
             if bar is not None:
                 bar.close()
             self._bar = None
-            self._report(live=ended)
-            self.tracker.set_terminated(status)
+            if not gone:
+                self._report(live=ended)
+            if self.tracker.store_gone() is None:
+                self.tracker.set_terminated(status)
+            self._release_run_dir()  # the run dir's lock (Setup._hold_run_dir): its last write is done
         return RunResult(st.run_id, self.run_dir, self.tracker.run_id, self.tracking_uri,
                          self.store.path if self.store is not None else None, st.step, st.env_steps,
                          time.perf_counter() - t_start, self.last_eval, self.perf.cluster_peak_bytes() / 2**30,
                          interrupted=self.stop_requested)
+
+    def _files_gone(self) -> str | None:
+        """None while the run's own files are where the run made them, else the one line saying which vanished
+        under the run: the run directory (removed or replaced, `storage.rundir.run_dir_gone`), its trajectory
+        store, or its local MLflow store (`Tracker.store_gone`)."""
+        why = run_dir_gone(self.run_dir, getattr(self, "_run_dir_id", None))
+        store = getattr(self, "store", None)
+        if why is None and store is not None and not (Path(store.path) / "zarr.json").is_file():
+            why = (f"the trajectory store {store.path} was removed while the run trained; the run stopped and wrote "
+                   f"nothing more (nothing was re-created): restore it and resume with runner.resume="
+                   f"{self.state.run_id}, or start a new run")
+        tracker = getattr(self, "tracker", None)
+        return why if why is not None or tracker is None else tracker.store_gone()
 
     def _flush_complete_at_end(self) -> None:
         """The last finished step's store mark (Scheduler._flush_complete) when the loop ends, also by an error or an
@@ -182,8 +217,8 @@ class Runner(Scheduler, Setup, Recovery):
         report unwritten (closing it would query a cluster that may be gone)."""
         if n in self.cfg.runner.profile_steps:
             from distributed import performance_report
-            path = self.run_dir / "profile" / f"step_{n}.html"
-            path.parent.mkdir(parents=True, exist_ok=True)
+            from storage.rundir import make_dir_in
+            path = make_dir_in(self.run_dir, "profile") / f"step_{n}.html"
             report = performance_report(filename=str(path))
             with self.client.as_current():
                 report.__enter__()
@@ -312,13 +347,14 @@ class Runner(Scheduler, Setup, Recovery):
             RuntimeError: the eval's episodes are not exactly the fixed ones (a bug: evals would not be paired).
         """
         st, ev = self.state, self.cfg.env.eval
-        video_dir = self.run_dir / "videos" / f"step_{st.step}" if graphs.films_eval(self.cfg, st.step, last) \
-            else None
+        from storage.rundir import make_dir_in  # made here, in the run dir as it is: the video task makes nothing
+        video_dir = make_dir_in(self.run_dir, "videos", f"step_{st.step}") \
+            if graphs.films_eval(self.cfg, st.step, last) else None
         earlier = {s: r for s, r in evalstats.read_evals(self.run_dir).items() if s < st.step}  # this timeline's
         m, outcomes, videos, extra = self._play_split("eval", None if video_dir is None else str(video_dir))
         if videos is not None:
             self._log_videos(videos, video_dir, m)
-        if m["eval/success_once"] > st.best_eval_success_once:
+        if evalstats.improves(m["eval/success_once"], st.best_eval_success_once):  # never a non-finite value
             st.best_eval_success_once, st.best_eval_step = m["eval/success_once"], st.step
         m["eval/best_success_once"] = st.best_eval_success_once
         if ev.val_episodes:
@@ -367,7 +403,7 @@ class Runner(Scheduler, Setup, Recovery):
         m[f"{split}/num_episodes"] = float(len(episodes))
         m[f"time/{split}"] = time.perf_counter() - t0
         extra = {"run_id": st.run_id, "eval_seed": ev.seed, "eval_layout": evalstats.eval_layout(self.cfg)}
-        evalstats.write_eval(self.run_dir, st.step, outcomes, extra, split=split)
+        evalstats.write_eval(self.run_dir, st.step, outcomes, extra, split=split, create_run_dir=False)
         return m, outcomes, videos, extra
 
     def _validate(self, run_evals: dict[int, dict]) -> dict:
@@ -377,7 +413,7 @@ class Runner(Scheduler, Setup, Recovery):
         {step: eval record} of this timeline, the current step's included), the honest score of `best`."""
         st = self.state
         v = self._play_split("val")[0]
-        if v["val/success_once"] > st.best_val_success_once:
+        if evalstats.improves(v["val/success_once"], st.best_val_success_once):
             st.best_val_success_once, st.best_val_step = v["val/success_once"], st.step
         v["val/best_success_once"] = st.best_val_success_once
         chosen = run_evals.get(st.best_val_step, {}).get("summary", {})

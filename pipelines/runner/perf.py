@@ -195,8 +195,9 @@ class PerfRecorder:
             return default
 
     def _write(self, event: dict) -> None:
+        from storage.rundir import make_dir_in
         path = self.run_dir / EVENTS
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dir_in(self.run_dir, *path.parent.relative_to(self.run_dir).parts)  # never the run dir itself
         with path.open("a") as f:
             f.write(json.dumps({**event, "t": time.time()}) + "\n")
 

@@ -50,7 +50,8 @@ import time
 from asyncio import CancelledError
 from dataclasses import dataclass
 
-from pipelines.cluster import PlacementError, pause_fraction, plan_placement, wait_for_workers, worker_health
+from pipelines.cluster import (PlacementError, cluster_info, pause_fraction, plan_placement, wait_for_workers,
+                               worker_health)
 from storage.checkpoints import latest_checkpoint
 from tasks.config import ConfigError
 
@@ -215,7 +216,7 @@ class Recovery:
     def _worker_ids(self) -> dict[str, str]:
         """address -> worker id (a restarted worker can come back on the same address with a new id and no state).
         Also remembers each address's worker name (`_name`: a lost worker is named after it is gone)."""
-        workers = self.client.scheduler_info(n_workers=-1)["workers"]
+        workers = cluster_info(self.client)["workers"]
         names = self.__dict__.setdefault("_names", {})
         names.update({a: w.get("name", a) for a, w in workers.items()})
         return {a: w.get("id", a) for a, w in workers.items()}
@@ -240,8 +241,10 @@ class Recovery:
 
     def _lost_workers(self) -> set[str]:
         """Placed workers gone (or restarted with a new id), confirmed by a second look 2 s later: on a starved
-        machine one scheduler_info() answer was seen to list none of the workers that were still alive. The
-        placed workers are `_placed()`'s: env, actor and rollout (inference) workers, or the watch's narrowed set."""
+        machine one scheduler_info() answer was seen to list none of the workers that were still alive (the
+        client's cache, overwritten by its periodic update: `pipelines.cluster.cluster_info` asks the scheduler
+        directly now; the second look stays). The placed workers are `_placed()`'s: env, actor and rollout
+        (inference) workers, or the watch's narrowed set."""
         placed = self._placed()
 
         def missing() -> set[str]:
@@ -447,7 +450,7 @@ class Recovery:
         workers come back. Raises PlacementError when none exists."""
         deadline = time.monotonic() + 120.0
         while True:
-            info = self.client.scheduler_info(n_workers=-1)
+            info = cluster_info(self.client)
             live = info["workers"]
             healthy = {a: w for a, w in live.items() if a not in exclude and w.get("status", "running") == "running"}
             try:
@@ -508,13 +511,13 @@ class Recovery:
         try:
             placement = self._healthy_placement(paused)
         except ConfigError as exc:
-            live = self.client.scheduler_info(n_workers=-1)["workers"]
+            live = cluster_info(self.client)["workers"]
             paused |= {a for a, w in live.items() if w.get("status", "running") != "running"}
             why = (f"{failed}: no healthy placement without the paused worker(s) {sorted(paused)}" if paused
                    else f"{failed}: no placement on the live workers")
             # the placement's own fix only when the cluster could not hold it even with every worker healthy
             # (all paused: "no worker with resource GPU" is the pause, and `fix` already names its cure)
-            whole = {**self.client.scheduler_info(n_workers=-1), "workers": live}
+            whole = {**cluster_info(self.client), "workers": live}
             self._stop(why, fix if paused and self._placeable(whole) else f"{fix}, or {exc.fix}",
                        actor_healthy=not actor_lost)
         self.echo(f"dagrl: worker(s) {sorted(lost)} {'lost or stalled' if stalls else 'lost'} during "

@@ -25,8 +25,9 @@ from pipelines import graphs
 from pipelines.cluster import _host
 from pipelines.config import to_dict, to_yaml
 from storage.checkpoints import latest_checkpoint, load_checkpoint, sync_best
-from storage.rundir import find_run_dir, latest_started_run, new_run_dir, write_resolved_config
+from storage.rundir import find_run_dir, latest_started_run, lock_run_dir, new_run_dir, run_owner, write_resolved_config
 from storage.tracking import Tracker, default_tracking_uri, flatten_config
+from storage.rundir import dir_identity
 from storage.trajectories import FieldSpec, TrajectoryStore
 from tasks import trajectory
 from tasks.config import Config, ConfigError
@@ -53,6 +54,9 @@ class RunState:
     best_val_success_once: float = -1.0
     best_val_step: int = -1
     actor_generation: int = 0  # the multi-rank actor's process-group generation (bumped on every rebuild)
+    # the data the run reads from outside its run dir, key -> fingerprint (`input_fingerprints`): sft.store,
+    # policy.model_path; recorded at the start, compared on every resume (a change is refused)
+    inputs: dict = field(default_factory=dict)
 
     def best(self, val: bool) -> tuple[int, float, str]:
         """(step, value, metric) of the eval that chooses `checkpoints/best`: the validation split's best with `val`
@@ -107,14 +111,15 @@ def resolve_resume(cfg: Config) -> Resume:
     newest complete checkpoint (`latest`: the most recently STARTED run of the experiment, never an older one).
 
     Raises:
-        ConfigError: `runner.resume` names no run, the run has no complete checkpoint, its step is above
+        ConfigError: `runner.resume` names no run, or a run another live driver owns (`storage.rundir.run_owner`:
+            its pid, host, since when, command), the run has no complete checkpoint, its step is above
             `runner.max_steps`, `env.num_shards` differs from the checkpoint's, the checkpoint's MLflow run is not
             in `tracking.uri`'s store, or a key that shapes training differs from the resumed run's MLflow params
             (`run_params`).
     """
     resume = cfg.runner.resume
     if resume is None:
-        state = RunState(run_id=new_run_id(), cursors=[None] * cfg.env.num_shards)
+        state = RunState(run_id=new_run_id(), cursors=[None] * cfg.env.num_shards, inputs=input_fingerprints(cfg))
         return Resume(state, None, flatten_config(to_dict(cfg)), {})
     root = Path(cfg.run_root).resolve()
     exp_dir = root / cfg.experiment
@@ -123,6 +128,10 @@ def resolve_resume(cfg: Config) -> Resume:
         if run_dir is None:
             raise ConfigError("runner.resume", resume, f"no run of experiment {cfg.experiment} under "
                                                        f"{exp_dir}; start one without runner.resume")
+        owner = run_owner(run_dir)
+        if owner is not None:  # `latest` is the newest run; one that is live is not taken, nor an older one instead
+            raise ConfigError("runner.resume", resume, f"the most recently started run of experiment "
+                                                       f"{cfg.experiment} is live: {owner}")
         if latest_checkpoint(run_dir) is None:
             raise ConfigError("runner.resume", resume,
                               f"the most recently started run of experiment {cfg.experiment}, {run_dir.name} "
@@ -133,11 +142,16 @@ def resolve_resume(cfg: Config) -> Resume:
             run_dir = find_run_dir(root, resume)
         except (FileNotFoundError, ValueError) as exc:
             raise ConfigError("runner.resume", resume, str(exc)) from None
+    owner = run_owner(run_dir)  # a run another driver trains: never resumed beside it (nor read while it writes)
+    if owner is not None:
+        raise ConfigError("runner.resume", resume, owner)
     ckpt_path = latest_checkpoint(run_dir)
     if ckpt_path is None:
         raise ConfigError("runner.resume", resume, f"{run_dir} has no complete checkpoint to resume from")
     _check_intact(resume, run_dir, ckpt_path)
     state = RunState(**load_checkpoint(ckpt_path, keys=("run",))["run"]["runner"])
+    _check_eval_records(resume, run_dir, state.step)
+    state.inputs = _check_inputs(cfg, state)
     if len(state.cursors) != cfg.env.num_shards:
         raise ConfigError("env.num_shards", cfg.env.num_shards,
                           f"the checkpoint has {len(state.cursors)} shards; resume with the same env layout")
@@ -146,8 +160,85 @@ def resolve_resume(cfg: Config) -> Resume:
                           f"the checkpoint of run {state.run_id} is at step {state.step} already ({ckpt_path}); "
                           f"set runner.max_steps above {state.step} to train on, or evaluate that checkpoint with "
                           f"python -m pipelines.eval {ckpt_path}")
+    if state.step == cfg.runner.max_steps and _final_eval_recorded(run_dir, state.step):
+        raise ConfigError("runner.max_steps", cfg.runner.max_steps,
+                          f"run {state.run_id} is complete already: its checkpoint is at step {state.step} "
+                          f"({ckpt_path}) and its final eval is recorded, so the resume would train nothing; set "
+                          f"runner.max_steps above {state.step} to train on, or evaluate that checkpoint with "
+                          f"python -m pipelines.eval {ckpt_path}")
     params, changed = run_params(cfg, state.mlflow_run_id, tracking_uri(cfg))
     return Resume(state, Path(ckpt_path), params, changed)
+
+
+def _final_eval_recorded(run_dir: Path, step: int) -> bool:
+    """Whether the run in `run_dir` recorded an eval at `step` (`<run_dir>/evals/step_<step>.json`, and the
+    validation split's too when the run has one): at `runner.max_steps` that is its final eval (Runner._finish_run),
+    so a resume there would do nothing."""
+    from tasks.evalstats import read_evals
+    if step not in read_evals(run_dir):
+        return False
+    val = read_evals(run_dir, split="val")
+    return not val or step in val
+
+
+def input_fingerprints(cfg: Config) -> dict[str, str]:
+    """Fingerprints of the data a run reads from outside its run dir, by config key: `sft.store` (SFT: the
+    recording it trains on, `TrajectoryStore.fingerprint`: store id, complete steps, layout and attributes; no field
+    data read) and `policy.model_path` (the weights it starts from, `storage.checkpoints.directory_fingerprint`).
+    Keys that are unset, or whose path is missing (the config checks name that), are left out.
+
+    Raises:
+        ConfigError: (sft.store) the store's metadata or step bookkeeping is damaged.
+    """
+    from storage.checkpoints import directory_fingerprint
+    from storage.trajectories import DamagedStore
+    out = {}
+    if cfg.algorithm.name == "sft" and cfg.sft.store and Path(cfg.sft.store).is_dir():
+        try:
+            out["sft.store"] = TrajectoryStore.open(cfg.sft.store).fingerprint()
+        except DamagedStore as exc:
+            raise ConfigError("sft.store", cfg.sft.store, str(exc).split(": ", 1)[-1]) from None
+    if cfg.policy.model_path and Path(cfg.policy.model_path).is_dir():
+        out["policy.model_path"] = directory_fingerprint(cfg.policy.model_path)
+    return out
+
+
+def _check_inputs(cfg: Config, state: RunState) -> dict[str, str]:
+    """On resume: the fingerprints of the data the run reads from outside its run dir (`input_fingerprints`)
+    against those its checkpoint recorded. Returns the fingerprints to record from now on (a checkpoint written
+    before they were recorded adopts today's).
+
+    Raises:
+        ConfigError: (the key) the path holds other data than the run trained on so far (re-recorded, retrained,
+            replaced): names the recorded and the found fingerprint and the fix.
+    """
+    found = input_fingerprints(cfg)
+    for key, was in state.inputs.items():
+        now = found.get(key)
+        if now is not None and now != was:
+            value = cfg.sft.store if key == "sft.store" else cfg.policy.model_path
+            what = "recording" if key == "sft.store" else "weights"
+            raise ConfigError(key, value, f"holds other data than run {state.run_id} trained on until step "
+                                          f"{state.step} (recorded: {was}; found: {now}); a resume must read the "
+                                          f"same {what}: put {'it' if key == 'sft.store' else 'them'} back at this "
+                                          f"path, or start a new run (without "
+                                          f"runner.resume) to train on the new {what}")
+    return {**state.inputs, **found}
+
+
+def _check_eval_records(resume: str, run_dir: Path, step: int) -> None:
+    """Read the eval records the resumed run keeps (steps <= its checkpoint's `step`, both splits; later ones are
+    superseded and removed) before anything starts: its baseline, best and regression decisions read them.
+
+    Raises:
+        ConfigError: (runner.resume) a record is damaged; the message names the file and the fix.
+    """
+    from tasks.evalstats import DamagedEvalRecord, read_evals
+    try:
+        for split in ("eval", "val"):
+            read_evals(run_dir, split, upto=step)
+    except DamagedEvalRecord as exc:
+        raise ConfigError("runner.resume", resume, str(exc)) from None
 
 
 def _check_intact(resume: str, run_dir: Path, ckpt_path: Path) -> None:
@@ -211,6 +302,41 @@ class Setup:
                       f"step; only the final eval and checkpoint run again (raise runner.max_steps to train on)")
         return res.state, {"path": str(res.checkpoint)}, res
 
+    def _hold_run_dir(self, run_lock=None) -> None:
+        """Own the run directory before anything is written into it (`storage.rundir.lock_run_dir`: one live driver
+        per run; a dead driver's lock is taken over with a note) and, for SFT, hold `sft.store` shared so that no
+        recording writes it while this run reads it. `run_lock`: the run dir's lock the command took already
+        (pipelines.run, before its cluster starts); it stays the command's to release. Released by
+        `_release_run_dir` at the end of `run()` (or of a failed constructor).
+
+        Raises:
+            ConfigError: another live driver owns the run (`runner.resume`), or a recording writes `sft.store`.
+        """
+        from storage.locks import LockBusy
+        from storage.rundir import lock_store
+        run_dir = self.root / self.cfg.experiment / self.state.run_id
+        self._locks = []
+        if run_lock is None or run_lock.path.parent != run_dir.absolute():
+            try:
+                run_lock = lock_run_dir(run_dir)
+            except LockBusy as exc:
+                raise ConfigError("runner.resume", self.cfg.runner.resume, str(exc)) from None
+            self._locks.append(run_lock)
+        if run_lock.note:
+            self.echo(f"dagrl: {run_lock.note}")
+        if self.cfg.algorithm.name == "sft" and self.cfg.sft.store:
+            try:
+                self._locks.append(lock_store(self.cfg.sft.store, shared=True))
+            except LockBusy as exc:
+                self._release_run_dir()
+                raise ConfigError("sft.store", self.cfg.sft.store, str(exc)) from None
+
+    def _release_run_dir(self) -> None:
+        """Release the locks `_hold_run_dir` took (idempotent)."""
+        for lock in getattr(self, "_locks", []):
+            lock.release()
+        self._locks = []
+
     def _params(self, uri: str) -> tuple[dict, dict]:
         """`run_params` of this run (see there)."""
         return run_params(self.cfg, self.state.mlflow_run_id, uri)
@@ -220,6 +346,7 @@ class Setup:
         cfg = self.cfg
         uri = tracking_uri(cfg)
         self.run_dir = new_run_dir(self.root, cfg.experiment, self.state.run_id)
+        self._run_dir_id = dir_identity(self.run_dir)  # Runner._run_dir_gone: removed or replaced under the run
         write_resolved_config(self.run_dir, to_yaml(cfg))
         self._one_timeline_on_disk()  # a resume: evals after its step go, the best pointer follows its state
         self.tracker = Tracker(uri=uri, experiment=cfg.tracking.experiment or cfg.experiment,

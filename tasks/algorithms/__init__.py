@@ -1,5 +1,5 @@
 """Pure RL math (plain torch, no Dask): the advantage estimator registry (GAE, GRPO: `estimators`), granularity
-helpers, PPO losses."""
+helpers, PPO losses, the tie rule of every std normalisation (`ties`)."""
 
 from tasks.algorithms.advantages import from_action_level, gae, to_action_level
 from tasks.algorithms.estimators import Estimator, estimator_names, get_estimator, register_estimator
@@ -23,6 +23,7 @@ from tasks.algorithms.losses import (
     normalize_advantages,
     ppo_actor_loss,
 )
+from tasks.algorithms.ties import TIE_ULPS, is_tie, tie_tolerance
 
 __all__ = [
     "Estimator",
@@ -49,4 +50,7 @@ __all__ = [
     "masked_mean",
     "normalize_advantages",
     "ppo_actor_loss",
+    "TIE_ULPS",
+    "is_tie",
+    "tie_tolerance",
 ]

@@ -24,9 +24,11 @@ registered as "grpo", ``rlinf/utils/metric_utils.py::compute_loss_mask``, and th
   edit the advantages; a group is kept iff ``lower <= mean(score) <= upper`` (both bounds inclusive). The
   returned ``loss_mask`` here already has the filtered groups removed, and advantages are 0 outside it.
 
-Two deliberate differences, both for groups whose scores are all equal (std = 0):
+Two deliberate differences, both for groups whose scores are a tie (std = 0):
 * their advantages are exactly 0 (RLinf divides a rounding residue of ``score - mean`` by 1e-6, which can be
-  a spurious +-1e-10..1e-4 instead of 0);
+  a spurious +-1e-10..1e-4 instead of 0). A tie is scores equal up to rounding relative to their magnitude
+  (``tasks.algorithms.ties.is_tie``: spread <= 64 * eps(dtype) * max|score|), not only bit-equal ones: float32
+  ``[25, 25, 25, nextafter(25)]`` is a tie (it gave advantages ``[0, 0, 0, 0.908]``), ``[1, 1, 1, 1.001]`` is not;
 * ``group_size = 1`` gives advantages 0 and std 0 (RLinf's unbiased std of one sample is NaN, so every
   advantage would be NaN).
 
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import torch
 
+from tasks.algorithms.ties import is_tie
 from tasks.config import ConfigError
 
 __all__ = ["grpo_advantages", "check_groups"]
@@ -89,7 +92,7 @@ def grpo_advantages(
         score_b   = sum_{t <= first_b} r[t, b]          (r summed over executed actions if [T, B, C])
         n_k       = members b of group k with env_mask[b]
         mean_k, std_k = mean, unbiased std of the scores of those members
-                    (std_k = 0 if their scores are all equal or n_k < 2; mean_k = 0 if n_k = 0)
+                    (std_k = 0 if their scores are a tie, ``is_tie``, or n_k < 2; mean_k = 0 if n_k = 0)
         A_b       = 0 if std_k = 0, else (score_b - mean_k) / (std_k + eps)
         advantages[t, b] = A_b if loss_mask[t, b] else 0
         (per-action rewards: advantages[t, b, c] = A_b if loss_mask[t, b] and step_mask[t, b, c] else 0)
@@ -166,16 +169,13 @@ def grpo_advantages(
     n = member.sum(dim=-1)  # [G] members left
     if bool(member.all()):  # every env takes part: the plain formulas (RLinf's)
         group_mean = grouped.mean(dim=-1)  # [G]
-        all_equal = (grouped == grouped[:, :1]).all(dim=-1)  # [G]
         group_std = grouped.std(dim=-1) if g > 1 else torch.zeros_like(group_mean)  # [G], unbiased (divisor g-1)
     else:  # statistics over the members only
         nf = n.to(grouped.dtype)
         group_mean = torch.where(member, grouped, 0).sum(-1) / nf.clamp(min=1)  # [G], 0 for an empty group
         dev = torch.where(member, grouped - group_mean.unsqueeze(-1), 0)  # [G, g]
         group_std = ((dev ** 2).sum(-1) / (nf - 1).clamp(min=1)).sqrt()  # [G], unbiased over the members
-        first = torch.where(member, grouped, torch.inf).amin(-1)  # [G]
-        all_equal = torch.where(member, grouped == first.unsqueeze(-1), True).all(dim=-1)
-    all_equal = all_equal | (n < 2)  # fewer than 2 members: no spread to normalise by
+    all_equal = is_tie(grouped, member=member, dim=-1)  # [G]; also fewer than 2 members: no spread to normalise by
     group_std = torch.where(all_equal, torch.zeros_like(group_std), group_std)
     env_adv = (grouped - group_mean.unsqueeze(-1)) / (group_std.unsqueeze(-1) + eps)  # [G, g]
     env_adv = torch.where(all_equal.unsqueeze(-1) | ~member, torch.zeros_like(env_adv), env_adv).reshape(B)  # [B]

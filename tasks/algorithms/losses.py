@@ -28,6 +28,8 @@ from typing import Sequence
 
 import torch
 
+from tasks.algorithms.ties import is_tie
+
 __all__ = [
     "REDUCTIONS",
     "masked_mean",
@@ -323,8 +325,11 @@ def normalize_advantages(
     Degenerate statistics give defined, finite values (never a NaN or a rounding residue blown up by 1/eps):
 
     * empty mask: all zeros;
-    * all masked values equal (one element included): all zeros (no spread: A - mean is 0 by definition);
-    * 0 < std < eps: centred only, ``adv - mean`` (dividing by ~eps would turn rounding noise into +-1);
+    * the masked values are a tie (one element included; ``tasks.algorithms.ties.is_tie``: equal up to rounding
+      relative to their magnitude, spread <= 64 * eps(dtype) * max|adv|): all zeros (no spread: A - mean is 0 by
+      definition, and dividing rounding noise by its own std would turn it into +-1);
+    * otherwise 0 < std < eps (absolute): centred only, ``adv - mean`` (dividing by ~eps would blow a tiny spread
+      up to +-1);
     * otherwise the formula above (unchanged, bit for bit).
 
     Raises:
@@ -343,8 +348,6 @@ def normalize_advantages(
     var = masked_mean((adv - mean) ** 2, mask)
     std = var.sqrt()
     out = (adv - mean) / (std + eps)
-    hi = torch.where(keep, adv, torch.full_like(adv, -torch.inf)).amax() if adv.numel() else adv.new_zeros(())
-    lo = torch.where(keep, adv, torch.full_like(adv, torch.inf)).amin() if adv.numel() else adv.new_zeros(())
     out = torch.where(std < eps, adv - mean, out)
-    out = torch.where(hi == lo, torch.zeros_like(out), out)  # all equal (or a single element)
+    out = torch.where(is_tie(adv, member=keep), torch.zeros_like(out), out)  # a tie (or a single element)
     return torch.where(keep, out, torch.zeros_like(out))

@@ -10,8 +10,11 @@ trained on). The advantage of env b in group k is its score minus the mean score
 
     A_b = score_b - (sum_{j in k, j != b} score_j) / (n_k - 1)        (n_k = members of group k left by env_mask)
 
-broadcast over the chunk steps of its scored episode; 0 when n_k < 2 (no other member to compare with). There is no
-division by a group std: the update normalises over the whole batch (``algorithm.normalize_advantages``).
+broadcast over the chunk steps of its scored episode; 0 when n_k < 2 (no other member to compare with) and when the
+group's scores are a tie (``tasks.algorithms.ties.is_tie``: equal up to rounding relative to their magnitude, e.g.
+float32 1000 and 1000 + 1 ulp): their differences are rounding noise, which the update's batch normalisation
+(``algorithm.normalize_advantages``) would otherwise scale up to full-size advantages of random sign. There is no
+division by a group std here.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from tasks.algorithms.grpo import grpo_advantages
+from tasks.algorithms.ties import is_tie
 
 __all__ = ["rloo_advantages"]
 
@@ -56,7 +60,7 @@ def rloo_advantages(
     grouped = torch.where(member, scores.view(G, g), torch.zeros_like(scores.view(G, g)))  # [G, g]
     n = member.sum(dim=-1, keepdim=True)  # [G, 1] members left
     others = grouped.sum(dim=-1, keepdim=True) - grouped  # [G, g] sum of the other members' scores
-    ok = member & (n >= 2)  # [G, g]
+    ok = member & (n >= 2) & ~is_tie(scores.view(G, g), member=member, dim=-1).unsqueeze(-1)  # [G, g]
     baseline = torch.where(ok, others / (n - 1).clamp(min=1).to(scores.dtype), torch.zeros_like(others))
     env_adv = torch.where(ok, grouped - baseline, torch.zeros_like(grouped)).reshape(B)  # [B]
     if rewards.dim() == 2:

