@@ -260,6 +260,8 @@ def evaluate(cfg, src: Source, out: Path, handle, *, echo=print) -> dict:
         raise ConfigError("output", str(out), "was created meanwhile by another command (another evaluation of "
                                               "the same checkpoint?); run again: the default takes the next free "
                                               "name, or give --out") from None
+    if video_dir is not None:
+        video_dir.mkdir()  # the eval_videos node writes into it and never makes it (tasks.video.eval_videos)
     graph, keys = graphs.build_eval(cfg, run_id=eval_id, step=src.step or 0, weights=weights, placement=placement,
                                     video_dir=None if video_dir is None else str(video_dir))
     futures = client.get(graph, keys, sync=False)

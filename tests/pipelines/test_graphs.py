@@ -266,6 +266,7 @@ def test_eval_graph_films_the_first_episodes(monkeypatch, tmp_path):
     cfg = small_config()
     cfg.env.eval.num_envs, cfg.env.eval.num_episodes, cfg.runner.eval_videos, cfg.runner.eval_video_size = 2, 3, 2, 64
     weights = update.actor_init(cfg, RUN_B, (FakeEnv.obs_dim, FakeEnv.action_dim))
+    (tmp_path / "videos").mkdir()  # the driver makes it (the runner, pipelines.eval); the node never does
     graph, keys = graphs.build_eval(cfg, run_id=RUN_B, step=7, weights=weights, placement=PLACEMENT,
                                     video_dir=str(tmp_path / "videos"))
     assert len(keys) == cfg.env.num_shards + 1 and keys[-1] == f"eval_videos-{RUN_B}-7"

@@ -234,11 +234,18 @@ def test_the_command_reports_what_the_run_wrote(finished, run_root, capsys):
 
 
 def test_a_resume_with_nothing_left_reports_the_cluster(finished, cluster, run_root):
-    """runner.resume=<finished run>: no step runs, yet the summary has a second session and every role's memory,
-    and the printed peak is not 0 (issue 14 item 6)."""
+    """runner.resume=<a run stopped after its last step's checkpoint, before its final eval>: no step runs (only
+    that eval), yet the summary has a second session and every role's memory, and the printed peak is not 0. A run
+    whose final eval is recorded is complete: its resume is refused before anything starts."""
+    from tasks.config import ConfigError
     cfg, runner, said, res = finished
-    _, again, said2 = _runner(cluster, run_root, "runner.max_steps=3", "runner.val_check_interval=3",
-                              "runner.save_interval=3", f"runner.resume={res.run_id}")
+    resume = ("runner.max_steps=3", "runner.val_check_interval=3", "runner.save_interval=3",
+              f"runner.resume={res.run_id}")
+    with pytest.raises(ConfigError, match="is complete already"):
+        _runner(cluster, run_root, *resume)
+    final = res.run_dir / "evals" / "step_3.json"
+    final.rename(final.with_suffix(".json.moved"))  # as if the run had stopped before its final eval
+    _, again, said2 = _runner(cluster, run_root, *resume)
     res2 = again.run()
     assert res2.steps == 3 and res2.run_dir == res.run_dir
     s = json.loads((res.run_dir / "perf_summary.json").read_text())

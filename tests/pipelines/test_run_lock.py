@@ -19,39 +19,8 @@ import pytest
 
 from pipelines import run
 from storage.rundir import LOCK_FILE, write_resolved_config
+from tests.storage.test_locks import _holder, _listing, _stop  # a real process holding a lock
 ROOT = Path(__file__).resolve().parents[2]
-HOLD = r"""
-import sys, time
-from storage.rundir import lock_run_dir, lock_store
-kind, path = sys.argv[1:3]
-lock = lock_run_dir(path) if kind == "run" else lock_store(path)
-print("held", flush=True)
-time.sleep(600)
-"""
-
-
-def _holder(kind: str, path) -> subprocess.Popen:
-    """A process holding the lock of a run dir (`kind` run) or a store (write) until killed; returns once held."""
-    p = subprocess.Popen([sys.executable, "-c", HOLD, kind, str(path)], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    line = p.stdout.readline()
-    assert line.strip() == "held", (line, p.stderr.read() if p.poll() is not None else "")
-    return p
-
-
-def _stop(p: subprocess.Popen, sig=signal.SIGKILL) -> None:
-    if p.poll() is None:
-        p.send_signal(sig)
-    p.wait(timeout=30)
-
-
-def _listing(d: Path) -> dict[str, tuple[int, int]]:
-    """Every path under `d` (and `d` itself) -> (size, mtime in ns): what a refused command must leave unchanged."""
-    out = {".": (0, d.stat().st_mtime_ns)}
-    for p in d.rglob("*"):
-        st = p.stat()
-        out[str(p.relative_to(d))] = (st.st_size if p.is_file() else 0, st.st_mtime_ns)
-    return out
 
 
 def _a_run_dir(tmp_path: Path) -> Path:

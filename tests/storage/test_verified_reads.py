@@ -47,15 +47,20 @@ def _data(n: int, s: int) -> dict[str, np.ndarray]:
     return d
 
 
-@pytest.fixture()
-def store(tmp_path):
-    path = tmp_path / "demos.zarr"
+def _record(path) -> None:
+    """A complete store at `path`: N steps of `_data`, every shard written, every step marked complete."""
     st = TrajectoryStore.create(path, fields=FIELDS, T=T, num_envs=B, shard_size=S)
     for n in range(N):
         st.reserve(n)
         for s in range(B // S):
             write_shard(str(path), step=n, shard=s, data=_data(n, s))
         st.mark_complete(n)
+
+
+@pytest.fixture()
+def store(tmp_path):
+    path = tmp_path / "demos.zarr"
+    _record(path)
     resident.release("sft_data/")
     yield path
     resident.release("sft_data/")
@@ -184,12 +189,7 @@ def test_a_damaged_sft_store_is_refused_by_the_config_check_for_every_field_the_
     from tasks.config import ConfigError
     for i, field in enumerate(sft_fields(FIELDS, only_success=True, value=True)):
         path = tmp_path / f"d{i}.zarr"
-        st = TrajectoryStore.create(path, fields=FIELDS, T=T, num_envs=B, shard_size=S)
-        for n in range(N):
-            st.reserve(n)
-            for s in range(B // S):
-                write_shard(str(path), step=n, shard=s, data=_data(n, s))
-            st.mark_complete(n)
+        _record(path)
         key = _remove_chunk(path, field)
         cfg = _cfg(path, value=True)
         cfg.algorithm.name, cfg.policy.num_action_chunks, cfg.env.obs_mode = "sft", C, "state"
