@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import sys
@@ -301,6 +302,18 @@ def metric_history(client: MlflowClient, run_id: str, key: str) -> list[tuple[in
     return [by_step[s] for s in sorted(by_step)]
 
 
+class _ReRaisedDbError(logging.Filter):
+    """Drops the record `mlflow.store.db.utils` logs (with a full SQLAlchemy traceback, ~90 lines on the console)
+    for a database error it then re-raises as an MlflowException: the caller gets that exception and reports it
+    (a store removed under a run: one line, `Tracker.store_gone`); every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("SQLAlchemy database error")
+
+
+_DB_LOGGER = "mlflow.store.db.utils"
+
+
 class Tracker:
     """One MLflow run: start a new one, or resume ``run_id`` (the same run continues)."""
 
@@ -316,6 +329,9 @@ class Tracker:
         self.uri = uri
         self.experiment = experiment
         self.nonfinite_logged = 0  # NaN / inf metric values logged (log_metrics logs them as they are)
+        db_log = logging.getLogger(_DB_LOGGER)
+        if not any(isinstance(f, _ReRaisedDbError) for f in db_log.filters):
+            db_log.addFilter(_ReRaisedDbError())
         with _store_init_lock(uri):  # the first use of a new sqlite store creates its schema
             self._client = MlflowClient(tracking_uri=uri)
             experiment_id = self._experiment_id(experiment, artifact_location or _sqlite_artifact_location(uri))
@@ -351,6 +367,21 @@ class Tracker:
         return (f"the MLflow store {db} (tracking.uri {self.uri}) was {what} while the run trained; the run stopped "
                 f"(its MLflow run {self._run_id} went with the store): restore the store from a copy and resume, "
                 f"or start a new run")
+
+    @contextlib.contextmanager
+    def _writing(self):
+        """Around one write to the store: `_check_store` before it, and a write that fails because the local store
+        vanished meanwhile (between the check and the write) raised as the same one line (RunDirGone) rather than
+        MLflow's error; any other failure is raised as it is."""
+        self._check_store()
+        try:
+            yield
+        except Exception:
+            why = self.store_gone()
+            if why is None:
+                raise
+            from storage.rundir import RunDirGone
+            raise RunDirGone(why) from None
 
     def _check_store(self) -> None:
         """Raise storage.rundir.RunDirGone (`store_gone`'s line) before a write to a vanished local store."""
@@ -410,7 +441,6 @@ class Tracker:
         Non-finite values are logged too, never dropped (a NaN loss is a fact the charts must show): MLflow keeps
         NaN as NaN; its SQL store saves +-inf as +-1.7976931348623157e308 (``sys.float_info.max``). Each one is
         counted in ``nonfinite_logged``."""
-        self._check_store()
         ts = int(time.time() * 1000)
         batch: list[Metric] = []
         for key, value in metrics.items():
@@ -418,8 +448,9 @@ class Tracker:
             if not math.isfinite(value):
                 self.nonfinite_logged += 1
             batch.append(Metric(str(key), value, ts, int(step)))
-        for i in range(0, len(batch), METRICS_PER_BATCH):
-            self._client.log_batch(self._run_id, metrics=batch[i:i + METRICS_PER_BATCH])
+        with self._writing():
+            for i in range(0, len(batch), METRICS_PER_BATCH):
+                self._client.log_batch(self._run_id, metrics=batch[i:i + METRICS_PER_BATCH])
         return len(batch)
 
     def get_metric_history(self, key: str) -> list[tuple[int, float]]:
@@ -493,21 +524,21 @@ class Tracker:
     # ---- artifacts and status --------------------------------------------------------------------------
     def log_artifact(self, local_path: str | Path, artifact_path: str | None = None) -> None:
         """Log a file, or every file of a directory (under `artifact_path`)."""
-        self._check_store()
-        if Path(local_path).is_dir():
-            self._client.log_artifacts(self._run_id, str(local_path), artifact_path)
-        else:
-            self._client.log_artifact(self._run_id, str(local_path), artifact_path)
+        with self._writing():
+            if Path(local_path).is_dir():
+                self._client.log_artifacts(self._run_id, str(local_path), artifact_path)
+            else:
+                self._client.log_artifact(self._run_id, str(local_path), artifact_path)
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        self._check_store()
-        self._client.log_text(self._run_id, text, artifact_file)
+        with self._writing():
+            self._client.log_text(self._run_id, text, artifact_file)
 
     def set_terminated(self, status: str = "FINISHED") -> None:
         if status not in _STATUSES:
             raise ValueError(f"status must be one of {_STATUSES}, got {status!r}")
-        self._check_store()
-        self._client.set_terminated(self._run_id, status)
+        with self._writing():
+            self._client.set_terminated(self._run_id, status)
 
     def __repr__(self) -> str:
         return f"Tracker(uri={self.uri!r}, experiment={self.experiment!r}, run_id={self._run_id!r})"

@@ -54,6 +54,17 @@ def test_eval_of_a_checkpoint_reproduces_the_runs_own_eval(smoke_run, capsys):
     assert output_dir(src3, eval_config(src3, []), None).name == "global_step_3-seed1000000-n2-2"
 
 
+def test_eval_films_into_its_own_output_dir(smoke_run, tmp_path):
+    """`runner.eval_videos=1`: the eval graph's video node writes into `<out>/videos`, which pipelines.eval makes
+    (the node never creates directories: a run's removed directory must not come back through it)."""
+    ckpt = _run_dir(smoke_run) / "checkpoints" / "global_step_3"
+    out = tmp_path / "ev"
+    assert main([str(ckpt), f"run_root={smoke_run}", "runner.eval_videos=1", "--out", str(out)]) == 0
+    rec = json.loads((out / "eval.json").read_text())
+    assert rec["video_error"] is None and rec["videos"] == [str(out / "videos" / "episode_0.mp4")]
+    assert (out / "videos" / "episode_0.mp4").stat().st_size > 0
+
+
 @pytest.mark.parametrize("words, key", [
     (["/no/such/run"], "source"),
     (["RUN", "env.num_envs=8"], "env.num_envs"),  # another env than the run's: refused

@@ -330,3 +330,21 @@ def test_logged_infinities_read_back_as_infinities(uri):
     assert [(s, v) for s, v, _ in metric_history(tr.client, tr.run_id, "train/loss")] == \
         [(1, -math.inf), (2, math.inf), (3, 0.5)]
     assert math.isnan(tr.get_metric_history("train/kl")[0][1])
+
+
+def test_a_store_removed_between_the_check_and_the_write_is_one_line_and_no_traceback(tmp_path, caplog):
+    """The local sqlite store vanishes after `_check_store` passed (the race the check cannot close): the write's
+    failure is raised as the one-line RunDirGone naming the store, MLflow's own ERROR record of the database error
+    (a ~90-line SQLAlchemy traceback on the console) is dropped, and the store file is not left re-created."""
+    import logging
+    from storage.rundir import RunDirGone
+    from storage.tracking import Tracker
+    db = tmp_path / "mlflow.db"
+    tr = Tracker(uri=f"sqlite:///{db}", experiment="e", run_name="r")
+    tr.log_metrics({"a": 1.0}, 1)
+    db.rename(tmp_path / "moved.db")
+    tr._check_store = lambda: None  # the check passed just before the removal
+    caplog.set_level(logging.INFO, logger="mlflow.store.db.utils")
+    with pytest.raises(RunDirGone, match=r"the MLflow store .*mlflow\.db .* was removed while the run trained"):
+        tr.log_metrics({"a": 2.0}, 2)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage()[:80] for r in caplog.records]
