@@ -114,9 +114,13 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
         elif not preflight(cfg):
             return 2
+        resumes = None
         if command == "run" and cfg.runner.resume is not None:  # pipelines.run's offline resume check, too
             from pipelines.runner.setup import resolve_resume
-            resolve_resume(cfg)
+            found = resolve_resume(cfg)
+            changed = ", ".join(f"{k}={v}" for k, v in sorted(found.changed.items()))
+            resumes = (f"  resume: run {found.state.run_id} from {found.checkpoint} (step {found.state.step}; every "
+                       f"file matches its sha256)" + (f"; changed: {changed}" if changed else ""))
         workers = None
         if "--connect" in flags:
             if not cfg.cluster.address:
@@ -137,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     if "--show" in flags:
         print(to_yaml(cfg))
     print("ok: " + describe(cfg, placement))
+    if resumes is not None:
+        print(resumes)
     if workers is not None:
         print(workers)
     if command == "record":

@@ -79,6 +79,10 @@ _SHARD_ATTEMPT = "shard_attempt"
 _BOOKKEEPING = (_COMPLETE, _ATTEMPT, _SHARD_ATTEMPT)  # per-step arrays that are not per-step scalars
 _STEP_CHUNK = 1024
 _ARRAY_CONFIG = {"write_empty_chunks": True}
+# zarr 3's default compressor for numbers (zstd, level 0) with zstd's content checksum on: a flipped bit in a field's
+# chunk file is a decode error ("Restored data doesn't match checksum") that the verified read names, instead of a
+# value read back silently changed. Stores written before carry their own codecs in their metadata (no checksum).
+_FIELD_COMPRESSORS = (zarr.codecs.ZstdCodec(level=0, checksum=True),)
 
 
 @dataclass(frozen=True)
@@ -284,6 +288,7 @@ class TrajectoryStore:
                 chunks=(1, T, shard_size, *spec.shape),
                 dtype=spec.dtype,
                 fill_value=0,
+                compressors=_FIELD_COMPRESSORS,
                 config=_ARRAY_CONFIG,
             )
         eg = group.create_group(_STEPS_GROUP)

@@ -447,6 +447,11 @@ def test_resume_refuses_a_checkpoint_past_runner_max_steps(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: runner.max_steps=3") and "at step 5 already" in err and "above 5" in err, err
     assert "pipelines.eval" in err and err.count("\n") == 1
+    # at exactly max_steps, its final eval not recorded: allowed, and validate names what the resume would use
+    assert validate.main(["conf=smoke", f"run_root={tmp_path}", f"runner.resume={run_dir.name}",
+                          "runner.max_steps=5", "env.num_shards=1"]) == 0
+    out = capsys.readouterr().out
+    assert f"  resume: run {run_dir.name} from {run_dir / 'checkpoints' / 'global_step_5'} (step 5; " in out, out
 
 
 def test_runner_lines_printed_under_the_progress_bar_start_on_a_cleared_line(capsys):

@@ -149,6 +149,22 @@ def test_a_garbled_chunk_is_damage_naming_the_chunk_file(store):
         _sft_samples(store)
 
 
+@pytest.mark.parametrize("field", ["actions", "obs", "rewards"])
+def test_a_flipped_bit_in_a_chunk_is_damage_not_a_changed_value(store, field):
+    """Field chunks carry zstd's content checksum: one bit flipped in the middle of a chunk file (its frame still
+    well formed) is a decode error naming the chunk, never a value read back changed."""
+    arr = zarr.open_array(str(store / "fields" / field), mode="r")
+    key = arr.metadata.encode_chunk_key((1, 0, 1) + (0,) * (arr.ndim - 3))
+    f = store / "fields" / field / key
+    raw = bytearray(f.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    f.write_bytes(bytes(raw))
+    st = TrajectoryStore.open(store)
+    with pytest.raises(DamagedStore, match=rf"fields/{field} chunk file {key} \(step 1, envs 2-3\) cannot be decoded"):
+        st.read(field, [1])
+    clear_cache()
+
+
 def test_reads_of_steps_not_written_stay_fill_values_and_explicit_steps_are_checked(tmp_path):
     """A reserved step no shard wrote is not complete: `read(field)` returns its fill values (nothing vouched for);
     asking for it by number checks its chunk files like any other step."""
