@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     from storage.checkpoints import index_export, load_checkpoint
     from tasks.evalstats import compare_evals, read_evals, start_checkpoint_eval
     run, out = args.run_dir.resolve(), (args.out or args.run_dir / "weight_average").resolve()
-    cfg = OmegaConf.load(run / "config.yaml")
+    from pipelines.config import read_saved_config
+    cfg = read_saved_config(run / "config.yaml")  # verified (a cut file would read as defaults)
     model_path = Path(cfg.policy.model_path)
     sft = load_file(str(model_path / "model.safetensors"))
     states = {}

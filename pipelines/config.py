@@ -353,9 +353,25 @@ def load_saved_config(path, *, validate: bool = True) -> Config:
     composition from conf/ goes through `load_config`.
 
     Raises:
-        ConfigError: as `to_config`. FileNotFoundError: no file at `path`. yaml.YAMLError: not YAML.
+        ConfigError: as `to_config`; the file damaged (`storage.rundir.read_resolved_config`: empty, or its sha256
+            differs from the digest beside it). FileNotFoundError: no file at `path`. yaml.YAMLError: not YAML.
     """
-    return to_config(OmegaConf.load(path), validate=validate, saved=True)
+    return to_config(read_saved_config(path), validate=validate, saved=True)
+
+
+def read_saved_config(path) -> DictConfig:
+    """A run's saved `config.yaml` as OmegaConf, verified (`storage.rundir.read_resolved_config`): the one read of
+    saved configs (load_saved_config, pipelines.eval's source config, the provenance of a checkpoint).
+
+    Raises:
+        ConfigError: the file is damaged (one line naming it and the fix). FileNotFoundError, yaml.YAMLError.
+    """
+    from storage.rundir import DamagedRunFile, read_resolved_config
+    try:
+        text = read_resolved_config(path)
+    except DamagedRunFile as exc:
+        raise ConfigError("config.yaml", str(path), str(exc)) from None
+    return OmegaConf.create(text)
 
 
 def check_components(cfg: Config, command: str = "run") -> None:
@@ -508,7 +524,7 @@ def model_source_env(model_path, meta: dict) -> dict:
         ckpt = hf.parent if hf.name == "hf" else hf
         saved = ckpt.parent.parent / "config.yaml"
         if ckpt.parent.name == "checkpoints" and saved.is_file():
-            run_env = OmegaConf.to_container(OmegaConf.load(saved)).get("env") or {}
+            run_env = OmegaConf.to_container(read_saved_config(saved)).get("env") or {}
             out = {**{k: run_env[k] for k in SOURCE_ENV_KEYS if run_env.get(k) is not None}, **out}
     except Exception:  # noqa: BLE001 - not a run's checkpoint after all (or a damaged config.yaml): config.json only
         pass

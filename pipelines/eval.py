@@ -149,7 +149,8 @@ def eval_config(src: Source, overrides: list[str]):
             raise ConfigError(key, o.split("=", 1)[1] if "=" in o else None,
                               f"the policy and env of {src.run_dir} come from its config.yaml; an eval of its "
                               f"checkpoint may set only {allowed}")
-    saved = OmegaConf.load(src.run_dir / "config.yaml")
+    from pipelines.config import read_saved_config
+    saved = read_saved_config(src.run_dir / "config.yaml")  # verified: a cut file would read as defaults
     if OmegaConf.select(saved, "env.eval.val_episodes"):  # the run's validation split: an eval plays the eval's
         saved.env.eval.val_episodes = 0  # episodes only, on whatever seeds an override gives (val's included)
     try:

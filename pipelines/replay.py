@@ -199,7 +199,12 @@ def run_env_settings(store_path: Path) -> tuple[dict, str | None]:
     import yaml
 
     from pipelines.config import load_saved_config
+    from storage.rundir import DamagedRunFile, read_resolved_config
     from tasks.config import ConfigError
+    try:
+        read_resolved_config(cfg_path)  # a damaged file is refused, never replaced by the assumed defaults
+    except DamagedRunFile as exc:
+        raise ReplayInputError(str(exc)) from None
     try:
         env = dataclasses.asdict(load_saved_config(cfg_path, validate=False).env)
     except yaml.YAMLError:

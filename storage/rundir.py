@@ -80,15 +80,53 @@ def find_run_dir(root: str | os.PathLike, run_id: str) -> Path:
     raise FileNotFoundError(f"no run {run_id!r} under {root} (looked in {root}/*/{run_id}); close matches: {hint}")
 
 
+DIGEST_SUFFIX = ".sha256"  # <run dir>/config.yaml.sha256: `sha256sum` format, written with config.yaml
+
+
+class DamagedRunFile(ValueError):
+    """A file of a run that dagrl wrote whole (config.yaml) reads back other than written: empty, or its sha256
+    differs from the digest written beside it. One line naming the file and the fix."""
+
+
 def write_resolved_config(run_dir: str | os.PathLike, yaml_text: str) -> Path:
-    """Write ``<run_dir>/config.yaml`` atomically after checking it parses as YAML."""
+    """Write ``<run_dir>/config.yaml`` atomically after checking it parses as YAML, then its digest
+    ``config.yaml.sha256`` (``sha256sum`` format) that ``read_resolved_config`` checks it against."""
+    import hashlib
     try:
         yaml.safe_load(yaml_text)
     except yaml.YAMLError as e:
         raise ValueError(f"resolved config for {run_dir} is not valid YAML: {e}") from None
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    return write_text_atomic(run_dir / CONFIG_FILE, yaml_text)
+    path = write_text_atomic(run_dir / CONFIG_FILE, yaml_text)
+    digest = hashlib.sha256(yaml_text.encode()).hexdigest()
+    write_text_atomic(run_dir / (CONFIG_FILE + DIGEST_SUFFIX), f"{digest}  {CONFIG_FILE}\n")
+    return path
+
+
+def read_resolved_config(path: str | os.PathLike) -> str:
+    """The text of a run's saved ``config.yaml`` (``path``), verified: never empty, and equal (sha256) to the digest
+    written beside it when there is one (runs saved before the digest existed have none: only the emptiness check).
+    A YAML file cut at a line boundary still parses, and a config missing keys would be read with the schema's
+    defaults in their place, so every reader of a saved config goes through here.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        DamagedRunFile: empty, or the digest differs (one line: the file, the fix).
+    """
+    import hashlib
+    path = Path(path)
+    text = path.read_text()
+    fix = ("it was changed or cut after the run wrote it; restore it from a copy (or from the run's MLflow artifact "
+           "config.yaml)")
+    if not text.strip():
+        raise DamagedRunFile(f"{path} is empty; {fix}")
+    side = path.with_name(path.name + DIGEST_SUFFIX)
+    if side.is_file():
+        want = side.read_text().split(maxsplit=1)[0] if side.read_text().strip() else ""
+        if hashlib.sha256(text.encode()).hexdigest() != want:
+            raise DamagedRunFile(f"{path} is damaged (its sha256 differs from {side.name}); {fix}")
+    return text
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:

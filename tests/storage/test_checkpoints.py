@@ -186,7 +186,7 @@ def test_run_dirs(tmp_path):
     assert cfg == run / "config.yaml" and cfg.read_text() == "algo:\n  name: ppo\n"
     with pytest.raises(ValueError, match="not valid YAML"):
         write_resolved_config(run, "a: [1, 2\n")
-    assert sorted(p.name for p in run.iterdir()) == [".started", "config.yaml"]
+    assert sorted(p.name for p in run.iterdir()) == [".started", "config.yaml", "config.yaml.sha256"]
 
 
 def test_latest_started_run_orders_by_start_not_by_mtime(tmp_path):

@@ -243,3 +243,38 @@ def test_fingerprint_tells_recordings_apart_and_ignores_copies(store, tmp_path):
         write_shard(str(store), step=1, shard=s, data=_data(1, s))
     again.mark_complete(1)
     assert again.fingerprint() not in (fp, second)
+
+
+@pytest.mark.parametrize("damage", ["cut at a line", "emptied", "a value changed"])
+def test_a_damaged_saved_config_is_refused_not_read_as_defaults(tmp_path, damage):
+    """A run's config.yaml is written with its sha256 beside it; a copy cut at a line boundary (still valid YAML: the
+    missing keys would come back as the schema's defaults), emptied, or with one value changed is refused by the one
+    verified read (`read_resolved_config`, and `pipelines.config.read_saved_config` / `load_saved_config` as a
+    one-line ConfigError naming the file); the file as written reads back unchanged."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from pipelines.config import compose, load_saved_config, read_saved_config, to_yaml
+    from storage.rundir import DamagedRunFile, read_resolved_config, write_resolved_config
+    from tasks.config import ConfigError
+    text = to_yaml(compose(["conf=smoke"]))
+    path = write_resolved_config(tmp_path, text)
+    assert read_resolved_config(path) == text
+    assert OmegaConf.to_container(read_saved_config(path)) == yaml.safe_load(text)
+    lines = text.splitlines(keepends=True)
+    path.write_text({"cut at a line": "".join(lines[: len(lines) // 2]), "emptied": "",
+                     "a value changed": text.replace("max_steps: ", "max_steps: 1", 1)}[damage])
+    with pytest.raises(DamagedRunFile, match=r"config\.yaml is (damaged|empty)"):
+        read_resolved_config(path)
+    with pytest.raises(ConfigError, match=r"config\.yaml is (damaged|empty).*restore it"):
+        load_saved_config(path)
+
+
+def test_a_saved_config_without_a_digest_still_reads_unless_empty(tmp_path):
+    """Runs saved before the digest existed have config.yaml alone: read as before; an empty one is refused."""
+    from storage.rundir import DamagedRunFile, read_resolved_config
+    (tmp_path / "config.yaml").write_text("experiment: smoke\n")
+    assert read_resolved_config(tmp_path / "config.yaml") == "experiment: smoke\n"
+    (tmp_path / "config.yaml").write_text("\n")
+    with pytest.raises(DamagedRunFile, match="is empty"):
+        read_resolved_config(tmp_path / "config.yaml")
