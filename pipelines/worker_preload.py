@@ -41,6 +41,9 @@ class DriverReportsFilter(logging.Filter):
       run dir; anything else is raised by the driver with the task's traceback, so no error is hidden);
     * `distributed.worker` "Worker stream died during communication" with an OSError (a peer worker was lost while
       this one fetched data from it: the driver reports the lost worker and retries the step).
+    * `distributed.worker` "Failed to communicate with scheduler during heartbeat" with an OSError: the embedded
+      workers' scheduler lives in the driver, so this is the driver gone (killed: its user knows; it ended: it said
+      so) or a heartbeat late on an oversubscribed machine (the driver's watch names a worker it does not hear from).
 
     Only the console drops them: they stay in the worker's own log (`Client.get_worker_logs()`, the dashboard's
     worker logs), which is held by a non-stream handler."""
@@ -50,7 +53,9 @@ class DriverReportsFilter(logging.Filter):
         if record.name == "distributed.worker" and msg.startswith("Compute Failed"):
             return False
         exc = record.exc_info[1] if record.exc_info else None
-        return not (msg.startswith("Worker stream died during communication") and isinstance(exc, OSError))
+        return not (msg.startswith(("Worker stream died during communication",
+                                    "Failed to communicate with scheduler during heartbeat"))
+                    and isinstance(exc, OSError))
 
 
 def route_reported_failures() -> None:

@@ -239,6 +239,10 @@ def test_reported_failures_stay_off_the_console_and_in_the_workers_log():
              (rec("distributed.worker", "Worker stream died during communication: tcp://a", ConnectionResetError()),
               False),
              (rec("distributed.worker", "Worker stream died during communication: tcp://a", ValueError("bug")), True),
+             (rec("distributed.worker", "Failed to communicate with scheduler during heartbeat.",
+                  __import__("distributed").comm.CommClosedError("in <TCP (closed)>: ConnectionResetError")), False),
+             (rec("distributed.worker", "Unexpected exception during heartbeat. Closing worker.", KeyError("x")),
+              True),
              (rec("distributed.worker", "some other worker error"), True),
              (rec("distributed.core", "Exception while handling op gather"), True)]
     for record, shown in cases:
