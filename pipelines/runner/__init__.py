@@ -45,7 +45,7 @@ from pipelines.runner.scheduler import Scheduler, StepFailed
 from pipelines.runner.setup import (Resume, RunResult, RunState, Setup, new_run_id, resolve_resume, run_params,
                                     trajectory_fields)
 from storage.checkpoints import mark_best, prune_checkpoints, read_best
-from storage.rundir import RunDirGone, run_dir_gone
+from storage.rundir import RunDirGone, make_dir_in, run_dir_gone
 from tasks import evalstats
 from tasks.config import Config
 
@@ -120,8 +120,9 @@ class Runner(Scheduler, Setup, Recovery):
             self._wait_init()
             self._eval_at_start(t_start)
             while True:
-                if self._files_gone() is not None:  # a step writes nothing that would show it (no store)
-                    raise RunDirGone(self._files_gone())
+                gone = self._files_gone()
+                if gone is not None:  # a step writes nothing that would show it (no store)
+                    raise RunDirGone(gone)
                 self._stopping = self._done(t_start)
                 if self._stopping and not self._ahead:  # steps in flight when the run is done still finish
                     break
@@ -217,7 +218,6 @@ class Runner(Scheduler, Setup, Recovery):
         report unwritten (closing it would query a cluster that may be gone)."""
         if n in self.cfg.runner.profile_steps:
             from distributed import performance_report
-            from storage.rundir import make_dir_in
             path = make_dir_in(self.run_dir, "profile") / f"step_{n}.html"
             report = performance_report(filename=str(path))
             with self.client.as_current():
@@ -347,7 +347,7 @@ class Runner(Scheduler, Setup, Recovery):
             RuntimeError: the eval's episodes are not exactly the fixed ones (a bug: evals would not be paired).
         """
         st, ev = self.state, self.cfg.env.eval
-        from storage.rundir import make_dir_in  # made here, in the run dir as it is: the video task makes nothing
+        # made here, in the run dir as it is: the video task makes nothing
         video_dir = make_dir_in(self.run_dir, "videos", f"step_{st.step}") \
             if graphs.films_eval(self.cfg, st.step, last) else None
         earlier = {s: r for s, r in evalstats.read_evals(self.run_dir).items() if s < st.step}  # this timeline's

@@ -25,9 +25,9 @@ from pipelines import graphs
 from pipelines.cluster import _host
 from pipelines.config import to_dict, to_yaml
 from storage.checkpoints import latest_checkpoint, load_checkpoint, sync_best
-from storage.rundir import find_run_dir, latest_started_run, lock_run_dir, new_run_dir, run_owner, write_resolved_config
+from storage.rundir import (dir_identity, find_run_dir, latest_started_run, lock_run_dir, new_run_dir, run_owner,
+                            write_resolved_config)
 from storage.tracking import Tracker, default_tracking_uri, flatten_config
-from storage.rundir import dir_identity
 from storage.trajectories import FieldSpec, TrajectoryStore
 from tasks import trajectory
 from tasks.config import Config, ConfigError
