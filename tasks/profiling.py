@@ -23,7 +23,7 @@ def profiled(trace_path: str, fn, *args):
     with profile(activities=activities) as prof:
         out = fn(*args)
     path = Path(trace_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(exist_ok=True)  # <run dir>/profile; a run dir removed under the run is not made again
     tmp = path.with_name(path.name + ".tmp")
     prof.export_chrome_trace(str(tmp))
     os.replace(tmp, path)
