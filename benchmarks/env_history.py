@@ -57,7 +57,7 @@ def main() -> None:
 
     from pipelines.config import load_saved_config
     from storage.trajectories import DamagedStore, TrajectoryStore
-    from tasks.envs.maniskill import ManiSkillEnv
+    from tasks.envs.maniskill.adapter import ManiSkillEnv
     store = Path(args.store)
     cfg = load_saved_config(store.parent / "config.yaml")
     if cfg.env.simulator != "maniskill":

@@ -1,4 +1,4 @@
-"""One ManiSkill CPU env's step: ManiSkill's own `env.step` against `env.fast_step` (tasks.envs.maniskill_fast).
+"""One ManiSkill CPU env's step: ManiSkill's own `env.step` against `env.fast_step` (tasks.envs.maniskill.fast_step).
 
     .venv/bin/python benchmarks/env_step.py [--env-id PushCube-v1] [--steps 2000] [--repeats 3] [--set KEY=VALUE ...]
 
@@ -34,13 +34,13 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     from pipelines.config import load_config
-    from tasks.envs.maniskill import ManiSkillEnv
+    from tasks.envs.maniskill.adapter import ManiSkillEnv
     cfg, _ = load_config([f"env.env_id={args.env_id}", *args.set], components=False)
     envs = {"ManiSkill env.step": ManiSkillEnv(dataclasses.replace(cfg.env, fast_step=False)),
             "env.fast_step": ManiSkillEnv(dataclasses.replace(cfg.env, fast_step=True))}
     if envs["env.fast_step"]._fast_step is None:
         print(f"{args.env_id} (control_mode={cfg.env.control_mode}, reward_mode={cfg.env.reward_mode}): no fast "
-              f"path in tasks.envs.maniskill_fast; both columns would be ManiSkill's step")
+              f"path in tasks.envs.maniskill.fast_step; both columns would be ManiSkill's step")
         sys.exit(2)
     actions = np.random.default_rng(0).uniform(-1, 1, (args.steps, envs["env.fast_step"].action_dim)).astype(np.float32)
     best, outs = {}, {}

@@ -4,7 +4,7 @@ and the settle of a task's stored init states (the reason for the MuJoCo pin, RE
     .venv/bin/python benchmarks/libero_env.py [--suite libero_spatial] [--task 5] [--size 128] [--steps 100]
                                               [--settle]
 
-One process, `tasks.envs.libero.LiberoEnv` instances as the shards build them (EGL on Mesa's llvmpipe here):
+One process, `tasks.envs.libero.adapter.LiberoEnv` instances as the shards build them (EGL on Mesa's llvmpipe here):
 - build s: the first reset of an instance (robosuite model from the task's BDDL, render context) minus a soft reset;
 - memory: RSS of this process (psutil) before any env, after the first env's first render, after a second env;
 - reset: a hard reset (robosuite `hard_reset=True`: a new model) vs the adapter's soft reset, each + set_init_state

@@ -1,10 +1,10 @@
-"""Success, episode lengths and wall time of the scripted LIBERO expert (tasks/envs/libero_expert.py) on the train
+"""Success, episode lengths and wall time of the scripted LIBERO expert (tasks/envs/libero/expert.py) on the train
 and eval init states of a few tasks (the adapter's trial split: each task's last `--eval-trials` init states are
 eval, the others train).
 
     .venv/bin/python benchmarks/libero_expert.py [--suite libero_object] [--tasks 0 1] [--per-split 10]
 
-Per task: the first `--per-split` trials of each split, one env (`tasks.envs.libero.LiberoEnv`, no images rendered:
+Per task: the first `--per-split` trials of each split, one env (`tasks.envs.libero.adapter.LiberoEnv`, no images rendered:
 the expert reads the simulator's poses) built once per task. Success is LIBERO's own check (the env's terminated =
 `check_success()`), the expert never judges it. Prints one line per (task, split): successes / episodes, the Wilson
 95 % interval, mean / max episode length (policy steps), seconds per episode; then the load average (the machine
@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 
 from tasks.config import EnvConfig  # noqa: E402
 from tasks.envs import libero as L  # noqa: E402
-from tasks.envs.libero_expert import expert_episode  # noqa: E402
+from tasks.envs.libero.expert import expert_episode  # noqa: E402
 from tasks.evalstats import wilson_interval  # noqa: E402
 
 

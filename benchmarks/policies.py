@@ -42,11 +42,11 @@ OBS_DIM, ACTION_DIM = 9, 7
 
 # family -> (module, class, {preset: PolicyConfig overrides}, image size per preset)
 FAMILIES: dict[str, tuple[str, str, dict[str, dict], dict[str, int]]] = {
-    "flow_vla": ("tasks.policies.flow_vla", "FlowVLAPolicy",
+    "flow_vla": ("tasks.policies.flow_vla.model", "FlowVLAPolicy",
                  {"tiny": dict(num_action_chunks=4, num_denoise_steps=4),
                   "pi0": dict(num_action_chunks=50, num_denoise_steps=10)},
                  {"tiny": 64, "pi0": 224}),
-    "token_vla": ("tasks.policies.token_vla", "TokenVLAPolicy",
+    "token_vla": ("tasks.policies.token_vla.model", "TokenVLAPolicy",
                   {"tiny": dict(num_action_chunks=4), "openvla_oft": dict(num_action_chunks=8)},
                   {"tiny": 64, "openvla_oft": 224}),
 }

@@ -1,9 +1,9 @@
 """What one ManiSkill camera capture costs on this machine, per `env.robot_visual_lod` and image size, and how far
-the images of a decimated arm are from the original's (tasks/envs/mesh_lod.py).
+the images of a decimated arm are from the original's (tasks/envs/maniskill/mesh_lod.py).
 
     .venv/bin/python benchmarks/render.py [--env PushCube-v1] [--sizes 32 64] [--lods 1.0 0.25 0.1 0.05] [--n 40]
 
-For each (size, lod): one `tasks.envs.maniskill.ManiSkillEnv` (obs_mode=rgb, one env, physx_cpu; the decimated copy
+For each (size, lod): one `tasks.envs.maniskill.adapter.ManiSkillEnv` (obs_mode=rgb, one env, physx_cpu; the decimated copy
 is built into the cache first and its build time printed), 3 warm-up captures, then `--n` captures of the reset
 state: wall ms and CPU ms (this process's user+sys time, lavapipe's threads included) per capture; then `--n`
 zero-action physics steps for scale. Image distance: one episode of 12 seeded random actions with a capture every
@@ -32,8 +32,8 @@ def _cpu_s() -> float:
 
 
 def measure(env_id: str, size: int, lod: float, n: int) -> dict:
-    from tasks.envs.maniskill import ManiSkillEnv
-    from tasks.envs.mesh_lod import decimated_urdf, robot_urdf
+    from tasks.envs.maniskill.adapter import ManiSkillEnv
+    from tasks.envs.maniskill.mesh_lod import decimated_urdf, robot_urdf
     build_s = 0.0
     if lod < 1:
         t0 = time.perf_counter()

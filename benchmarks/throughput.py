@@ -11,8 +11,8 @@ reward, physx_cpu, MLP 3x256 policy, T=100 chunk steps (1 action per chunk) per 
 8 minibatches, target_kl 0.1, episodes of 50 steps (terminations ignored as the yaml says).
 
 (a) raw      N = os.cpu_count() processes, each stepping num_envs/N ManiSkill envs through the adapter the
-             pipeline uses (tasks.envs.maniskill.ManiSkillEnv: one env instance per env; its step is
-             tasks.envs.maniskill_fast's where env.fast_step applies, as in the pipeline, else ManiSkill's
+             pipeline uses (tasks.envs.maniskill.adapter.ManiSkillEnv: one env instance per env; its step is
+             tasks.envs.maniskill.fast_step's where env.fast_step applies, as in the pipeline, else ManiSkill's
              env.step) with uniform random actions, resetting finished episodes; after a warm-up, a fixed number
              of steps per env from a common start (barrier).
              steps/s = all steps / slowest process's time.
@@ -133,7 +133,7 @@ def _raw_worker(rank: int, n_envs: int, warmup: int, steps: int, overrides: list
 
 def phase_raw(args) -> dict:
     import multiprocessing as mp
-    from tasks.envs.vulkan import ensure_vulkan
+    from tasks.envs.maniskill.vulkan import ensure_vulkan
     ensure_vulkan()
     overrides = bench_overrides(args)
     cfg = _config(overrides)
@@ -210,7 +210,7 @@ def phase_baseline(args) -> dict:
     import gymnasium as gym
     import numpy as np
     import torch
-    from tasks.envs.vulkan import ensure_vulkan
+    from tasks.envs.maniskill.vulkan import ensure_vulkan
     from tasks.policies import make_policy
     from tasks.seeding import episode_seed, model_init_seed
 

@@ -44,7 +44,7 @@ def rollout(num_envs: int, overrides: list[str]):
     from pipelines.config import load_config
     from tasks import rollout as ro
     from tasks import update
-    from tasks.envs.vulkan import ensure_vulkan
+    from tasks.envs.maniskill.vulkan import ensure_vulkan
     ensure_vulkan()
     torch.set_num_threads(1)
     cfg, _ = load_config([f"env.num_envs={num_envs}", "rollout.chunk_steps=100", "rollout.inference=colocated",

@@ -110,7 +110,7 @@ def load(overrides, **kw):
     A Ctrl-C that came while it loaded raises KeyboardInterrupt after it (`check_interrupted`)."""
     from pipelines.config import load_config
     from tasks.config import ConfigError
-    from tasks.envs.vulkan import VulkanMissingError
+    from tasks.envs.maniskill.vulkan import VulkanMissingError
     try:
         cfg = load_config(overrides, **kw)[0]
     except (ConfigError, VulkanMissingError) as exc:
@@ -206,7 +206,7 @@ def with_cluster(cfg, body) -> int:
     from storage.rundir import RunDirGone
     from storage.trajectories import DamagedStore
     from tasks.config import ConfigError
-    from tasks.envs.vulkan import VulkanMissingError
+    from tasks.envs.maniskill.vulkan import VulkanMissingError
     from tasks.evalstats import DamagedEvalRecord
 
     def _term(signum, frame):  # SIGTERM (timeout, kill, schedulers) ends the run like Ctrl-C: MLflow run KILLED

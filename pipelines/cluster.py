@@ -375,7 +375,7 @@ def _silence_close_logs(client, wait_s: float = 5.0) -> None:
 def _worker_env(cuda_device: int | None, simulator: str) -> dict[str, str]:
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     if simulator == "maniskill":
-        from tasks.envs.vulkan import vulkan_env
+        from tasks.envs.maniskill.vulkan import vulkan_env
         env.update(vulkan_env())
     if cuda_device is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(cuda_device)

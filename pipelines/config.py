@@ -379,7 +379,7 @@ def check_components(cfg: Config, command: str = "run") -> None:
     `check_command`; a recording prompts no policy, so it may select several LIBERO tasks).
 
     Raises:
-        ConfigError, tasks.envs.vulkan.VulkanMissingError.
+        ConfigError, tasks.envs.maniskill.vulkan.VulkanMissingError.
     """
     from tasks.envs import check_env_config
     from tasks.policies import check_policy_config
@@ -403,7 +403,7 @@ def check_components(cfg: Config, command: str = "run") -> None:
         raise ConfigError("env.eval.num_envs", cfg.env.eval.num_envs,
                           f"must be divisible by env.num_shards={cfg.env.num_shards} (eval envs are sharded the same way)")
     if cfg.env.simulator == "maniskill":
-        from tasks.envs.vulkan import vulkan_env
+        from tasks.envs.maniskill.vulkan import vulkan_env
         vulkan_env()
     if cfg.env.simulator == "libero":
         check_libero_run(cfg)
@@ -411,10 +411,10 @@ def check_components(cfg: Config, command: str = "run") -> None:
 
 def check_libero_run(cfg: Config) -> None:
     """LIBERO checks that need the whole config: envs moving between tasks (a warning on stderr, they rebuild
-    their instance) and the env workers' memory (tasks.envs.libero). Raises ConfigError."""
+    their instance) and the env workers' memory (tasks.envs.libero.adapter). Raises ConfigError."""
     import sys
 
-    from tasks.envs import libero
+    import tasks.envs.libero.adapter as libero
     from tasks.resident import memory_limit_bytes
     from tasks.rollout import group_size
     e, c = cfg.env, cfg.cluster
@@ -535,7 +535,7 @@ def known_action_dim(env) -> int | None:
     """The action length of `env` (EnvConfig) when its adapter knows it offline (LIBERO: 7), else None
     (ManiSkill: the controller's, known once an env is built: tasks.rollout.env_dims)."""
     if env.simulator == "libero":
-        from tasks.envs.libero import ACTION_DIM
+        from tasks.envs.libero.adapter import ACTION_DIM
         return ACTION_DIM
     return None
 
@@ -543,7 +543,7 @@ def known_action_dim(env) -> int | None:
 def _state_hint(env, other_dim: int) -> str:
     """The fix for a state of another length: LIBERO's env.object_state makes the 8- or 14-D state."""
     if env.simulator == "libero":
-        from tasks.envs.libero import OBJECT_STATE_DIM, OBS_DIM
+        from tasks.envs.libero.adapter import OBJECT_STATE_DIM, OBS_DIM
         if other_dim in (OBS_DIM, OBS_DIM + OBJECT_STATE_DIM):
             return f"set env.object_state={str(other_dim != OBS_DIM).lower()}"
     return "record or train with the same env settings"
@@ -631,7 +631,7 @@ def check_sft_memory(cfg: Config) -> None:
     """The samples an SFT data worker caches (`tasks.demos._dataset`: with `sft.value_coef` > 0 every executed
     chunk step, else the selected ones) against `cluster.memory_limit`: their estimate
     (`tasks.demo_index.sft_dataset_bytes`) plus the worker's own memory (`SFT_WORKER_BASE_GIB`, measured; a LIBERO
-    worker's eval envs by `tasks.envs.libero.shard_memory_gib`) must stay under Dask's pause / restart fraction of
+    worker's eval envs by `tasks.envs.libero.adapter.shard_memory_gib`) must stay under Dask's pause / restart fraction of
     the limit. Without the check a too-large store (e.g. a long RL run's trajectories) had the data workers
     restarted on every retry of step 1. Raises ConfigError (sft.store) with the limit that fits."""
     import math
@@ -646,7 +646,7 @@ def check_sft_memory(cfg: Config) -> None:
     data_gib = sft_dataset_bytes(cfg.sft.store, rows) / 2 ** 30
     base_gib = SFT_WORKER_BASE_GIB
     if cfg.env.simulator == "libero":
-        from tasks.envs import libero
+        import tasks.envs.libero.adapter as libero
         per_worker = -(-cfg.env.num_shards // max(cfg.cluster.num_env_workers, 1))
         base_gib = libero.shard_memory_gib(per_worker * (cfg.env.eval.num_envs // cfg.env.num_shards))
     frac, what = memory_bound()

@@ -16,7 +16,7 @@ SOURCE (the weights, and where the config comes from):
       -> the config is the run's config.yaml; overrides may change only the evaluation and where it runs:
          env.eval.* (num_episodes, num_envs, seed, ...), env.task_ids / env.num_trials (a LIBERO subset: the
          prompts are the suite's whatever the subset), env.robot_visual_lod (the same episodes' dynamics, the
-         arm rendered from decimated meshes: tasks.envs.mesh_lod), env.fast_step (the same values),
+         arm rendered from decimated meshes: tasks.envs.maniskill.mesh_lod), env.fast_step (the same values),
          runner.eval_videos, runner.eval_video_size,
          runner.progress, cluster.*, tracking.*, run_root (another key: exit 2, it would evaluate another policy
          or env than the run's)
@@ -26,7 +26,7 @@ SOURCE (the weights, and where the config comes from):
 LIBERO (env.simulator=libero): the evaluation protocol. Unless env.eval.num_episodes is given, it is every
 selected task (env.task_ids, default all of the suite's) x every init state of its eval split (env.num_trials: the
 first N of them), each (task, trial) pair once (eval seed env.eval.seed + u visits task task_ids[u % T], trial
-(u // T) of its eval split: tasks.envs.libero). Per task: success with its Wilson 95 % interval and episode count,
+(u // T) of its eval split: tasks.envs.libero.adapter). Per task: success with its Wilson 95 % interval and episode count,
 keyed by the suite's task id with its name; every episode lists its task_id and trial_id. env.eval.num_envs that is
 a multiple of T keeps each eval env on one task (else envs rebuild their instance between tasks: a warning).
 Example (a tiny flow VLA's hf dir, 2 tasks x 2 init states):
@@ -168,7 +168,7 @@ def protocol_defaults(cfg, overrides: list[str]):
     state) pair unless an override sets it; other simulators unchanged. Returns cfg."""
     if cfg.env.simulator == "libero" and not any(o.lstrip("+").split("=", 1)[0] == "env.eval.num_episodes"
                                                  for o in overrides):
-        from tasks.envs.libero import protocol_episodes
+        from tasks.envs.libero.adapter import protocol_episodes
         cfg.env.eval.num_episodes = protocol_episodes(cfg.env)
     return cfg
 
@@ -207,7 +207,7 @@ def task_names(cfg) -> dict[str, str]:
     """{task_id: name} of the selected tasks (LIBERO: the suite's task names); {} for other simulators."""
     if cfg.env.simulator != "libero":
         return {}
-    from tasks.envs import libero
+    import tasks.envs.libero.adapter as libero
     names = libero.task_names(cfg.env.env_id)
     return {str(t): names[t] for t in libero.task_ids(cfg.env)}
 

@@ -2,7 +2,7 @@
 
 RUN is a run directory (runs/<experiment>/<run_id>) or a run id under `run_root`; its resolved config.yaml and
 latest checkpoint give the teacher policy. `record.teacher=scripted:libero` records LIBERO's
-scripted pick-and-place expert instead (tasks/envs/libero_expert.py: it acts from the simulator's object poses;
+scripted pick-and-place expert instead (tasks/envs/libero/expert.py: it acts from the simulator's object poses;
 tasks whose goal is one object in/on a target, e.g. every libero_object and libero_spatial task; conf=libero_record).
 The config being composed (e.g. conf/conf/pushcube_record.yaml) gives the env of the recording (obs_mode=rgb, image_size, seeds, num_envs/num_shards) and the stored chunk
 length `policy.num_action_chunks` (the student's C). One graph per round: `record_s{s}` nodes, one per env

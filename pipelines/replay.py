@@ -234,7 +234,7 @@ def render_video(cfg, rows: list[dict], path: Path, size: int | None) -> dict:
 
     from tasks.config import ConfigError
     from tasks.envs import make_single_env
-    from tasks.envs.vulkan import VulkanMissingError
+    from tasks.envs.maniskill.vulkan import VulkanMissingError
     from tasks.video import caption, mp4_writer
 
     t0 = time.perf_counter()
@@ -353,7 +353,7 @@ def replay(store_path: Path, *, episode_ids: list[int] | None = None, num_episod
         limit = num_episodes
 
     from tasks.envs import make_single_env
-    from tasks.envs.vulkan import VulkanMissingError
+    from tasks.envs.maniskill.vulkan import VulkanMissingError
 
     try:
         _import_maniskill_quietly(cfg)
@@ -559,7 +559,7 @@ def _parser() -> argparse.ArgumentParser:
 def _import_maniskill_quietly(cfg) -> None:
     """Import ManiSkill, then silence its logger (the import resets its level to INFO)."""
     if cfg.simulator == "maniskill":
-        from tasks.envs.vulkan import ensure_vulkan
+        from tasks.envs.maniskill.vulkan import ensure_vulkan
 
         ensure_vulkan()
         import mani_skill.envs  # noqa: F401

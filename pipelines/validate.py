@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     flags, overrides = words
     from pipelines.config import load_config, to_yaml
     from tasks.config import ConfigError
-    from tasks.envs.vulkan import VulkanMissingError
+    from tasks.envs.maniskill.vulkan import VulkanMissingError
     try:
         # the check path of pipelines.run (or of pipelines.record for a config that sets record.* keys)
         from pipelines.config import command_for

@@ -47,7 +47,7 @@ if [ -z "${DAGRL_SKIP_LIBERO:-}" ]; then
   fi
   if ! ls .venv/lib/python3*/site-packages/robosuite/utils/__pycache__/*.nbi >/dev/null 2>&1; then
     echo "[setup] warming numba (one LIBERO env step)"
-    MUJOCO_GL=egl PYOPENGL_PLATFORM=egl .venv/bin/python -W ignore -m tasks.envs.libero --warm \
+    MUJOCO_GL=egl PYOPENGL_PLATFORM=egl .venv/bin/python -W ignore -m tasks.envs.libero.adapter --warm \
       || { echo "[setup] ERROR: a LIBERO env did not build or step; see above" >&2; exit 1; }
   fi
 fi
@@ -90,7 +90,7 @@ if .venv/bin/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available
   .venv/bin/python - <<'PY' || echo "[setup] WARNING: SAPIEN's GPU PhysX library was not fetched (above): env.sim_backend=physx_cuda stays refused" >&2
 import io, sys, urllib.request, warnings, zipfile
 warnings.filterwarnings("ignore")
-from tasks.envs.maniskill import physx_gpu_library
+from tasks.envs.maniskill.adapter import physx_gpu_library
 lib, url = physx_gpu_library()
 if not lib.is_file():
     print(f"[setup] CUDA machine: fetching SAPIEN's GPU PhysX library {url} into {lib.parent}", flush=True)

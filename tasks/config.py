@@ -110,14 +110,14 @@ class EnvConfig:
     env_id: str = "PushCube-v1"
     obs_mode: str = "state"  # state: the flat state vector; rgb: the state vector plus one camera image
     image_size: int = 64  # square camera image (pixels) with obs_mode=rgb, captured once per chunk step
-    # ManiSkill: the fraction of the robot's visual-mesh faces the cameras render (tasks.envs.mesh_lod: on a CPU a
+    # ManiSkill: the fraction of the robot's visual-mesh faces the cameras render (tasks.envs.maniskill.mesh_lod: on a CPU a
     # capture's cost is the arm's ~136k triangles, not the pixels); collision meshes untouched: the same dynamics
     robot_visual_lod: float = 1.0
     control_mode: str = "pd_joint_delta_pos"
     reward_mode: str = "normalized_dense"
     sim_backend: str = "physx_cpu"
     # ManiSkill CPU envs: set the joint-position controller's drive targets directly and compute the env task's
-    # observation, success and reward from the simulator's poses read once per step (tasks.envs.maniskill_fast:
+    # observation, success and reward from the simulator's poses read once per step (tasks.envs.maniskill.fast_step:
     # bit-identical to ManiSkill's step; PushCube-v1 1.85x, PickCube-v1 1.34x faster per env step); what it does not
     # cover stays ManiSkill's. False: always ManiSkill's step
     fast_step: bool = True
@@ -128,7 +128,7 @@ class EnvConfig:
     ignore_terminations: bool = False
     seed: int = 0  # training episode k of global env g uses reset seed seed + g + k * num_envs
     eval: EvalConfig = field(default_factory=EvalConfig)
-    # ----- LIBERO (simulator=libero, env_id = the suite; tasks/envs/libero.py) -----
+    # ----- LIBERO (simulator=libero, env_id = the suite; tasks/envs/libero/adapter.py) -----
     task_ids: list[int] = field(default_factory=list)  # the suite's tasks to use; empty: all
     num_trials: Optional[int] = None  # the first N init states of each task's split; None: all
     num_steps_wait: int = 10  # no-op steps after each reset (objects settle); not counted, not trained on
@@ -157,7 +157,7 @@ class EnvConfig:
         if e.simulator == "libero" and e.eval.val_episodes:
             raise ConfigError("env.eval.val_episodes", e.eval.val_episodes,
                               "LIBERO has no validation split: a reset seed above env.eval.seed maps to the "
-                              "suite's eval init states (tasks.envs.libero.reset_state_for_seed), so it would replay "
+                              "suite's eval init states (tasks.envs.libero.adapter.reset_state_for_seed), so it would replay "
                               "the eval's episodes; use 0 (the eval's episodes choose checkpoints/best)")
         if not (e.max_episode_steps is None or e.max_episode_steps > 0):
             raise ConfigError("env.max_episode_steps", e.max_episode_steps,

@@ -104,7 +104,7 @@ def set_demo_stats(cfg: Config, policy: torch.nn.Module) -> bool:
         actions, mask = st.gather("actions", rows), st.gather("step_mask", rows)  # [M, C, D], [M, C]
         executed = actions[mask]  # [K, D] the executed actions of the samples
         if hasattr(policy, "set_action_stats"):
-            from tasks.policies.token_vla import action_stats_from_data
+            from tasks.policies.token_vla.model import action_stats_from_data
             policy.set_action_stats(*action_stats_from_data(executed))
         if norm:  # policy.normalize_actions
             x = executed.astype(np.float64)

@@ -26,8 +26,8 @@ def env_config_from_store(attrs: dict, run_env: dict):
                     robot_visual_lod=float(attrs.get("robot_visual_lod", run_env.get("robot_visual_lod", 1.0))),
                     ignore_terminations=bool(run_env.get("ignore_terminations", False)),
                     auto_reset=bool(run_env.get("auto_reset", True)))
-    if cfg.simulator == "libero":  # the store's seed -> init state mapping (tasks.envs.libero.store_attrs)
-        from tasks.envs.libero import config_from_store
+    if cfg.simulator == "libero":  # the store's seed -> init state mapping (tasks.envs.libero.adapter.store_attrs)
+        from tasks.envs.libero.adapter import config_from_store
         cfg = config_from_store(attrs, cfg)
     return cfg
 

@@ -6,7 +6,7 @@ image once per chunk step only), and on a CPU (lavapipe) a 256 px frame costs ~0
 step. So the eval keeps the executed actions of the episodes to film (`tasks.rollout.evaluate(..., keep_actions=k)`)
 and one `eval_videos` node per evaluation replays them with `reset(seed)` + the same actions on an instance made
 with `render_size` (`tasks.envs.make_single_env`): on the CPU simulator (seed, actions) reproduces an episode
-in a fresh instance (tasks.envs.maniskill, "Determinism"), but the eval env has played earlier episodes and that
+in a fresh instance (tasks.envs.maniskill.adapter, "Determinism"), but the eval env has played earlier episodes and that
 contact history can shift one slightly (measured: 1 of 90 filmed episodes, return 7.557 vs 7.547), which
 `return_matches` checks against the eval's own return. Only the filmed episodes are rendered, never the others.
 

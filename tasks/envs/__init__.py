@@ -13,8 +13,8 @@ from tasks.envs.shard import ChunkResult, EnvShard, SingleEnv
 
 _SIMULATORS: dict[str, tuple[str, str]] = {
     # name -> (module, class); modules are imported lazily so heavy simulators stay optional
-    "maniskill": ("tasks.envs.maniskill", "ManiSkillEnv"),
-    "libero": ("tasks.envs.libero", "LiberoEnv"),
+    "maniskill": ("tasks.envs.maniskill.adapter", "ManiSkillEnv"),
+    "libero": ("tasks.envs.libero.adapter", "LiberoEnv"),
 }
 # name -> class of one instance holding a whole shard, for the module's BATCHED_BACKENDS (GPU simulation)
 _BATCHED: dict[str, str] = {"maniskill": "ManiSkillBatchedEnv"}
@@ -82,7 +82,7 @@ def instructions(cfg: EnvConfig) -> list[str]:
 
 SCRIPTED_PREFIX = "scripted:"
 # `record.teacher=scripted:NAME`: NAME -> (the simulator it drives, module, class of its per-shard teacher)
-SCRIPTED_TEACHERS: dict[str, tuple[str, str, str]] = {"libero": ("libero", "tasks.envs.libero_expert", "ShardExpert")}
+SCRIPTED_TEACHERS: dict[str, tuple[str, str, str]] = {"libero": ("libero", "tasks.envs.libero.expert", "ShardExpert")}
 
 
 def is_scripted_teacher(spec) -> bool:

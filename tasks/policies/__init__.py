@@ -26,9 +26,9 @@ import torch
 
 from tasks.config import ConfigError, PolicyConfig
 
-_POLICIES: dict[str, tuple[str, str]] = {"mlp": ("tasks.policies.mlp", "MLPPolicy"),
-                                          "flow_vla": ("tasks.policies.flow_vla", "FlowVLAPolicy"),
-                                          "token_vla": ("tasks.policies.token_vla", "TokenVLAPolicy")}
+_POLICIES: dict[str, tuple[str, str]] = {"mlp": ("tasks.policies.mlp.model", "MLPPolicy"),
+                                          "flow_vla": ("tasks.policies.flow_vla.model", "FlowVLAPolicy"),
+                                          "token_vla": ("tasks.policies.token_vla.model", "TokenVLAPolicy")}
 
 
 def policy_class(name: str) -> type:
@@ -100,12 +100,12 @@ def check_policy_config(cfg: PolicyConfig) -> dict | None:
     if cfg.name not in _POLICIES:
         raise ConfigError("policy.name", cfg.name, f"known policies: {sorted(_POLICIES)}")
     if cfg.name == "mlp":
-        from tasks.policies.mlp import ACTIVATIONS
+        from tasks.policies.mlp.model import ACTIVATIONS
         if cfg.activation not in ACTIVATIONS:
             raise ConfigError("policy.activation", cfg.activation, f"use one of {sorted(ACTIVATIONS)}")
     if cfg.name == "flow_vla":
-        from tasks.policies.flow_vla import check_config
+        from tasks.policies.flow_vla.model import check_config
         return check_config(cfg)
     if cfg.name == "token_vla":
-        from tasks.policies.token_vla import check_config as check_token_vla
+        from tasks.policies.token_vla.model import check_config as check_token_vla
         return check_token_vla(cfg)

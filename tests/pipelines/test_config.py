@@ -124,7 +124,7 @@ def test_component_placement_overrides_need_no_plus():
 
 
 def test_missing_vulkan_is_reported_with_the_fix(monkeypatch, tmp_path):
-    import tasks.envs.vulkan as vk
+    import tasks.envs.maniskill.vulkan as vk
     monkeypatch.setattr(vk, "PROJECT_ICD", tmp_path / "nope" / "lvp_icd.json")
     monkeypatch.setattr(vk, "SYSTEM_ICD_DIRS", ())
     monkeypatch.delenv("VK_ICD_FILENAMES", raising=False)
@@ -418,7 +418,7 @@ def sft_store(tmp_path_factory):
     return path
 
 
-LIBERO_OBS = 14  # the state of the shipped LIBERO experiments (env.object_state: tasks.envs.libero.obs_dim)
+LIBERO_OBS = 14  # the state of the shipped LIBERO experiments (env.object_state: tasks.envs.libero.adapter.obs_dim)
 
 
 def test_a_libero_store_of_the_other_state_length_is_refused_naming_the_fix(sft_store):

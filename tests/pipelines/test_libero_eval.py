@@ -47,7 +47,7 @@ def _eval(hf, root, out, capsys):
 
 def test_libero_protocol_per_task_and_deterministic(hf_dir, tmp_path, capsys):
     import imageio.v3 as iio
-    from tasks.envs import libero as L
+    import tasks.envs.libero.adapter as L
     rec, printed = _eval(hf_dir, tmp_path, tmp_path / "a", capsys)
     names = L.task_names("libero_spatial")
     assert rec["summary"]["num_episodes"] == 4 and rec["task_names"] == {"0": names[0], "1": names[1]}

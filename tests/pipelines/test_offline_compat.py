@@ -206,12 +206,12 @@ def test_eval_of_an_hf_dir_refuses_another_env_task_before_writing(copied_hf, tm
 
 
 def test_a_libero_checkpoint_of_another_action_length_is_refused_another_suite_is_not(tmp_path, capsys):
-    """LIBERO's action length is known offline (tasks.envs.libero.ACTION_DIM: 7). Its suites share robot, state
+    """LIBERO's action length is known offline (tasks.envs.libero.adapter.ACTION_DIM: 7). Its suites share robot, state
     and actions: a checkpoint of one suite on another (libero_90 -> libero_10) is the papers' cross-suite use."""
     from pipelines import validate
     from pipelines.config import load_config
     from tasks.envs import state_dim
-    from tasks.envs.libero import ACTION_DIM
+    from tasks.envs.libero.adapter import ACTION_DIM
     cfg = load_config(["conf=libero_smoke"], components=False)[0]
     hf = _export(cfg, tmp_path / "hf8", obs_dim=state_dim(cfg.env), action_dim=ACTION_DIM + 1)
     args = ["conf=libero_smoke", f"run_root={tmp_path / 'runs'}"]

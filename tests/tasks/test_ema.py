@@ -91,7 +91,7 @@ def test_the_export_of_a_vla_is_its_average(tmp_path):
     """actor_export writes the averaged weights (what the evals scored); the actor's own weights stay."""
     from tasks import resident
     from tasks.config import PolicyConfig
-    from tasks.policies.flow_vla import FlowVLAPolicy
+    from tasks.policies.flow_vla.model import FlowVLAPolicy
     torch.manual_seed(0)
     policy = FlowVLAPolicy(PolicyConfig(name="flow_vla", preset="tiny", num_action_chunks=2, num_denoise_steps=2,
                                         max_prompt_len=8), 5, 3, 1, image_size=None)

@@ -127,7 +127,7 @@ def test_cursor_continues_the_seed_sequence():
 def test_maniskill_gpu_shard_steps_many_envs_in_one_instance():
     from tasks.config import EnvConfig
     from tasks.envs import make_shard
-    from tasks.envs.maniskill import ManiSkillBatchedEnv, physx_gpu_library
+    from tasks.envs.maniskill.adapter import ManiSkillBatchedEnv, physx_gpu_library
     lib, url = physx_gpu_library()
     if not lib.is_file():  # the config check refuses it (test_maniskill); SAPIEN would download it
         pytest.skip(f"SAPIEN's GPU PhysX library {lib} is missing (from {url})")

@@ -1,4 +1,4 @@
-"""LIBERO adapter (tasks/envs/libero.py): the reset_state_id mapping, train/eval splits, groups and shards, the
+"""LIBERO adapter (tasks/envs/libero/adapter.py): the reset_state_id mapping, train/eval splits, groups and shards, the
 memory check, the gripper convention; on the real simulator (one env, libero_spatial task 5): the 8-D observation,
 the 180-degree rotation, gripper polarity, hard_reset=False against a hard reset, success against LIBERO's own
 check_success."""
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tasks.config import ConfigError, EnvConfig
-from tasks.envs import libero as L
+import tasks.envs.libero.adapter as L
 from tasks.seeding import episode_seed
 
 
@@ -123,7 +123,7 @@ def test_memory_check_bounds_by_dask_pause_fraction_not_only_the_restart():
 
 def test_gripper_conventions_are_stated_once_and_a_mismatch_is_refused():
     from tasks.envs import check_gripper_convention, gripper_convention
-    from tasks.envs import maniskill
+    import tasks.envs.maniskill.adapter as maniskill
     lib, ms = EnvConfig(simulator="libero", env_id="libero_spatial"), EnvConfig()
     assert gripper_convention(lib) == L.GRIPPER_CONVENTION == "close_positive"
     assert gripper_convention(ms) == maniskill.GRIPPER_CONVENTION == "open_positive"
@@ -438,7 +438,7 @@ def test_object_state_is_checked_offline_and_a_checkpoint_or_store_of_the_other_
     import json
     from pipelines.config import load_config
     from tasks.envs import state_dim
-    from tasks.envs.maniskill import check_config as maniskill_check
+    from tasks.envs.maniskill.adapter import check_config as maniskill_check
     base = dict(simulator="libero", obs_mode="state", control_mode="OSC_POSE", reward_mode="sparse",
                 sim_backend="cpu")
     assert state_dim(EnvConfig(env_id="libero_spatial", **base)) == 8

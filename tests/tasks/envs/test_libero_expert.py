@@ -1,4 +1,4 @@
-"""The scripted LIBERO expert (tasks/envs/libero_expert.py) and its recording (`record.teacher=scripted:libero`):
+"""The scripted LIBERO expert (tasks/envs/libero/expert.py) and its recording (`record.teacher=scripted:libero`):
 offline checks of the teacher spec and of the tasks' goals; on the real simulator (one env, libero_object task 0)
 the expert succeeds by LIBERO's own check and its actions, replayed from the same init state, reach that goal at
 the same step; (slow) `pipelines.record conf=libero_record` writes a readable store whose per-task success is what
@@ -10,8 +10,8 @@ import pytest
 
 from tasks.config import ConfigError, EnvConfig
 from tasks.envs import check_scripted_teacher, is_scripted_teacher
-from tasks.envs import libero as L
-from tasks.envs import libero_expert as X
+import tasks.envs.libero.adapter as L
+import tasks.envs.libero.expert as X
 
 
 def _cfg(suite="libero_object", tasks=(0,), obs_mode="state", **kw) -> EnvConfig:

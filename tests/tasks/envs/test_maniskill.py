@@ -1,6 +1,6 @@
 """The ManiSkill adapter on the real simulator (PushCube-v1, physx_cpu, software or GPU Vulkan).
 
-Needs the Vulkan set-up of scripts/setup.sh (tasks.envs.vulkan finds the driver by itself).
+Needs the Vulkan set-up of scripts/setup.sh (tasks.envs.maniskill.vulkan finds the driver by itself).
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from tasks.config import ConfigError, EnvConfig
 from tasks.envs import make_shard
-from tasks.envs.maniskill import check_config, default_max_episode_steps
+from tasks.envs.maniskill.adapter import check_config, default_max_episode_steps
 
 
 def shard(num_envs: int = 2, base_seed: int = 7, **kw):
@@ -89,7 +89,7 @@ def test_gpu_simulation_without_sapiens_gpu_physx_library_is_refused_offline(mon
     passes."""
     import torch
 
-    from tasks.envs.maniskill import physx_gpu_library
+    from tasks.envs.maniskill.adapter import physx_gpu_library
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("HOME", str(tmp_path))
     lib, url = physx_gpu_library()
@@ -145,7 +145,7 @@ def test_images_and_observations_reach_numpy_from_a_cuda_render_device(monkeypat
 
     import torch
 
-    import tasks.envs.maniskill as ms
+    import tasks.envs.maniskill.adapter as ms
 
     class OnDevice:
         def __init__(self, t):
@@ -181,7 +181,7 @@ def test_closing_one_env_leaves_the_others_rendering():
     leaves env A's camera frame bit for bit as before (two renders of one state with no neighbour are bit-equal,
     checked first), also after A's resets with the same seed."""
     from concurrent.futures import ThreadPoolExecutor
-    from tasks.envs.maniskill import ManiSkillEnv
+    from tasks.envs.maniskill.adapter import ManiSkillEnv
     cfg = EnvConfig(env_id="PushCube-v1", obs_mode="rgb", image_size=32)
     a = ManiSkillEnv(cfg)
     try:

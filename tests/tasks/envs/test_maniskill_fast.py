@@ -1,4 +1,4 @@
-"""env.fast_step (tasks.envs.maniskill_fast) against ManiSkill's own step on the real simulator: the same values, bit
+"""env.fast_step (tasks.envs.maniskill.fast_step) against ManiSkill's own step on the real simulator: the same values, bit
 for bit, including success, the reward's "reached" branch, terminations and truncations; and where it does not apply.
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 
 from tasks.config import EnvConfig
 from tasks.envs import make_shard
-from tasks.envs.maniskill import ManiSkillEnv
+from tasks.envs.maniskill.adapter import ManiSkillEnv
 
 
 def _pair(env_id: str = "PushCube-v1", **kw):
@@ -164,7 +164,7 @@ def test_one_part_fast_the_other_maniskills(env_id, control_mode):
                                 dict(env_id="PushCube-v1", fast_step=False)])
 def test_no_fast_path_falls_back_to_maniskills_step(kw):
     env = ManiSkillEnv(EnvConfig(**kw))
-    assert env._fast_step is None  # nothing tasks.envs.maniskill_fast covers, or env.fast_step=false
+    assert env._fast_step is None  # nothing tasks.envs.maniskill.fast_step covers, or env.fast_step=false
     env.reset(0)
     obs, r, term, trunc, succ = env.step(np.zeros(env.action_dim, np.float32))
     assert obs.shape == (env.obs_dim,) and np.isfinite(r)

@@ -1,4 +1,4 @@
-"""env.robot_visual_lod (tasks.envs.mesh_lod): decimated robot visual meshes change what the camera sees a little and
+"""env.robot_visual_lod (tasks.envs.maniskill.mesh_lod): decimated robot visual meshes change what the camera sees a little and
 the dynamics not at all; the cached build is deterministic and never half-written; the RGB-only capture gives
 ManiSkill's pixels."""
 from __future__ import annotations
@@ -26,7 +26,7 @@ def _faces(path: Path) -> int:
 
 
 def test_decimated_urdf_is_deterministic_keeps_collision_meshes_and_cuts_visual_faces(panda_urdf, tmp_path):
-    from tasks.envs.mesh_lod import _mesh_refs, decimated_urdf
+    from tasks.envs.maniskill.mesh_lod import _mesh_refs, decimated_urdf
     a = decimated_urdf(panda_urdf, 0.1, root=tmp_path / "a")
     b = decimated_urdf(panda_urdf, 0.1, root=tmp_path / "b")
     assert a.name == panda_urdf.name and a.read_bytes() == panda_urdf.read_bytes()  # joints, inertias unchanged
@@ -60,12 +60,12 @@ def test_concurrent_builds_of_one_key_leave_one_complete_copy(panda_urdf, tmp_pa
 
 
 def _build(urdf: str, root: str) -> str:
-    from tasks.envs.mesh_lod import decimated_urdf
+    from tasks.envs.maniskill.mesh_lod import decimated_urdf
     return str(decimated_urdf(urdf, 0.2, root=Path(root)))
 
 
 def _episode(lod: float, seed: int = 4, steps: int = 12):
-    from tasks.envs.maniskill import ManiSkillEnv
+    from tasks.envs.maniskill.adapter import ManiSkillEnv
     env = ManiSkillEnv(EnvConfig(env_id="PushCube-v1", obs_mode="rgb", image_size=32, robot_visual_lod=lod))
     rng = np.random.default_rng(0)
     obs, imgs = [np.concatenate([env.reset(seed), np.zeros(4)])], [env.render_rgb()]
@@ -105,7 +105,7 @@ def test_robot_visual_lod_is_validated():
 
 
 def test_robot_visual_lod_refused_where_no_urdf(monkeypatch):
-    import tasks.envs.mesh_lod as mesh_lod
+    import tasks.envs.maniskill.mesh_lod as mesh_lod
     assert mesh_lod.robot_agent_class("PushCube-v1").__name__ == "Panda"
     monkeypatch.setattr(mesh_lod, "robot_agent_class", lambda env_id: None)  # a robot-less env task
     with pytest.raises(ValueError, match="no URDF"):

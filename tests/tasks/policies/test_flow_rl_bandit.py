@@ -10,7 +10,7 @@ import torch
 
 from tasks.algorithms import normalize_advantages, ppo_actor_loss
 from tasks.config import PolicyConfig
-from tasks.policies.flow_vla import FlowVLAPolicy
+from tasks.policies.flow_vla.model import FlowVLAPolicy
 
 B = 64
 TARGET = torch.tensor([0.6, -0.4])

@@ -10,7 +10,7 @@ from torch.distributions import Normal
 
 from tasks.config import ConfigError, PolicyConfig
 from tasks.policies import check_policy_config, make_policy
-from tasks.policies.flow_vla import FlowVLAPolicy, sde_sigmas, time_grid
+from tasks.policies.flow_vla.model import FlowVLAPolicy, sde_sigmas, time_grid
 
 O, D, C, K, IMG = 5, 3, 4, 4, 16  # D < A = 8 (tiny preset): the slicing is exercised everywhere
 

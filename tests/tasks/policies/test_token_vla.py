@@ -1,4 +1,4 @@
-"""Tests for tasks.policies.token_vla: action tokens, log-probs at every granularity, ratio 1, save/load, SFT,
+"""Tests for tasks.policies.token_vla.model: action tokens, log-probs at every granularity, ratio 1, save/load, SFT,
 the real-size preset on the meta device."""
 
 import json
@@ -10,7 +10,7 @@ import torch
 from tasks.algorithms import LOGPROB_TYPES, reduce_logprobs
 from tasks.config import ConfigError, PolicyConfig
 from tasks.policies import check_policy_config, make_policy
-from tasks.policies.token_vla import (TokenVLAPolicy, action_stats_from_data, bin_centers, normalized_to_bins,
+from tasks.policies.token_vla.model import (TokenVLAPolicy, action_stats_from_data, bin_centers, normalized_to_bins,
                                       read_action_stats)
 
 C, D, O = 2, 3, 5

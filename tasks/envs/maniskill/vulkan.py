@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-PROJECT_ICD = Path(__file__).resolve().parents[2] / ".vulkan" / "lvp_icd.json"
+PROJECT_ICD = Path(__file__).resolve().parents[3] / ".vulkan" / "lvp_icd.json"
 SYSTEM_ICD_DIRS = ("/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d",
                    "/usr/local/nvidia/share/vulkan/icd.d")
 FIX = ("run scripts/setup.sh (it unpacks Mesa's software Vulkan into .vulkan/), install your GPU's Vulkan "

@@ -5,7 +5,7 @@ It reads the task's BDDL goal (`parsed_problem["goal_state"]`, e.g. `[["in", "al
 is ONE `in`/`on` predicate of a movable object (LIBERO-Object: all 10 tasks; LIBERO-Spatial: all 10, "pick up the
 black bowl ... and place it on the plate"). Each step it computes, from MuJoCo's current state (object body
 position `sim.data.body_xpos`, region site position `sim.data.get_site_xpos`, end-effector site position), a 7-D
-OSC_POSE action in [-1, 1] (tasks.envs.libero: +1 closes the gripper) through these phases:
+OSC_POSE action in [-1, 1] (tasks.envs.libero.adapter: +1 closes the gripper) through these phases:
 
     above  (object xy, hover height, open)  -> descend (grasp height, open) -> close (hold, +1 until the fingers
     stop) -> lift (carry height, closed) -> carry (target xy, carry height) -> lower (release height) -> open (hold,
@@ -25,7 +25,7 @@ holds the end-effector's orientation at the episode's first step (the top-down g
 
 The grasp point is the object's body origin with the height offset of its kind (GRASP_OFFSETS: bowls are grasped
 at the rim, off-centre along the fingers' closing axis; other objects at their body origin). Success is never
-judged here: callers use LIBERO's own `check_success()` (tasks.envs.libero: the reward).
+judged here: callers use LIBERO's own `check_success()` (tasks.envs.libero.adapter: the reward).
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tasks.envs.libero import goal_of, object_position, tasks_without_pick_place_goal
+from tasks.envs.libero.adapter import goal_of, object_position, tasks_without_pick_place_goal
 
 PHASES = ("above", "descend", "close", "lift", "carry", "lower", "open", "retreat")
 CLOSE_STEPS, OPEN_STEPS = 12, 8  # step budgets of the gripper phases (a bowl's rim: the fingers stop after 10-11)
@@ -182,7 +182,7 @@ class PickPlaceExpert:
 
 
 def expert_episode(env, task_id: int, trial_id: int, params: ExpertParams | None = None) -> dict:
-    """Run one expert episode on a `tasks.envs.libero.LiberoEnv` from init state (task_id, trial_id) until LIBERO's
+    """Run one expert episode on a `tasks.envs.libero.adapter.LiberoEnv` from init state (task_id, trial_id) until LIBERO's
     success check holds (the env's `terminated`) or the episode's step limit.
 
     Returns {"actions": float32 [L, 7] (the executed actions), "success": bool (LIBERO's check at the last step),
@@ -203,7 +203,7 @@ def expert_episode(env, task_id: int, trial_id: int, params: ExpertParams | None
 
 def problem_env(env):
     """The LIBERO problem env (robosuite `SingleArmEnv` with `parsed_problem`, `obj_body_id`, `sim`) inside a
-    `tasks.envs.libero.LiberoEnv` (its OffScreenRenderEnv's `env`); None before the first reset built it."""
+    `tasks.envs.libero.adapter.LiberoEnv` (its OffScreenRenderEnv's `env`); None before the first reset built it."""
     return None if env.env is None else env.env.env
 
 
@@ -211,7 +211,7 @@ def check_tasks(cfg) -> None:
     """Offline: every selected task of cfg's suite has a goal the expert handles (one `in`/`on` predicate whose
     first argument is a movable object), read from its BDDL file. Raises ConfigError (env.task_ids)."""
     from tasks.config import ConfigError
-    from tasks.envs import libero as L
+    import tasks.envs.libero.adapter as L
     L.check_config(cfg)
     bad = tasks_without_pick_place_goal(cfg)
     if bad:

@@ -17,7 +17,7 @@ after some actions (benchmarks/env_history.py: 5 of 64 episodes of a default run
 `obs_mode=rgb`: the env runs in ManiSkill's state obs mode and the task's camera (`base_camera`, resized by
 `sensor_configs` to env.image_size) is rendered only when the shard asks (`render_rgb`), i.e. once per chunk step
 rather than at every simulator step: on CPU (lavapipe) one 32-64 px capture costs ~50-65 ms of CPU, 10x a physics
-step, nearly all of it the Panda arm's ~136k visual triangles; `env.robot_visual_lod` (tasks.envs.mesh_lod) renders
+step, nearly all of it the Panda arm's ~136k visual triangles; `env.robot_visual_lod` (tasks.envs.maniskill.mesh_lod) renders
 a decimated copy of the arm's visual meshes (0.1: ~10 ms) with the same collision meshes and dynamics.
 
 Instructions: each env task has a fixed natural-language instruction (`INSTRUCTIONS`, else one derived from the
@@ -39,15 +39,15 @@ from pathlib import Path
 import numpy as np
 
 from tasks.config import ConfigError, EnvConfig, did_you_mean
-from tasks.envs.mesh_lod import robot_lod
-from tasks.envs.vulkan import VulkanMissingError, ensure_vulkan
+from tasks.envs.maniskill.mesh_lod import robot_lod
+from tasks.envs.maniskill.vulkan import VulkanMissingError, ensure_vulkan
 
 OBS_MODES = ("state", "rgb")  # rgb: the state vector plus the task's camera image (see ManiSkillEnv)
 SIM_BACKENDS = ("physx_cpu", "cpu", "physx_cuda")
 BATCHED_BACKENDS = ("physx_cuda",)  # one simulator instance per shard (tasks.envs.make_shard)
 REWARD_MODES = ("normalized_dense", "dense", "sparse")
 GRIPPER_CONVENTION = "open_positive"  # the last action dim: +1 opens the Panda gripper, -1 closes it (LIBERO: the
-# reverse, tasks.envs.libero); recorded in stores and hf/ exports (tasks.envs.gripper_convention)
+# reverse, tasks.envs.libero.adapter); recorded in stores and hf/ exports (tasks.envs.gripper_convention)
 
 
 def instruction(cfg: EnvConfig) -> str:
@@ -111,7 +111,7 @@ def check_config(env: EnvConfig) -> None:
         raise ConfigError("env.env_id", env.env_id, f"not a ManiSkill env task; {hint + ' ' if hint else ''}"
                                                     f"(e.g. PushCube-v1, PickCube-v1)")
     if env.robot_visual_lod < 1:
-        from tasks.envs.mesh_lod import robot_urdf
+        from tasks.envs.maniskill.mesh_lod import robot_urdf
         if robot_urdf(env.env_id) is None:
             raise ConfigError("env.robot_visual_lod", env.robot_visual_lod,
                               f"{env.env_id}'s robot has no URDF whose visual meshes could be decimated: use 1.0")
@@ -206,12 +206,12 @@ class ManiSkillEnv:
                 self.env = gym.make(cfg.env_id, **kwargs)
         except RuntimeError as exc:  # SAPIEN without a usable Vulkan device
             if "vk::" in str(exc) or "Vulkan" in str(exc):
-                from tasks.envs.vulkan import FIX
+                from tasks.envs.maniskill.vulkan import FIX
                 raise VulkanMissingError(f"Vulkan failed in SAPIEN ({exc}): {FIX}") from None
             raise
         self.obs_dim = int(np.prod(self.env.observation_space.shape[1:]))
         self.action_dim = int(np.prod(self.env.action_space.shape[1:] or self.env.action_space.shape))
-        from tasks.envs.maniskill_fast import fast_step_for
+        from tasks.envs.maniskill.fast_step import fast_step_for
         self._fast_step = fast_step_for(self.env) if cfg.fast_step else None  # env.fast_step
         self.fps = float(getattr(self.env.unwrapped, "control_freq", 20) or 20)  # actions per second (videos)
 
@@ -220,7 +220,7 @@ class ManiSkillEnv:
         return obs.reshape(-1).cpu().numpy().astype(np.float32, copy=False)
 
     def step(self, action: np.ndarray):
-        if self._fast_step is not None:  # the same values as env.step (tasks.envs.maniskill_fast)
+        if self._fast_step is not None:  # the same values as env.step (tasks.envs.maniskill.fast_step)
             return self._fast_step(action)
         import torch
         obs, r, term, trunc, info = self.env.step(torch.from_numpy(action).reshape(1, -1))

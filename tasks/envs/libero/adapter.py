@@ -20,7 +20,7 @@ ManiSkill's state obs give about the objects, so a policy need not localise them
 
 Action, float32 [7] in [-1, 1]: OSC_POSE deltas (3 position, 3 axis-angle rotation, scaled by the controller) and
 the gripper command. Gripper polarity (`GRIPPER_CONVENTION`): LIBERO closes at +1 and opens at -1; ManiSkill
-opens at +1 (tasks.envs.maniskill). Stores and `hf/` exports record the convention (tasks.envs.gripper_convention);
+opens at +1 (tasks.envs.maniskill.adapter). Stores and `hf/` exports record the convention (tasks.envs.gripper_convention);
 a policy or demo store of the other convention is refused offline (pipelines.config).
 
 Episodes: reward 1.0 at a step where LIBERO's BDDL goal holds (`env.check_success()`), else 0 (sparse);
@@ -277,7 +277,7 @@ def max_episode_steps(cfg: EnvConfig) -> int:
     return int(cfg.max_episode_steps or SUITE_MAX_STEPS[cfg.env_id])
 
 
-# ----- the goal of a pick-and-place task (tasks.envs.libero_expert, env.object_state) -----
+# ----- the goal of a pick-and-place task (tasks.envs.libero.expert, env.object_state) -----
 
 def _pick_place_goal(goal: list, movable) -> bool:
     """A BDDL goal_state that is one `in`/`on` predicate whose first argument is in `movable` (object names)."""
@@ -720,5 +720,5 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--warm"]:
         _warm()
     else:
-        print("usage: python -m tasks.envs.libero --warm", file=sys.stderr)
+        print("usage: python -m tasks.envs.libero.adapter --warm", file=sys.stderr)
         sys.exit(2)
