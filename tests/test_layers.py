@@ -14,6 +14,34 @@ def test_import_contracts_kept():
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+def test_layer_contract_refuses_an_upward_import(tmp_path):
+    """The declared layers (pipelines > tasks > storage) fail a tree where storage imports tasks, and keep one
+    where tasks imports storage (the decision the layout documents), under this project's own contracts."""
+    import os
+    import tomllib
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c for c in contracts if c["type"] == "layers")
+    config = tmp_path / "contracts.toml"
+    config.write_text('[tool.importlinter]\nroot_packages = ["pipelines", "tasks", "storage"]\n\n'
+                      '[[tool.importlinter.contracts]]\nname = "layers"\ntype = "layers"\n'
+                      f"layers = {layers['layers']!r}\n".replace("'", '"'))
+
+    def lint(files: dict[str, str]) -> int:
+        tree = tmp_path / f"tree{len(list(tmp_path.iterdir()))}"
+        for pkg in ("pipelines", "tasks", "storage"):
+            (tree / pkg).mkdir(parents=True)
+            (tree / pkg / "__init__.py").write_text("")
+        for name, text in files.items():
+            (tree / name).write_text(text)
+        lint_bin = Path(sys.executable).with_name("lint-imports")
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        return subprocess.run([str(lint_bin), "--no-cache", "--config", str(config)], cwd=tree, env=env,
+                              capture_output=True, text=True, timeout=300).returncode
+    assert lint({"tasks/a.py": "import storage.b\n", "storage/b.py": ""}) == 0
+    assert lint({"storage/b.py": "import tasks.a\n", "tasks/a.py": ""}) != 0
+    assert lint({"tasks/a.py": "import pipelines.c\n", "pipelines/c.py": ""}) != 0
+
+
 def _cycles(graph, modules: set[str]) -> list[list[str]]:
     """Strongly connected components with more than one module (Tarjan), imports inside functions included."""
     adj = {m: set(graph.find_modules_directly_imported_by(m)) & modules for m in modules}
