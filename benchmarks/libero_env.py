@@ -27,8 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 
-from tasks.config import EnvConfig  # noqa: E402
-from tasks.envs import libero as L  # noqa: E402
+from tasks.envs.libero.configuration import LiberoEnvConfig  # noqa: E402
+import tasks.envs.libero.adapter as L  # noqa: E402
 
 
 def rss_gib() -> float:
@@ -71,8 +71,8 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--settle", action="store_true")
     a = ap.parse_args(argv)
-    cfg = EnvConfig(simulator="libero", env_id=a.suite, obs_mode="rgb", image_size=a.size, control_mode="OSC_POSE",
-                    reward_mode="sparse", sim_backend="cpu", task_ids=[a.task])
+    cfg = LiberoEnvConfig(simulator="libero", env_id=a.suite, obs_mode="rgb", image_size=a.size,
+                          control_mode="OSC_POSE", reward_mode="sparse", sim_backend="cpu", task_ids=[a.task])
     import mujoco
     print(f"LIBERO {a.suite} task {a.task} ({L.suite(a.suite).get_task(a.task).language}), mujoco "
           f"{mujoco.__version__}, {a.size} px, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")

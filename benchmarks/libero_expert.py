@@ -21,8 +21,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from tasks.config import EnvConfig  # noqa: E402
-from tasks.envs import libero as L  # noqa: E402
+from tasks.envs.libero.configuration import LiberoEnvConfig  # noqa: E402
+import tasks.envs.libero.adapter as L  # noqa: E402
+from tasks.envs.libero.reset_states import split_trials  # noqa: E402
 from tasks.envs.libero.expert import expert_episode  # noqa: E402
 from tasks.evalstats import wilson_interval  # noqa: E402
 
@@ -37,13 +38,13 @@ def main() -> None:
     t_all = time.perf_counter()
     total = ok = steps = 0
     for t in a.tasks:
-        cfg = EnvConfig(simulator="libero", env_id=a.suite, obs_mode="state", control_mode="OSC_POSE",
-                        reward_mode="sparse", sim_backend="cpu", task_ids=[t], eval_trials=a.eval_trials)
+        cfg = LiberoEnvConfig(simulator="libero", env_id=a.suite, obs_mode="state", control_mode="OSC_POSE",
+                              reward_mode="sparse", sim_backend="cpu", task_ids=[t], eval_trials=a.eval_trials)
         env = L.LiberoEnv(cfg)
         t0 = time.perf_counter()
         env.reset_to(t, 0)
         print(f"{a.suite} task {t} ({env.instruction!r}): env built in {time.perf_counter() - t0:.1f} s", flush=True)
-        split = L.split_trials(len(L.init_states(a.suite, t)), "disjoint", a.eval_trials, a.per_split)
+        split = split_trials(len(L.init_states(a.suite, t)), "disjoint", a.eval_trials, a.per_split)
         for name, trials in split.items():
             t0 = time.perf_counter()
             res = [expert_episode(env, t, tr) for tr in trials]

@@ -35,7 +35,7 @@ import time
 
 import torch
 
-from tasks.config import PolicyConfig
+from tasks.config import family_class
 from tasks.device import autocast, to_device
 
 OBS_DIM, ACTION_DIM = 9, 7
@@ -55,7 +55,7 @@ FAMILIES: dict[str, tuple[str, str, dict[str, dict], dict[str, int]]] = {
 def build(family: str, preset: str, device: str = "cpu", overrides: dict | None = None) -> torch.nn.Module:
     module, cls_name, presets, images = FAMILIES[family]
     cls = getattr(importlib.import_module(module), cls_name)
-    cfg = PolicyConfig(name=family, preset=preset, **{**presets[preset], **(overrides or {})})
+    cfg = family_class("policy", family)(preset=preset, **{**presets[preset], **(overrides or {})})
     with torch.device(device):
         return cls(cfg, OBS_DIM, ACTION_DIM, 1, images[preset])
 

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from tasks.config import EnvConfig  # noqa: E402
+from tasks.envs.maniskill.configuration import ManiSkillEnvConfig  # noqa: E402
 
 
 def _cpu_s() -> float:
@@ -39,7 +39,7 @@ def measure(env_id: str, size: int, lod: float, n: int) -> dict:
         t0 = time.perf_counter()
         decimated_urdf(robot_urdf(env_id), lod)
         build_s = time.perf_counter() - t0
-    env = ManiSkillEnv(EnvConfig(env_id=env_id, obs_mode="rgb", image_size=size, robot_visual_lod=lod))
+    env = ManiSkillEnv(ManiSkillEnvConfig(env_id=env_id, obs_mode="rgb", image_size=size, robot_visual_lod=lod))
     env.reset(0)
     for _ in range(3):
         env.render_rgb()

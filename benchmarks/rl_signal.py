@@ -38,7 +38,7 @@ Schulman et al. 2016, with that conf's algorithm.gamma, gae_lambda and reward_sc
 checkpoint's value head as the critic -- the SFT warm start, not adapted to the policy's returns as the PPO run's
 critic_warmup_steps would -- the last chunk step bootstrapped from V of the final observation, then normalised over
 the whole batch; `tasks.algorithms.gae`, `normalize_advantages`). `--params trained` restricts the gradients to the parameters the
-update trains (learning rate > 0 by `tasks.update.param_lr`, the optimizer's rule). With 4 or more batches it
+update trains (learning rate > 0 by `tasks.actor.optim.param_lr`, the optimizer's rule). With 4 or more batches it
 also prints the cosine of two sums of half the batches each: the agreement at twice the rollout size (1/cos - 1
 halves if the noise is independent).
 
@@ -66,9 +66,9 @@ from tasks.algorithms.losses import normalize_advantages  # noqa: E402
 from tasks.algorithms.rloo import rloo_advantages  # noqa: E402
 from tasks.envs import make_shard  # noqa: E402
 from tasks.policies import make_policy  # noqa: E402
-from tasks.rollout import instruction, policy_obs  # noqa: E402
+from tasks.prompts import instruction, policy_obs  # noqa: E402
 from tasks.seeding import eval_episode_seed, rl_signal_batch_seeds  # noqa: E402
-from tasks.update import param_lr  # noqa: E402
+from tasks.actor.optim import param_lr  # noqa: E402
 
 FIELDS = ("obs", "rgb", "actions", "rewards", "terminated", "truncated", "step_mask", "success")
 EXTRA = "extras/"  # rollout fields of the policy's `act` extras (flow VLA: chain, denoise_idx; token VLA: tokens)

@@ -135,7 +135,7 @@ def measure(handle, overrides: list[str], args) -> dict:
                 "update": statistics.median(m["time/update"] for m in measured),
                 "staleness": statistics.mean(m.get("train/staleness", 0.0) for m in measured)}
     finally:
-        runner._cancel_pipeline()
+        runner.sched.cancel_pipeline()
         runner.tracker.set_terminated("FINISHED")
         handle.client.run(resident.release, f"{runner.state.run_id}/", on_error="ignore")
 
@@ -157,7 +157,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     for name in ("mani_skill", "distributed"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    from pipelines.cluster import start_cluster
+    from pipelines.clusters import start_cluster
     from pipelines.config import load_config
     names = args.only or list(SETTINGS)
     with tempfile.TemporaryDirectory(prefix="dagrl-bench-dist-") as root:

@@ -432,7 +432,7 @@ def other_pipeline_runs() -> list[str]:
 
 
 def actor_threads(cfg) -> int:
-    """Torch threads of the pipeline's actor worker (pipelines.cluster.cluster_specs' rule): the update's CPU
+    """Torch threads of the pipeline's actor worker (pipelines.clusters.local.cluster_specs' rule): the update's CPU
     seconds per wall second, at most."""
     return cfg.cluster.actor_threads or max(1, (os.cpu_count() or 1) - cfg.cluster.num_env_workers)
 

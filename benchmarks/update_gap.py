@@ -1,11 +1,11 @@
-"""The PPO update alone: dagrl's `tasks.update.actor_update` against the hand-written loop of
+"""The PPO update alone: dagrl's `tasks.actor.entries.actor_update` against the hand-written loop of
 `benchmarks/throughput.py` (b), on the same rollout, in one process, at 1 and 2 torch threads.
 
     .venv/bin/python benchmarks/update_gap.py [--num-envs 16] [--repeats 5] [--threads 1 2] [--profile]
 
 The rollout is real: the default experiment (conf/conf/pushcube_ppo.yaml, `env.num_envs` envs in 2 shards,
 T = 100 chunk steps, as throughput.py pins it) stepped in this process with `tasks.rollout.env_step`, its GAE by
-`tasks.update.advantages`. Both updates then run the config's epochs x minibatches with target_kl, from the same
+`tasks.actor.entries.advantages`. Both updates then run the config's epochs x minibatches with target_kl, from the same
 initial weights, each `--repeats` times (fresh optimizer and weights each time; the figure is the minimum, the
 least disturbed by other load). The hand-written loop is the one `benchmarks/throughput.py` times for system (b)
 (`throughput.hand_written_ppo_update`: the same formula on the same flattened tensors, no masks, no metrics).
@@ -14,13 +14,13 @@ Printed: seconds per update and per Adam step for each (threads, system), the ma
 `--profile` the top of a cProfile of one dagrl update (where the extra time goes).
 
 `--dask`: also the same `actor_update` on the same samples inside the pipeline's actor worker: a one-worker
-cluster built by `pipelines.cluster.cluster_specs` from the same config (the GPU worker's Nanny, its environment
+cluster built by `pipelines.clusters.local.cluster_specs` from the same config (the GPU worker's Nanny, its environment
 variables and threads exactly as `python -m pipelines.run` starts it), the samples sent once and kept there.
 Shown: the function's own `time/update` (what the pipeline logs) for the worker as configured, for the same
 worker with Dask's statistical profiler off (`distributed.worker.profile.enabled=False`) and for it spawned
 with the `MALLOC_TRIM_THRESHOLD_=65536` that Dask's Nanny puts into every worker's environment by default
 (`distributed.nanny.pre-spawn-environ`; the pipeline spawns its workers without it since 2026-12-02:
-`pipelines.cluster.glibc_malloc_defaults`). The last column counts the process's minor page faults during one
+`pipelines.clusters.local.glibc_malloc_defaults`). The last column counts the process's minor page faults during one
 update (`getrusage`), a figure the machine's load does not change.
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ def rollout(num_envs: int, overrides: list[str]):
     import torch
     from pipelines.config import load_config
     from tasks import rollout as ro
-    from tasks import update
+    from tasks.actor import entries as update
     from tasks.envs.maniskill.vulkan import ensure_vulkan
     ensure_vulkan()
     torch.set_num_threads(1)
@@ -61,7 +61,7 @@ def rollout(num_envs: int, overrides: list[str]):
 def _faulted_update(cfg, run_id, w, *advs):
     """actor_update and the minor page faults of this process during it (resource.getrusage: ru_minflt)."""
     import resource
-    from tasks import update
+    from tasks.actor import entries as update
     f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     out = update.actor_update(cfg, run_id, w, *advs)
     return out["metrics"], resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
@@ -69,16 +69,16 @@ def _faulted_update(cfg, run_id, w, *advs):
 
 def in_worker(cfg, w, advs, repeats: int, profiler: bool = True, trim: bool = False):
     """(sorted `time/update` of `repeats` (+1 warm-up) actor_update calls, Adam steps per call, median minor page
-    faults per call) inside a fresh one-worker cluster that `pipelines.cluster.cluster_specs` specifies for `cfg`
-    (its GPU worker only, spawned as `pipelines.cluster.start_cluster` spawns it: glibc_malloc_defaults).
+    faults per call) inside a fresh one-worker cluster that `pipelines.clusters.local.cluster_specs` specifies for `cfg`
+    (its GPU worker only, spawned as `pipelines.clusters.start_cluster` spawns it: glibc_malloc_defaults).
     profiler=False: Dask's statistical profiler off in the worker; trim=True: the worker spawned with Dask's own
     MALLOC_TRIM_THRESHOLD_=65536 (what the pipeline did before)."""
     import logging
     import dask
     from distributed import Client, SpecCluster
-    from pipelines.cluster import MALLOC_TRIM, cluster_specs, glibc_malloc_defaults
+    from pipelines.clusters.local import MALLOC_TRIM, cluster_specs, glibc_malloc_defaults
     from tasks import resident
-    glibc_malloc_defaults()  # as pipelines.cluster.start_cluster
+    glibc_malloc_defaults()  # as pipelines.clusters.start_cluster
     settings = {"distributed.worker.profile.enabled": profiler}
     if trim:  # Dask's own default
         settings[f"distributed.nanny.pre-spawn-environ.{MALLOC_TRIM}"] = 65536
@@ -113,7 +113,7 @@ def main() -> None:
 
     import torch
     from tasks import resident
-    from tasks import update
+    from tasks.actor import loop
     from tasks.policies import make_policy
     from tasks.seeding import model_init_seed
     from throughput import hand_written_ppo_update  # this folder is on sys.path when run as a script
@@ -124,7 +124,7 @@ def main() -> None:
     print(f"update gap | {time.strftime('%Y-%m-%d %H:%M')} | {os.cpu_count()} cores | load avg "
           f"{os.getloadavg()[0]:.2f} | N={N} samples, {a.update_epochs} epochs x {a.num_minibatches} minibatches, "
           f"target_kl {a.target_kl} | rollout {time.perf_counter() - t0:.1f}s", flush=True)
-    data = update._flatten(advs)
+    data = loop.flatten(advs)
     O, D = data["obs"].shape[-1], data["actions"].shape[-1]
 
     def dagrl_once() -> tuple[float, int]:

@@ -7,7 +7,7 @@
 RUN_DIR must hold a checkpoint at every step 1..max(--steps) (`runner.save_interval=1`,
 `runner.keep_checkpoints` >= that many); the start weights (step 0) are the run's `policy.model_path` export (an
 RL run from an SFT checkpoint). For each decay d, the exponential moving average of the trained weights
-(`tasks.update.ema_update_`: ema_0 = the start weights, ema_k = d ema_{k-1} + (1 - d) w_k: what a run with
+(`tasks.actor.actor.ema_update_`: ema_0 = the start weights, ema_k = d ema_{k-1} + (1 - d) w_k: what a run with
 `algorithm.ema_decay=d` keeps) is written at each of --steps as an hf dir (the checkpoint's export with the average
 as model.safetensors) and evaluated with `python -m pipelines.eval HF_DIR conf=<the run's experiment> <--eval>`
 (pass the run's env overrides the eval depends on, e.g. env.robot_visual_lod). Printed per step: the run's own eval
@@ -30,10 +30,10 @@ sys.path.insert(0, str(ROOT))
 
 def average_states(start: dict, states: dict[int, dict], decay: float, steps: list[int]) -> dict[int, dict]:
     """{step: the average at that step} for the trained weights `states` (step -> state dict, every step
-    1..max(steps)) from `start` (step 0), by `tasks.update.ema_update_`.
+    1..max(steps)) from `start` (step 0), by `tasks.actor.actor.ema_update_`.
 
     Raises KeyError naming a missing step."""
-    from tasks.update import ema_update_
+    from tasks.actor.actor import ema_update_
     ema = {k: v.detach().clone().float() if v.is_floating_point() else v.clone() for k, v in start.items()}
     out = {}
     for s in range(1, max(steps) + 1):
@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     from omegaconf import OmegaConf
     from safetensors.torch import load_file, save_file
 
-    from storage.checkpoints import index_export, load_checkpoint
+    from storage.checkpoints import load_checkpoint
+    from storage.exports import index_export
     from tasks.evalstats import compare_evals, read_evals, start_checkpoint_eval
     run, out = args.run_dir.resolve(), (args.out or args.run_dir / "weight_average").resolve()
     from pipelines.config import read_saved_config

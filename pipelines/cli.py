@@ -106,14 +106,15 @@ def overrides_and_flags(argv: list[str] | None, doc: str, prog: str,
 
 def load(overrides, **kw):
     """`pipelines.config.load_config(overrides, **kw)[0]` (a checked `tasks.config.Config`), or None when the config
-    is refused (ConfigError, VulkanMissingError): then one line `error: ...` is on stderr and the command exits 2.
+    is refused (ConfigError, tasks.envs.errors.SimulatorUnavailable: no Vulkan driver, ...): then one line
+    `error: ...` is on stderr and the command exits 2.
     A Ctrl-C that came while it loaded raises KeyboardInterrupt after it (`check_interrupted`)."""
     from pipelines.config import load_config
     from tasks.config import ConfigError
-    from tasks.envs.maniskill.vulkan import VulkanMissingError
+    from tasks.envs.errors import SimulatorUnavailable
     try:
         cfg = load_config(overrides, **kw)[0]
-    except (ConfigError, VulkanMissingError) as exc:
+    except (ConfigError, SimulatorUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
     check_interrupted()
@@ -200,13 +201,13 @@ def with_cluster(cfg, body) -> int:
     cluster's workers ignore SIGINT (`pipelines.worker_preload`), so a terminal's Ctrl-C, which reaches the whole
     process group, prints no worker traceback; the close itself is not cut short (`held_signals`)."""
     import signal
-    from pipelines.cluster import start_cluster
-    from pipelines.runner.recovery import RunStalled
+    from pipelines.clusters import start_cluster
+    from pipelines.runner.watcher import RunStalled
     from pipelines.runner.scheduler import StepFailed
     from storage.rundir import RunDirGone
     from storage.trajectories import DamagedStore
     from tasks.config import ConfigError
-    from tasks.envs.maniskill.vulkan import VulkanMissingError
+    from tasks.envs.errors import SimulatorUnavailable
     from tasks.evalstats import DamagedEvalRecord
 
     def _term(signum, frame):  # SIGTERM (timeout, kill, schedulers) ends the run like Ctrl-C: MLflow run KILLED
@@ -217,7 +218,7 @@ def with_cluster(cfg, body) -> int:
     try:
         try:
             handle = start_cluster(cfg)
-        except (ConnectionError, ConfigError, VulkanMissingError) as exc:
+        except (ConnectionError, ConfigError, SimulatorUnavailable) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:

@@ -9,7 +9,7 @@ and tornado printed the 20-line traceback into the training console (the embedde
 Here every key that JSON cannot hold is written as a string (a tuple's parts joined by "/") and any other value
 JSON cannot hold as its `str`; the rest of the document is distributed's.
 
-`pipelines.cluster.start_cluster` puts this module in place of `distributed.http.scheduler.json` in
+`pipelines.clusters.start_cluster` puts this module in place of `distributed.http.scheduler.json` in
 `distributed.scheduler.http.routes` while the embedded scheduler is created (`scheduler_http_routes`).
 """
 from __future__ import annotations

@@ -26,7 +26,7 @@ SOURCE (the weights, and where the config comes from):
 LIBERO (env.simulator=libero): the evaluation protocol. Unless env.eval.num_episodes is given, it is every
 selected task (env.task_ids, default all of the suite's) x every init state of its eval split (env.num_trials: the
 first N of them), each (task, trial) pair once (eval seed env.eval.seed + u visits task task_ids[u % T], trial
-(u // T) of its eval split: tasks.envs.libero.adapter). Per task: success with its Wilson 95 % interval and episode count,
+(u // T) of its eval split: tasks.envs.libero.reset_states). Per task: success with its Wilson 95 % interval and episode count,
 keyed by the suite's task id with its name; every episode lists its task_id and trial_id. env.eval.num_envs that is
 a multiple of T keeps each eval env on one task (else envs rebuild their instance between tasks: a warning).
 Example (a tiny flow VLA's hf dir, 2 tasks x 2 init states):
@@ -166,10 +166,11 @@ def eval_config(src: Source, overrides: list[str]):
 def protocol_defaults(cfg, overrides: list[str]):
     """LIBERO's evaluation protocol (module docstring): env.eval.num_episodes = every selected (task, eval init
     state) pair unless an override sets it; other simulators unchanged. Returns cfg."""
-    if cfg.env.simulator == "libero" and not any(o.lstrip("+").split("=", 1)[0] == "env.eval.num_episodes"
-                                                 for o in overrides):
-        from tasks.envs.libero.adapter import protocol_episodes
-        cfg.env.eval.num_episodes = protocol_episodes(cfg.env)
+    from tasks.envs import protocol_episodes
+    if not any(o.lstrip("+").split("=", 1)[0] == "env.eval.num_episodes" for o in overrides):
+        n = protocol_episodes(cfg.env)  # None: the simulator has no protocol of its own
+        if n is not None:
+            cfg.env.eval.num_episodes = n
     return cfg
 
 
@@ -204,12 +205,10 @@ def per_task(episodes: list[dict]) -> dict[str, dict]:
 
 
 def task_names(cfg) -> dict[str, str]:
-    """{task_id: name} of the selected tasks (LIBERO: the suite's task names); {} for other simulators."""
-    if cfg.env.simulator != "libero":
-        return {}
-    import tasks.envs.libero.adapter as libero
-    names = libero.task_names(cfg.env.env_id)
-    return {str(t): names[t] for t in libero.task_ids(cfg.env)}
+    """{task_id: name} of the selected tasks (LIBERO: the suite's task names); {} for other simulators
+    (`tasks.envs.eval_task_names`)."""
+    from tasks.envs import eval_task_names
+    return eval_task_names(cfg.env)
 
 
 def shard_episode_counts(cfg) -> list[int]:
@@ -225,8 +224,8 @@ def shard_episode_counts(cfg) -> list[int]:
 def evaluate(cfg, src: Source, out: Path, handle, *, echo=print) -> dict:
     """Run the eval graph on the cluster of `handle`; write `out/eval.json` (+ videos); returns its record."""
     from pipelines import graphs
-    from pipelines.cluster import plan_placement
-    from pipelines.runner.recovery import Watcher
+    from pipelines.clusters import plan_placement
+    from pipelines.runner.watcher import Watcher
     from storage.checkpoints import load_checkpoint, played_policy_key
     from tqdm import tqdm
 
@@ -276,7 +275,8 @@ def evaluate(cfg, src: Source, out: Path, handle, *, echo=print) -> dict:
         bar.close()
     videos = parts.pop() if video_dir is not None else None
     episodes = [e for part in parts for e in part]
-    outcomes = evalstats.episode_outcomes(episodes)
+    _, outcomes = evalstats.split_metrics(episodes)  # scored as a training run's eval scores them
+    evalstats.check_fixed_episodes(outcomes, ev.seed, ev.num_episodes, what="the evaluation", key="env.eval.seed")
     for e in episodes:  # which task and init state each episode was
         outcomes[str(int(e["seed"]))].update(task_id=int(e.get("task_id", 0)), trial_id=int(e.get("trial_id", -1)))
     names = task_names(cfg)
@@ -301,15 +301,14 @@ def log_to_mlflow(cfg, rec: dict, out: Path) -> str:
     Returns the MLflow run id."""
     from pipelines.runner.setup import tracking_uri
     from storage.tracking import Tracker
+    from tasks.envs import eval_params
     tr = Tracker(uri=tracking_uri(cfg), experiment=f"{cfg.tracking.experiment or cfg.experiment}-eval",
                  run_name=out.name)
     tr.client.set_tag(tr.run_id, "dagrl.eval_of", rec["checkpoint"])
     ev = cfg.env.eval
     tr.log_params({"source": rec["source"], "checkpoint": rec["checkpoint"], "env.env_id": cfg.env.env_id,
                    "env.eval.seed": ev.seed, "env.eval.num_episodes": ev.num_episodes,
-                   "env.eval.num_envs": ev.num_envs, "env.robot_visual_lod": cfg.env.robot_visual_lod,
-                   **({"env.task_ids": str(list(map(int, rec["task_names"]))), "env.num_trials": cfg.env.num_trials}
-                      if rec.get("task_names") else {})})
+                   "env.eval.num_envs": ev.num_envs, **eval_params(cfg.env)})
     m = {f"eval/{k}": float(v) for k, v in rec["summary"].items()}
     for t, s in rec["per_task"].items():
         m.update({f"eval/task_{t}/{k}": float(v) for k, v in s.items()})

@@ -19,7 +19,7 @@ The advantages take the shard's env_step outputs themselves (not its trajectory 
 way to the update); the store writes may be submitted apart, once the driver has reserved the store's step
 (`build_step_store`, as the runner does).
 
-With `algorithm.num_actor_ranks` = R > 1 the update is R nodes `actor_update_r{r}` (tasks.distributed: one
+With `algorithm.num_actor_ranks` = R > 1 the update is R nodes `actor_update_r{r}` (tasks.actor.distributed: one
 torch.distributed group living across steps), rank r pinned to `placement.actor_workers[r]`, all in the step's
 graph so they run together; rank 0's output is the new weights, the others' feed `step_metrics` so that a failed
 rank fails the step. Checkpoints read the state with one `actor_state_r{r}` node per rank (a collective too).
@@ -40,7 +40,7 @@ turns it into a handle (version, key, size; no tensors) and the rollout nodes ta
 `update_handle` of the step that made the weights, passed as `weights_handle`: no node then): a replica pulls
 the state dict worker to worker, and only when its version changed. `step_metrics` likewise takes the update's
 handle (`update_handle`), so the new weights never leave the actor's worker except to replicas that need them.
-With `algorithm.offload` the update node runs `tasks.update.actor_update_offload` (same key).
+With `algorithm.offload` the update node runs `tasks.actor.entries.actor_update_offload` (same key).
 """
 from __future__ import annotations
 
@@ -49,8 +49,10 @@ from typing import Any
 
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
-from pipelines.cluster import Placement
-from tasks import distributed, rollout, seeding, trajectory, update, video, weights as weights_mod
+from pipelines.clusters import Placement
+from tasks import rollout, seeding, trajectory, video, weights as weights_mod
+from tasks.step_metrics import step_metrics, step_metrics_ranks
+from tasks.actor import distributed, entries
 from tasks.config import Config
 
 
@@ -110,60 +112,6 @@ def _store(path: str, step: int, shard: int, traj: dict, attempt: int | None = N
     return write_shard(path, step=step, shard=shard, data=trajectory.stored_part(traj), attempt=attempt)
 
 
-def step_metrics(update_out: dict, *parts: dict) -> dict:
-    """Merge a step's metrics: update metrics, advantage stats (mean over shards), episodes (`env/*`; with several
-    tasks among them also `env/task_<id>/*`: num_episodes, success_once, success_at_end, return), timings, cursors,
-    weight sync (`time/weight_sync`: the slowest replica load, s; `system/weight_sync_mb`: MB loaded into replicas).
-    `update_out` is the update's output or its handle (tasks.weights.handle: no tensors). `timing`: per shard the
-    rollout's own seconds {"env", "infer", "total", "weight_sync"} (pipelines.runner.perf splits a colocated
-    env_step node's Dask-measured time with them)."""
-    M = trajectory.Meta
-    n = len(parts) // 2
-    trajs, advs = parts[:n], parts[n:]
-    m = dict(update_out["metrics"])
-    for key in advs[0]["stats"]:
-        m[key] = sum(a["stats"][key] for a in advs) / n
-    episodes = [e for t in trajs for e in t[M.EPISODES]]
-    for k in ("success_once", "success_at_end", "return", "episode_len"):
-        if episodes:
-            m[f"env/{k}"] = sum(float(e[k]) for e in episodes) / len(episodes)
-    m["env/num_episodes"] = float(len(episodes))
-    tasks = sorted({int(e.get("task_id", 0)) for e in episodes})
-    if len(tasks) > 1:  # a multi-task run (LIBERO): per task too, by the suite's task id
-        for t in tasks:
-            es = [e for e in episodes if int(e.get("task_id", 0)) == t]
-            m[f"env/task_{t}/num_episodes"] = float(len(es))
-            for k in ("success_once", "success_at_end", "return"):
-                m[f"env/task_{t}/{k}"] = sum(float(e[k]) for e in es) / len(es)
-    if all(M.WEIGHT_VERSION in t for t in trajs):  # behaviour weights vs the weights the update started from
-        behaviour = min(t[M.WEIGHT_VERSION] for t in trajs)
-        m["train/behaviour_version"] = float(behaviour)
-        m["train/staleness"] = float(update_out["version"] - 1 - behaviour)
-    for k in ("env", "infer", "total"):
-        m[f"time/rollout_{k}_max"] = max(t[M.TIMING][k] for t in trajs)
-    syncs = [t[M.WEIGHT_SYNC] for t in trajs if t.get(M.WEIGHT_SYNC) is not None]
-    if syncs:  # each replica's load is reported by one shard of its worker: max over shards = max over workers
-        m["time/weight_sync"] = max(s["seconds"] for s in syncs)
-        m["system/weight_sync_mb"] = sum(s["bytes"] for s in syncs) / 1e6
-    if any(M.OFFLOAD_S in t for t in trajs):
-        m["time/offload_replica_max"] = max(t.get(M.OFFLOAD_S, 0.0) for t in trajs)
-    timing = [{**t[M.TIMING], "weight_sync": (t.get(M.WEIGHT_SYNC) or {}).get("seconds", 0.0)} for t in trajs]
-    return {"metrics": m, "cursors": [t[M.CURSOR] for t in trajs], "episodes": episodes, "timing": timing}
-
-
-def step_metrics_ranks(num_others: int, rank0: dict, *rest: dict) -> dict:
-    """`step_metrics` of a multi-rank update: `rest` = the other ranks' outputs, then trajectories and advantages.
-    Checks every rank reached rank 0's weight version; `time/update` is the slowest rank's."""
-    others, parts = rest[:num_others], rest[num_others:]
-    for o in others:
-        if o["version"] != rank0["version"]:
-            raise RuntimeError(f"actor rank {o.get('rank')} reached weight version {o['version']}, rank 0 "
-                               f"{rank0['version']}: the ranks diverged")
-    out = step_metrics(rank0, *parts)
-    out["metrics"]["time/update"] = max(m["metrics"]["time/update"] for m in (rank0, *others))
-    return out
-
-
 def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: list[dict | None],
                      placement: Placement, store_path: str | None,
                      dims: tuple[int, int] | None = None, attempt: int = 0,
@@ -213,11 +161,11 @@ def build_train_step(cfg: Config, *, run_id: str, step: int, weights, cursors: l
         # colocated: from the shard's env_step segments, not its trajectory node (one Dask hop, ~4 ms, less
         # between the rollout's end and the update; the trajectory is concatenated twice, ~0.3 ms)
         fn, src, deps = (_segment_advantages, segments[s], segments[s]) if segments else \
-            (update.advantages, traj, (traj,))
+            (entries.advantages, traj, (traj,))
         advs.append(g.add(f"advantages_s{s}-{tag}", fn, cfg, src, s, deps=tuple(deps), priority=STEP_PRIORITY))
     R = cfg.algorithm.num_actor_ranks
     if R == 1:
-        fn = update.actor_update_offload if cfg.algorithm.offload else update.actor_update
+        fn = entries.actor_update_offload if cfg.algorithm.offload else entries.actor_update
         upd = g.add(f"actor_update-{tag}", *_profiled(profile_trace, fn), cfg, run_id,
                     full_weights if update_weights is None else update_weights, *advs, deps=tuple(advs),
                     worker=placement.actor_worker, resources={"GPU": 1})
@@ -295,9 +243,9 @@ def _profiled(trace: str | None, fn) -> tuple:
 
 
 def _segment_advantages(cfg: Config, segments: list[dict], shard: int) -> dict:
-    """tasks.update.advantages of the trajectory that shard `shard`'s env_step `segments` make
+    """tasks.actor.entries.advantages of the trajectory that shard `shard`'s env_step `segments` make
     (tasks.rollout.trajectory)."""
-    return update.advantages(cfg, rollout.trajectory(*segments), shard)
+    return entries.advantages(cfg, rollout.trajectory(*segments), shard)
 
 
 def _colocated_rollout(g: GraphBuilder, cfg: Config, tag: str, run_id: str, weights, cursors, placement,
@@ -389,7 +337,7 @@ def build_init(cfg: Config, *, run_id: str, placement: Placement, checkpoint_pat
         ckpt = g.add(f"load_checkpoint-{run_id_tag}", load_checkpoint, checkpoint_path, worker=placement.actor_worker)
         deps += (ckpt,)
     if cfg.algorithm.num_actor_ranks == 1:
-        w = g.add(f"actor_init-{run_id_tag}", update.actor_init, cfg, run_id, dims, ckpt, deps=deps,
+        w = g.add(f"actor_init-{run_id_tag}", entries.actor_init, cfg, run_id, dims, ckpt, deps=deps,
                   worker=placement.actor_worker, resources={"GPU": 1})
         return InitGraph(g.graph(), dims, w, w, None)
     full = g.add(f"actor_init-{run_id_tag}", distributed.initial_weights, cfg, dims, ckpt, deps=deps,
@@ -407,7 +355,8 @@ def _rollout_weights(weights: dict) -> dict:
 def eval_video_count(cfg: Config) -> int:
     """How many episodes each evaluation films: `runner.eval_videos`, at most `env.eval.num_episodes`, none with
     GPU simulation (no action log to replay; tasks.video)."""
-    if cfg.env.sim_backend == "physx_cuda":
+    from tasks.envs import is_batched
+    if is_batched(cfg.env):
         return 0
     return min(cfg.runner.eval_videos, cfg.env.eval.num_episodes)
 
@@ -431,10 +380,11 @@ def build_eval(cfg: Config, *, run_id: str, step: int, weights, placement: Place
     `eval_weights_<split>` node on the actor's worker) instead of `weights`."""
     g = GraphBuilder()
     tag = f"{run_id}-{step}" + (f"-retry{attempt}" if attempt else "")
-    if ema:  # the actor's average (tasks.update.actor_eval_weights), read where it lives after `weights`' update;
+    if ema:  # the actor's average (tasks.actor.entries.actor_eval_weights), read where it lives after `weights`'
+        # update;
         # the eval nodes take it as a dependency (a handle would point at a result the graph releases at once)
         key = weights if isinstance(weights, str) else getattr(weights, "key", None)
-        weights = g.add(f"eval_weights_{split}-{tag}", update.actor_eval_weights, run_id, weights,
+        weights = g.add(f"eval_weights_{split}-{tag}", entries.actor_eval_weights, run_id, weights,
                         deps=(key,) if key else (), worker=placement.actor_worker)
     else:
         weights = _weights_handle(g, f"weights_handle_{split}", tag, weights, placement)
@@ -455,13 +405,13 @@ def build_checkpoint(*, run_id: str, step: int, run_dir: str, meta: dict, placem
 
     With `cfg.algorithm.num_actor_ranks` > 1: one `actor_state_r{r}` node per rank (a collective; `group`,
     `weights`, `dims` let the ranks rebuild a group restored since the last update); rank 0's full state is
-    written in the same format (policy, optimizer, rng_torch, run.weight_version), its optimizer FQN-keyed.
+    written in the same format (tasks.actor.state: policy, FQN-keyed optimizer, rng; run.weight_version).
     """
     g = GraphBuilder()
     tag = f"{run_id}-{step}" + (f"-retry{attempt}" if attempt else "")
     R = 1 if cfg is None else cfg.algorithm.num_actor_ranks
     if R == 1:
-        state = g.add(f"actor_state-{tag}", update.actor_state, run_id, worker=placement.actor_worker)
+        state = g.add(f"actor_state-{tag}", entries.actor_state, run_id, worker=placement.actor_worker)
         key = g.add(f"checkpoint-{tag}", _save_checkpoint, run_dir, step, state, meta, deps=(state,),
                     worker=placement.actor_worker)
     else:
@@ -484,7 +434,7 @@ def export_env_meta(cfg: Config) -> dict:
 
 
 def _export(run_id: str, checkpoint_path: str, env_meta: dict | None = None) -> str:
-    update.actor_export(run_id, checkpoint_path, env_meta)
+    entries.actor_export(run_id, checkpoint_path, env_meta)
     return checkpoint_path
 
 
@@ -521,8 +471,6 @@ def _save_checkpoint_ranks(run_dir: str, step: int, meta: dict, state: dict, *ot
 
 def _save_checkpoint(run_dir: str, step: int, state: dict, meta: dict) -> str:
     from storage.checkpoints import save_checkpoint
-    meta = {**meta, "weight_version": state["weight_version"]}
-    return str(save_checkpoint(run_dir, step, {"policy": state["policy"], "optimizer": state["optimizer"],
-                                               "rng_torch": state["rng_torch"], "run": meta,
-                                               **{k: state[k] for k in ("rng", "policy_ema")
-                                                  if state.get(k) is not None}}, create_run_dir=False))
+    meta = {**meta, "weight_version": state["weight_version"]}  # THE actor state (tasks.actor.state) + `run`
+    return str(save_checkpoint(run_dir, step, {**{k: v for k, v in state.items() if k != "weight_version"},
+                                               "run": meta}, create_run_dir=False))

@@ -42,10 +42,10 @@ def record(cfg, handle, *, echo=print, lock=None) -> dict:
     import numpy as np
     from tqdm import tqdm
 
-    from pipelines.cluster import plan_placement
+    from pipelines.clusters import plan_placement
     from pipelines.config import check_record, record_output_path, resolve_teacher, teacher_config
     from pipelines.graphs import GraphBuilder
-    from pipelines.runner.recovery import Watcher
+    from pipelines.runner.watcher import Watcher
     from storage.trajectories import TrajectoryStore
     from tasks import demos, resident, trajectory
     from tasks.envs import gripper_convention, is_scripted_teacher, store_attrs

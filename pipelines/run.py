@@ -2,14 +2,14 @@
 
 Composes the Hydra config (conf/config.yaml + conf/conf/NAME.yaml + overrides), validates it completely before any
 worker starts, checks where it will write (`run_root` writable, `tracking.uri` reachable: an http(s) server
-answers within seconds; `pipelines.cli.preflight`), starts the local Dask cluster (or connects to
-`cluster.address`), prints the dashboard link, and trains. Exit codes: 0 done, 2 bad config, an unwritable
-`run_root` or unusable `tracking.uri`, or a cluster that cannot start (one line on stderr, nothing written; a
-`runner.resume` that cannot be honoured is found before the cluster starts, also a run another live driver owns:
-one driver per run dir, `storage.rundir.lock_run_dir`, the line names it), 1 a failure during training (a lost
-cluster, or a step stopped by a non-finite value: one line `error: training step N: ...`; the run directory, its
-trajectory store or its MLflow store removed under the run: one line naming it, nothing re-created), 130
-interrupted. The first SIGINT (Ctrl-C) or SIGTERM during training finishes the step in flight, writes a checkpoint and exits 130
+answers within seconds; `pipelines.cli.preflight`), starts the local Dask cluster (or connects to an existing
+scheduler: `cluster=address cluster.address=tcp://HOST:PORT`), prints the dashboard link, and trains. Exit codes:
+0 done, 2 bad config, an unwritable `run_root` or unusable `tracking.uri`, or a cluster that cannot start (one
+line on stderr, nothing written; a `runner.resume` that cannot be honoured is found before the cluster starts,
+also a run another live driver owns: one driver per run dir, `storage.rundir.lock_run_dir`, the line names it), 1 a
+failure during training (a lost cluster, or a step stopped by a non-finite value: one line `error: training step N:
+...`; the run directory, its trajectory store or its MLflow store removed under the run: one line naming it,
+nothing re-created), 130 interrupted. The first SIGINT (Ctrl-C) or SIGTERM during training finishes the step in flight, writes a checkpoint and exits 130
 (resume with `runner.resume=<run_id>` or `runner.resume=latest`); a second one exits at once.
 
 Extra flags: `--show` prints the resolved config and exits. An unknown flag, or a word that is not a Hydra

@@ -6,18 +6,20 @@ placement; keys that are set but do nothing; where it would write: `run_root` (o
 writable, `tracking.uri` reachable) and prints the derived layout of a training step. A config that sets
 `record.*` keys (conf=pushcube_record) gets the checks of `pipelines.record` instead, the teacher's only when
 `record.teacher` is given. No cluster is started; `cluster.component_placement` is checked against the devices the config implies
-(`cluster.num_gpus`, else the CUDA devices, else `cluster.num_gpu_workers`; for `cluster.address` without
-`num_gpus` only its syntax). With `--connect` and `cluster.address` set, it also connects to that scheduler and
+(`cluster.num_gpus`, else the CUDA devices, else `cluster.num_gpu_workers`; for an existing scheduler
+(`cluster=address`) without `num_gpus` only its syntax). With `--connect` and `cluster=address cluster.address=...`
+set, it also connects to that scheduler and
 checks that its workers have the devices and resources the placement needs (nothing is submitted).
 With `--connect` it also prints the workers it found (name, address, resources, memory limit, threads, status)
-and the components the placement puts on each. `--connect` without `cluster.address` is an error.
+and the components the placement puts on each. `--connect` with the embedded cluster (cluster.kind=local) is an
+error.
 Exit codes: 0 valid, 2 invalid, an unknown flag or a word that is not an override (one line on stderr).
 
 Examples:
   python -m pipelines.validate                                   # the default experiment
   python -m pipelines.validate conf=pushcube_ppo env=pickcube --show
   python -m pipelines.validate conf=pushcube_flow_grpo policy.model_path=SFT_RUN/checkpoints/global_step_30/hf
-  python -m pipelines.validate cluster.address=tcp://127.0.0.1:8786 --connect
+  python -m pipelines.validate cluster=address cluster.address=tcp://127.0.0.1:8786 --connect
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ import sys
 
 
 def describe(cfg, placement=None) -> str:
-    """Human summary of the derived layout of one training step (`placement`: a cluster.ComponentPlacement)."""
+    """Human summary of the derived layout of one training step (`placement`: a clusters.ComponentPlacement)."""
+    from pipelines.clusters import describe_cluster
     e, r, p, a = cfg.env, cfg.rollout, cfg.policy, cfg.algorithm
     S, T, R = e.num_shards, r.chunk_steps, a.num_actor_ranks
     # once: weights_handle, update_handle, step_metrics + the R actor_update nodes; per shard: trajectory,
@@ -39,7 +42,7 @@ def describe(cfg, placement=None) -> str:
         rollout_nodes = q * (S + (T + 1) + T * S)
         per = f"{T} env_step nodes of 1 chunk step per shard and stage, {q * (T + 1)} policy_infer nodes"
     nodes = rollout_nodes + S * (2 + cfg.storage.save_trajectories) + 3 + R
-    if a.name == "sft":
+    if not a.spec.rollout:  # SFT: no rollout, its samples come from sft.store
         loaders = min(cfg.sft.num_loaders, cfg.sft.updates_per_step)
         nodes, per = loaders + 2, f"{loaders} sft_load nodes, sft_update, step_metrics; no rollout"
     return "\n".join([
@@ -51,8 +54,7 @@ def describe(cfg, placement=None) -> str:
         f"  update: batch {cfg.batch_size} samples, {a.num_minibatches} minibatches of {cfg.minibatch_size}, "
         f"{a.update_epochs} epochs; reward {a.reward_type}, logprob {a.logprob_type}",
         f"  graph: {nodes} nodes per step ({per})",
-        f"  cluster: " + (cfg.cluster.address or f"local, {cfg.cluster.num_env_workers} env workers (CPU) + "
-                          f"{placement.num_devices if placement else cfg.cluster.num_gpu_workers} GPU workers"),
+        f"  cluster: " + describe_cluster(cfg, placement.num_devices if placement else None),
         f"  placement: " + (placement.describe() if placement is not None else
                             "on the cluster's GPU workers (counted once connected)"),
     ])
@@ -67,7 +69,7 @@ def describe_workers(info: dict, placement=None, inference: str = "colocated") -
         info: `client.scheduler_info(n_workers=-1)` (its `address` and `workers`).
     """
     from dask.utils import format_bytes
-    from pipelines.cluster import _natural
+    from pipelines.clusters import natural_order
     workers = info.get("workers", {})
     roles: dict[str, list[str]] = {}
     if placement is not None:
@@ -79,7 +81,7 @@ def describe_workers(info: dict, placement=None, inference: str = "colocated") -
         for s, w in enumerate(placement.shard_workers):
             roles.setdefault(w, []).append(f"env shard {s}")
     lines = [f"  workers: {len(workers)} at {info.get('address', '?')}"]
-    for addr, w in sorted(workers.items(), key=lambda kv: (_natural(kv[1].get("name", kv[0])), kv[0])):
+    for addr, w in sorted(workers.items(), key=lambda kv: (natural_order(kv[1].get("name", kv[0])), kv[0])):
         res = ",".join(f"{k}={v:g}" for k, v in sorted((w.get("resources") or {}).items())) or "none"
         mem = format_bytes(w["memory_limit"]) if w.get("memory_limit") else "no limit"
         lines.append(f"    {w.get('name', addr)!s:<10} {addr:<26} resources {res:<10} memory {mem:>10}  "
@@ -99,13 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     flags, overrides = words
     from pipelines.config import load_config, to_yaml
     from tasks.config import ConfigError
-    from tasks.envs.maniskill.vulkan import VulkanMissingError
+    from tasks.envs.errors import SimulatorUnavailable
     try:
         # the check path of pipelines.run (or of pipelines.record for a config that sets record.* keys)
         from pipelines.config import command_for
         command = command_for(overrides)
         cfg, _ = load_config(overrides, command=command, require_teacher=False)
-        from pipelines.cluster import check_placement
+        from pipelines.clusters import check_placement
         placement = check_placement(cfg, command=command)
         from pipelines.cli import preflight  # where the command would write (run_root, tracking.uri, record.out)
         if command == "record":
@@ -123,17 +125,13 @@ def main(argv: list[str] | None = None) -> int:
                        f"file matches its sha256)" + (f"; changed: {changed}" if changed else ""))
         workers = None
         if "--connect" in flags:
-            if not cfg.cluster.address:
-                raise ConfigError("cluster.address", None, "--connect checks an existing cluster: give "
-                                                           "cluster.address=tcp://HOST:PORT (pipelines.run starts "
-                                                           "the embedded one itself)")
-            from pipelines.cluster import ComponentPlacement, cluster_info, connect, plan_placement, security
-            with connect(cfg.cluster.address, cfg.cluster.connect_timeout_s, security(cfg)) as client:
+            from pipelines.clusters import ComponentPlacement, attach, cluster_info, plan_placement
+            with attach(cfg) as client:  # an existing scheduler (cluster.kind=address); else one line, exit 2
                 info = cluster_info(client)  # every worker (Client.scheduler_info's cache can miss some)
             live = plan_placement(cfg, info)
             placement = ComponentPlacement(live.devices, len(live.gpu_workers), live.mode)
             workers = describe_workers(info, live, cfg.rollout.inference)
-    except (ConfigError, VulkanMissingError, ConnectionError) as exc:
+    except (ConfigError, SimulatorUnavailable, ConnectionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from pipelines.cli import check_interrupted

@@ -1,4 +1,4 @@
-"""Dask preload of the embedded cluster's worker processes (`pipelines.cluster.start_cluster` gives it to every
+"""Dask preload of the embedded cluster's worker processes (`pipelines.clusters.start_cluster` gives it to every
 Nanny as `preload`): `dask_setup(worker)` runs in each worker process as it starts, restarts (recovery) included.
 
 A terminal's Ctrl-C reaches every process of its process group, the local workers too; a worker that took it
@@ -24,7 +24,7 @@ import logging
 
 class PeerGoneFilter(logging.Filter):
     """Drops `distributed.worker`'s "failed during get data" records (logged with an OSError: the peer that asked
-    for the data is gone). The driver reports lost workers itself (pipelines.runner.recovery)."""
+    for the data is gone). The driver reports lost workers itself (pipelines.runner.watcher)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (str(record.msg).startswith("failed during get data") and record.exc_info is not None
@@ -61,7 +61,7 @@ class DriverReportsFilter(logging.Filter):
 def route_reported_failures() -> None:
     """Add `DriverReportsFilter` (once) to every console handler (a StreamHandler that is not a FileHandler) of the
     `distributed` logger and of the root logger in this process. Called by `dask_setup` in each worker and by
-    `pipelines.cluster.start_cluster` in the driver."""
+    `pipelines.clusters.start_cluster` in the driver."""
     for name in ("distributed", None):
         for handler in logging.getLogger(name).handlers:
             if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler) \

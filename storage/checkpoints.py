@@ -18,9 +18,12 @@ re-points or removes it after a resume or rollback.
 
 Only what can be loaded back is written: :func:`save_checkpoint` refuses, before writing anything, a value that
 ``torch.load(weights_only=True)`` would not load (a numpy array, a numpy RNG state tuple, a custom object), naming
-its key path (``rng.numpy[1]``). :func:`rng_state` / :func:`set_rng_state` give the process's torch, numpy and
-Python RNG states in a loadable form (tensors, lists, ints). Checkpoints written before this (``<key>.pkl.pt``,
-kind ``pickle``) still load.
+its key path (``rng.numpy[1]``).
+
+Format: ``index.json`` carries ``"format": FORMAT``. A checkpoint of an older format (no ``format``: pickled
+``<key>.pkl.pt`` values, torch-only RNG states, integer-keyed optimizer states) is refused where it is verified or
+loaded (:class:`OldFormat`, one line naming its index and the fix): ``python -m pipelines.upgrade RUN_DIR`` rewrites
+the run directory once into today's format.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ import hashlib
 import io
 import json
 import os
-import random
 import re
 import shutil
 import tempfile
@@ -42,11 +44,15 @@ import torch
 
 CHECKPOINTS_DIR = "checkpoints"
 INDEX_FILE = "index.json"
-EXPORT_INDEX = "dagrl_files.json"  # an export directory's (hf/) own index: index_export / export_damage
 META_FILE = "meta.json"
 _STEP_RE = re.compile(r"^global_step_(\d+)$")
 _KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _RESERVED_KEYS = {"meta", "index"}
+FORMAT = 2  # index.json's "format": 2 = weights-only torch values, THE actor state (tasks.actor.state); none = 1
+
+
+class OldFormat(ValueError):
+    """A checkpoint written in an older format (module docstring); the message names its index and the fix."""
 
 
 def _has_tensor(value: Any) -> bool:
@@ -100,40 +106,10 @@ def check_loadable(value: Any, path: str = "") -> None:
         return
     if not _leaf_loads(value):
         hint = ("convert it: torch.from_numpy(a) or a.tolist() for an array, int(x)/float(x) for a numpy "
-                "scalar, storage.checkpoints.rng_state() for RNG states") if type(value).__module__ == "numpy" \
+                "scalar, tasks.actor.state.rng_state() for RNG states") if type(value).__module__ == "numpy" \
             else "convert it to tensors, lists, dicts and plain scalars"
         raise ValueError(f"checkpoint value {path} ({type(value).__module__}.{type(value).__qualname__}) cannot "
                          f"be loaded back by torch.load(weights_only=True): {hint}")
-
-
-def rng_state() -> dict[str, Any]:
-    """This process's RNG states in a checkpoint-loadable form: ``{"torch": ByteTensor, "numpy": {"key": [624
-    ints], "pos", "has_gauss", "gauss"}, "python": [version, [625 ints], gauss or None], "cuda": [ByteTensor per
-    device] (only with CUDA initialised)}``. Restore with :func:`set_rng_state`."""
-    np_state = __import__("numpy").random.get_state(legacy=False)
-    py = random.getstate()
-    out = {"torch": torch.get_rng_state(),
-           "numpy": {"bit_generator": np_state["bit_generator"], "key": np_state["state"]["key"].tolist(),
-                     "pos": int(np_state["state"]["pos"]), "has_gauss": int(np_state["has_gauss"]),
-                     "gauss": float(np_state["gauss"])},
-           "python": [py[0], list(py[1]), py[2]]}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["cuda"] = torch.cuda.get_rng_state_all()
-    return out
-
-
-def set_rng_state(state: Mapping[str, Any]) -> None:
-    """Restore what :func:`rng_state` returned (torch, numpy, python; cuda when present and available)."""
-    import numpy as np
-    torch.set_rng_state(torch.as_tensor(state["torch"], dtype=torch.uint8).cpu())
-    n = state["numpy"]
-    np.random.set_state({"bit_generator": n["bit_generator"],
-                         "state": {"key": np.asarray(n["key"], np.uint32), "pos": int(n["pos"])},
-                         "has_gauss": int(n["has_gauss"]), "gauss": float(n["gauss"])})
-    p = state["python"]
-    random.setstate((int(p[0]), tuple(int(x) for x in p[1]), p[2]))
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([torch.as_tensor(s, dtype=torch.uint8) for s in state["cuda"]])
 
 
 def _json_roundtrips(value: Any) -> bool:
@@ -230,6 +206,7 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, state: Mapping[str, A
             for p in sorted(tmp.iterdir())
         }
         index = {
+            "format": FORMAT,
             "step": step,
             "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "keys": keys,
@@ -285,9 +262,22 @@ def _is_complete(path: Path) -> bool:
         return False
 
 
+def check_format(path: str | os.PathLike, index: Mapping[str, Any] | None = None) -> None:
+    """Raise :class:`OldFormat` when the checkpoint at `path` (its index, read unless given) is of an older format
+    than :data:`FORMAT`: one line naming the index and the fix (``python -m pipelines.upgrade RUN_DIR``)."""
+    path = Path(path)
+    index = _read_index(path) if index is None else index
+    if index.get("format") != FORMAT:
+        run_dir = path.parent.parent
+        raise OldFormat(f"checkpoint {path / INDEX_FILE} is of an older format ({index.get('format', 1)}, today "
+                        f"{FORMAT}): rewrite its run once with `python -m pipelines.upgrade {run_dir}`")
+
+
 def _index_for(path: Path, keys: tuple[str, ...] | None) -> dict[str, Any]:
-    """The checkpoint's index, narrowed to the entries and files of `keys` (None: all)."""
+    """The checkpoint's index (of today's format: :func:`check_format`), narrowed to the entries and files of
+    `keys` (None: all)."""
     index = _read_index(path)
+    check_format(path, index)
     if keys is not None:
         missing = [k for k in keys if k not in index["keys"]]
         if missing:
@@ -321,7 +311,7 @@ def verify_checkpoint(path: str | os.PathLike, keys: tuple[str, ...] | None = No
     Raises:
         FileNotFoundError: no directory at `path`.
         ValueError: index missing or unreadable, or a file missing, of another size or with another sha256
-            (the message names the file).
+            (the message names the file); :class:`OldFormat` for a checkpoint of an older format.
     """
     path = Path(path)
     if not path.is_dir():
@@ -339,37 +329,6 @@ def checkpoint_damage(path: str | os.PathLike, keys: tuple[str, ...] | None = No
         return None
     except (OSError, ValueError) as exc:
         return " ".join(str(exc).split())
-    return None
-
-
-def index_export(path: str | os.PathLike) -> Path:
-    """Write ``<path>/dagrl_files.json`` (EXPORT_INDEX): size and sha256 of every other file of an export directory (a checkpoint's
-    ``hf/``, the `save_pretrained` layout `policy.model_path` takes), fsynced, written after the files. The index
-    travels with the directory when it is copied out of its run, so :func:`export_damage` can check it anywhere.
-    Returns the index's path."""
-    path = Path(path)
-    files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
-             for p in sorted(path.iterdir()) if p.is_file() and p.name != EXPORT_INDEX}
-    out = path / EXPORT_INDEX
-    _write_file(out, lambda f: f.write(json.dumps({"files": files}, indent=1, sort_keys=True).encode()))
-    return out
-
-
-def export_damage(path: str | os.PathLike) -> str | None:
-    """One line naming what is wrong with an export directory written with :func:`index_export` (a listed file
-    missing, of another size or other sha256; an unreadable index), or None when it is intact. An export without
-    the index (written before it existed, or by another tool) counts as intact: nothing to check it against."""
-    path = Path(path)
-    index = path / EXPORT_INDEX
-    if not index.is_file():
-        return None
-    try:
-        files = json.loads(index.read_text())["files"]
-        _verify_files(path, files, EXPORT_INDEX)
-    except (ValueError, KeyError, TypeError, OSError) as exc:
-        msg = str(exc) if isinstance(exc, (ValueError, OSError)) and str(exc).startswith("checkpoint ") else \
-            f"{index} is unreadable ({type(exc).__name__}: {exc})"
-        return " ".join(msg.split())
     return None
 
 
@@ -393,6 +352,11 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu",
     Args:
         keys: load only these top-level keys (e.g. ``("run",)`` for the runner meta without the weights);
             None: all. A key the checkpoint lacks raises KeyError naming the keys it has.
+
+    Raises:
+        FileNotFoundError: no directory at `path`.
+        OldFormat: a checkpoint of an older format (:func:`check_format`: the fix is ``pipelines.upgrade``).
+        ValueError: a damaged checkpoint (:func:`verify_checkpoint`).
     """
     path = Path(path)
     if not path.is_dir():
@@ -404,8 +368,6 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu",
     for key, entry in index["keys"].items():
         if entry["kind"] == "json":
             state[key] = meta[key]
-        elif entry["kind"] == "pickle":  # checkpoints written before check_loadable (ours, verified by sha256)
-            state[key] = torch.load(path / entry["file"], map_location=map_location, weights_only=False)
         else:
             state[key] = torch.load(path / entry["file"], map_location=map_location, weights_only=True)
     return state
@@ -517,8 +479,8 @@ def clear_best(run_dir: str | os.PathLike) -> None:
 def sync_best(run_dir: str | os.PathLike, step: int, value: float, metric: str = "eval/success_once") -> Path | None:
     """Make the best pointer agree with a restored run state (a resume or a rollback) whose best eval was at
     ``step`` with ``value`` of ``metric`` (``val/success_once`` with a validation split): point at that step's
-    checkpoint when it is complete, else (no best yet, step < 0, or its checkpoint was never written: runs from
-    before best checkpoints) remove the pointer, so a best from a superseded timeline (a step after a rollback's)
+    checkpoint when it is complete, else (no best yet, step < 0, or its checkpoint was never written) remove the
+    pointer, so a best from a superseded timeline (a step after a rollback's)
     never survives. Returns the best checkpoint or None."""
     step = int(step)
     if step >= 0 and _is_complete(checkpoint_dir(run_dir, step)):
@@ -530,44 +492,3 @@ def sync_best(run_dir: str | os.PathLike, step: int, value: float, metric: str =
         return mark_best(run_dir, step, value, metric)
     clear_best(run_dir)
     return None
-
-
-_SAMPLED_ABOVE = 64 << 20  # files larger than this are fingerprinted from samples (see `directory_fingerprint`)
-_SAMPLES, _SAMPLE_BYTES = 64, 64 << 10
-
-
-def directory_fingerprint(path: str | os.PathLike) -> str:
-    """The identity of a model directory a run reads from outside its run dir (`policy.model_path`: an exported
-    ``hf/`` or a checkpoint), cheap enough to take at every start and resume. One line:
-
-    - a directory with a dagrl index (``dagrl_files.json`` of :func:`index_export`, or a checkpoint's
-      ``index.json``, both listing every file's sha256): ``index <name> sha256 <16 hex>`` of that index (one small
-      read; its files are verified against it elsewhere: ``export_damage``, ``verify_checkpoint``);
-    - any other directory: ``files sha256 <16 hex> (<n> files, <MB> MB)`` over every file's relative path, size and
-      content: whole for files up to 64 MiB, 64 blocks of 64 KiB spread evenly over a larger file plus its
-      last block (about 4 MiB read per weights file: retrained weights of the same shape differ in every block;
-      a change confined to a few tensors of a larger file may fall between samples).
-
-    Raises:
-        FileNotFoundError: ``path`` is not a directory.
-    """
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"{path} is not a directory")
-    for name in (EXPORT_INDEX, INDEX_FILE):
-        if (path / name).is_file():
-            return f"index {name} sha256 {hashlib.sha256((path / name).read_bytes()).hexdigest()[:16]}"
-    h, count, total = hashlib.sha256(), 0, 0
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        size = f.stat().st_size
-        h.update(f"{f.relative_to(path).as_posix()}\0{size}\0".encode())
-        with open(f, "rb") as fh:
-            if size <= _SAMPLED_ABOVE:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
-            else:
-                for i in range(_SAMPLES + 1):
-                    fh.seek(min(i * (size // _SAMPLES), size - _SAMPLE_BYTES))
-                    h.update(fh.read(_SAMPLE_BYTES))
-        count, total = count + 1, total + size
-    return f"files sha256 {h.hexdigest()[:16]} ({count} files, {total / 1e6:.1f} MB)"

@@ -1,5 +1,5 @@
 """Which recorded samples SFT learns from, and the dataset statistics taken from them (no import of the update
-code: `tasks.update.actor_init` and `tasks.distributed.initial_weights` call `set_demo_stats`, `tasks.demos`
+code: `tasks.actor.entries.actor_init` and `tasks.actor.distributed.initial_weights` call `set_demo_stats`, `tasks.demos`
 loads the samples)."""
 from __future__ import annotations
 
@@ -91,10 +91,12 @@ def set_demo_stats(cfg: Config, policy: torch.nn.Module) -> bool:
         ValueError: no selectable chunk step in the store (`sft_index`).
         DamagedStore: a chunk file it reads missing or undecodable (`TrajectoryStore.gather`).
     """
-    if cfg.algorithm.name != "sft" or cfg.policy.model_path:
+    if cfg.algorithm.spec.rollout or cfg.policy.model_path:  # statistics from sft.store: SFT only (no rollout)
         return False
-    state = cfg.policy.normalize_state and getattr(getattr(policy, "prefix", None), "state_proj", None) is not None
-    norm = cfg.policy.normalize_actions and hasattr(policy, "set_action_norm")
+    p = cfg.policy  # a family without the keys (the mlp) normalises nothing
+    state = (getattr(p, "normalize_state", False)
+             and getattr(getattr(policy, "prefix", None), "state_proj", None) is not None)
+    norm = getattr(p, "normalize_actions", False) and hasattr(policy, "set_action_norm")
     if not (hasattr(policy, "set_action_stats") or state or norm):
         return False
     from storage.trajectories import TrajectoryStore

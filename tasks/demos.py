@@ -23,7 +23,8 @@ from tasks.config import Config
 from tasks.device import autocast, to_device
 from tasks.envs import make_shard
 from tasks.policies import make_policy
-from tasks.rollout import instruction, instructions, num_values, policy_obs
+from tasks.prompts import instruction, instructions, policy_obs
+from tasks.rollout import num_values
 
 
 def chunk_steps_per_episode(cfg: Config) -> int:
@@ -219,20 +220,22 @@ def sft_update(cfg: Config, run_id: str, weights: dict, *batch_lists: list[dict]
     new versioned weights and metrics (train/sft_loss, train/grad_norm: means over the applied steps, NaN if none).
 
     Each loaded minibatch is stepped once (the loaders draw them: no epochs or permutation here) by
-    `tasks.update.optimizer_step`, the step rule of every actor update: a step whose loss or gradient norm is
+    `tasks.actor.optim.optimizer_step`, the step rule of every actor update: a step whose loss or gradient norm is
     non-finite is skipped (no optimizer step: parameters and optimizer state unchanged), counted in
     `train/skipped_updates`; the torch draws of the
     loss (e.g. the flow VLA's noise and time samples) come from generators forked and seeded with
-    `update_seed(cfg, version, 0)` (`tasks.update.update_rng`), so a resumed run draws what the uninterrupted one
+    `update_seed(cfg, version, 0)` (`tasks.actor.loop.update_rng`), so a resumed run draws what the uninterrupted one
     did and the process's own streams are untouched."""
     import math
 
-    from tasks.update import Actor, _build_actor, ema_start, ema_step, optimizer_step, split_critic, update_rng
+    from tasks.actor.actor import Actor, build_actor, ema_start, ema_step
+    from tasks.actor.loop import update_rng
+    from tasks.actor.optim import optimizer_step, split_critic
     t0 = time.perf_counter()
     batches = [b for bl in batch_lists for b in bl]
 
     def rebuild() -> Actor:
-        actor = _build_actor(cfg, batches[0]["obs"].shape[-1], batches[0]["actions"].shape[-1], load=False)
+        actor = build_actor(cfg, batches[0]["obs"].shape[-1], batches[0]["actions"].shape[-1], load=False)
         actor.policy.load_state_dict(weights["state_dict"])
         actor.version = weights["version"]
         return actor

@@ -18,7 +18,10 @@ are solved, or failed, by both policies).
 
 Per-episode eval records of a run (`write_eval` / `read_evals`: `<run_dir>/evals/step_<N>.json`, episode seed ->
 outcome; a validation split's (env.eval.val_episodes) under `<run_dir>/evals/val/`) let any two evals be compared
-later (`compare_evals`). Pure numpy/math/json: nothing of pipelines or storage is imported.
+later (`compare_evals`). The run's eval decisions are pure functions of them, used by the runner
+(pipelines.runner.evals) and `pipelines.eval` alike: an eval's score (`split_metrics`, `check_fixed_episodes`), the
+baseline of its gain (`pick_baseline`, `baseline`), the gain (`gain_metrics`), the regression warning
+(`regression`, `regression_line`) and the best checkpoint (`improves`, `best_after`, `best_unmarked`). Pure numpy/math/json: nothing of pipelines or storage is imported.
 """
 from __future__ import annotations
 
@@ -403,3 +406,77 @@ def eval_label(step_or_label: int | str) -> str:
     if isinstance(step_or_label, int):
         return f"step {step_or_label}"
     return f"the start checkpoint's eval ({step_or_label})"
+
+
+# ----- the eval decisions of a run (pure functions of eval records; the runner and pipelines.eval use them) -----
+def split_metrics(episodes: Sequence[Mapping], split: str = "eval") -> tuple[dict[str, float], dict[str, dict]]:
+    """What one eval of split `split` ("eval" or "val") scores, from its finished-episode dicts (keys "seed" and
+    OUTCOMES): (metrics, outcomes). metrics: `<split>/<outcome>` (the means over the episodes of every OUTCOMES
+    key: success rates in [0, 1], return, episode_len in chunk steps), `<split>/<rate>_ci_low` / `_ci_high` (the
+    Wilson 95 % interval of each of RATES) and `<split>/num_episodes`, floats; outcomes: `episode_outcomes`.
+
+    Raises:
+        ValueError: two episodes share a seed (`episode_outcomes`)."""
+    outcomes = episode_outcomes(episodes)
+    m = {f"{split}/{k}": float(np.mean([e[k] for e in episodes])) for k in OUTCOMES}
+    summary = rate_summary(outcomes)
+    for key in RATES:
+        m[f"{split}/{key}_ci_low"], m[f"{split}/{key}_ci_high"] = summary[f"{key}_ci_low"], summary[f"{key}_ci_high"]
+    m[f"{split}/num_episodes"] = float(len(episodes))
+    return m, outcomes
+
+
+def check_fixed_episodes(outcomes: Mapping, seed: int, n: int, *, what: str, key: str) -> None:
+    """An eval played exactly its fixed episodes: the seeds `seed + i`, i < n (what makes two evals paired).
+
+    Raises:
+        RuntimeError: `<what>: expected the n episodes with seeds <key> + i = ...; missing [...], unexpected [...]`
+            (a bug: evals would not be paired)."""
+    expected = {str(seed + i) for i in range(n)}
+    if set(map(str, outcomes)) != expected:
+        got = set(map(str, outcomes))
+        missing, extra = sorted(expected - got, key=int), sorted(got - expected, key=int)
+        raise RuntimeError(f"{what}: expected the {n} episodes with seeds {key} + i = {seed}..{seed + n - 1}; "
+                           f"missing {missing[:5]}, unexpected {extra[:5]}")
+
+
+def baseline(run_evals: Mapping[int, Mapping], start: tuple[str, Mapping] | None,
+             step: int) -> tuple[dict, int | str] | None:
+    """The eval that the run's eval at `step` pairs its gain against (`pick_baseline`'s rule): (its outcome map,
+    its label: a step of this run, or the start checkpoint's label), or None when there is nothing to pair with
+    or the eval at `step` is the baseline itself.
+
+    Args:
+        run_evals: {step: record} of the run's evals (its timeline), the one at `step` included.
+        start: `start_checkpoint_eval(policy.model_path)`: (label, record), or None."""
+    base = pick_baseline(run_evals, None if start is None else start[1])
+    if base is None or base == ("run", step):
+        return None
+    if base[0] == "start":
+        return dict(start[1]["episodes"]), start[0]
+    return dict(run_evals[base[1]]["episodes"]), base[1]
+
+
+def gain_metrics(outcomes: Mapping, before: Mapping, key: str = "success_once") -> tuple[dict[str, float], Comparison]:
+    """The paired gain of an eval (`outcomes`) over its baseline (`before`), both outcome maps: (`eval/gain_<key>`,
+    `_ci_low`, `_ci_high`: the difference of rates in [-1, 1] and its Newcombe 95 % interval; the Comparison, whose
+    `significant_drop` is the regression warning's test)."""
+    c = compare_evals(outcomes, before, key)
+    return {f"eval/gain_{key}": c.diff, f"eval/gain_{key}_ci_low": c.low, f"eval/gain_{key}_ci_high": c.high}, c
+
+
+def best_after(value: float, best: tuple[float, int], step: int) -> tuple[float, int]:
+    """The run's best (value, step) after an eval scoring `value` at `step` (`improves`: the first step of the
+    highest finite value; a non-finite value never)."""
+    return (float(value), int(step)) if improves(value, best[0]) else (best[0], best[1])
+
+
+def best_unmarked(best: tuple[int, float, str], step: int, marked: Mapping | None) -> bool:
+    """Whether a checkpoint of `step` must be written and marked best: the best eval (`best` = (step, value,
+    metric), `RunState.best`) is at `step` and the marked best (`marked`, storage.checkpoints.read_best's record:
+    "step", "value", "metric"; None: none marked) is not that one."""
+    best_step, value, metric = best
+    if best_step != step:
+        return False
+    return marked is None or int(marked["step"]) != step or marked.get("value") != value \
+        or marked.get("metric") != metric

@@ -7,7 +7,7 @@ before the next one; a replica moves to CPU memory after its worker's last rollo
 the next one needs it. On a CPU-only machine every move is cpu -> cpu, i.e. a no-op: the same code path runs,
 measures and logs zero device savings.
 
-Metrics of the actor update node (`tasks.update.actor_update_offload`): `time/offload` (seconds moving the actor: onload
+Metrics of the actor update node (`tasks.actor.entries.actor_update_offload`): `time/offload` (seconds moving the actor: onload
 before + offload after), `system/actor_device_mb_before_offload` / `..._after_offload` (MB of the actor's
 parameter, gradient and optimizer-state tensors on its compute device right after the update and after the
 offload) and, on CUDA, `system/cuda_allocated_mb_before_offload` / `..._after_offload`

@@ -18,7 +18,7 @@ Where the registry lives (Dask's public worker-plugin API):
   process-global registry (one worker per process in the embedded cluster).
 
 Functions run with `Client.run` (e.g. recovery's `client.run(resident.release, prefix)`,
-`tasks.distributed.release_group`) execute outside a task, where `get_worker()` has no worker: `release` and `keys`
+`tasks.actor.distributed.release_group`) execute outside a task, where `get_worker()` has no worker: `release` and `keys`
 take the `dask_worker` argument `Client.run` passes to functions that declare it; any other call outside a task
 uses the plugin set up in this process when there is exactly one (a worker process of the embedded cluster), the
 process-local dict when there is none, and raises RuntimeError when several in-process workers make it ambiguous.

@@ -25,10 +25,8 @@ Disaggregated, `policy_infer` draws one batched sample over its group's shards i
 cursors, so a resumed run draws the same noise, and the inference worker's own RNG (the update's) is untouched.
 The seed formulas are tasks.seeding's (`shard_policy_seed`, `infer_seed`, `eval_torch_seed`: its table).
 
-Policies see observations as a dict of tensors ({"state", "rgb", "prompt"}, see tasks.policies); `policy_obs`
-builds it. Prompts are per env: the run's instruction table (`instructions(cfg)`: the simulator's tasks in order,
-one string for ManiSkill) indexed by each observation's `task_id` (the shard's `current_tasks`; the stored
-`task_id` field), so one batch may hold several tasks; the table is tokenised once per replica.
+Policies see observations as a dict of tensors ({"state", "rgb", "prompt"}): `policy_obs` (tasks.prompts) builds
+it, prompts per env by each observation's `task_id`.
 """
 from __future__ import annotations
 
@@ -46,6 +44,7 @@ from tasks.offload import module_device, move_module
 from tasks.envs import EnvShard, make_shard
 from tasks.envs.shard import join_cursors, split_cursor
 from tasks.policies import make_policy
+from tasks.prompts import instructions, policy_obs
 
 STEP_FIELDS = tj.STEP_FIELDS  # the [T, B] fields every trajectory has (tasks.trajectory)
 M = tj.Meta  # keys of a trajectory's bookkeeping entries
@@ -71,62 +70,6 @@ class Replica:
             t0 = time.perf_counter()
             move_module(self.module, "cpu")
             self.moved_s += time.perf_counter() - t0
-
-
-def prompt_tokens(policy: torch.nn.Module, prompts, task_id=None, batch: int | None = None):
-    """int64 [B, L] prompt tokens for a VLA (None for policies without prompts).
-
-    Args:
-        prompts: the instruction table (a sequence of strings indexed by task id), or one string for every sample.
-        task_id: int [B] (numpy or torch) indices into `prompts`; None: task 0 for `batch` samples.
-    The table is tokenised once per policy instance (cached on it: rollouts and updates call this at every chunk
-    step or minibatch); a batch is the table's rows at `task_id`. Raises IndexError for a task id outside the table.
-    """
-    if not getattr(policy, "needs_prompt", False):
-        return None
-    table = (prompts,) if isinstance(prompts, str) else tuple(prompts)
-    cache = policy.__dict__.setdefault("_prompt_cache", {})
-    if table not in cache:
-        cache[table] = policy.tokenize(list(table))
-    tokens = cache[table]
-    idx = torch.zeros(int(batch), dtype=torch.long) if task_id is None else torch.as_tensor(task_id).long().cpu()
-    if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= len(table)):
-        raise IndexError(f"task ids {sorted(set(idx.tolist()))} outside the instruction table of {len(table)} "
-                         f"(tasks.envs.instructions)")
-    return tokens[idx]
-
-
-def policy_obs(policy: torch.nn.Module, state, rgb, prompts, task_id=None) -> dict[str, torch.Tensor]:
-    """The policy's observation dict from arrays or tensors: state f32 [B, O], rgb u8 [B, H, W, 3] or None;
-    prompts: the instruction table (or one string), task_id int [B] into it (None: 0 for every sample)."""
-    obs = {"state": torch.as_tensor(state)}
-    if rgb is not None:
-        obs["rgb"] = torch.as_tensor(rgb)
-    tok = prompt_tokens(policy, prompts, task_id, len(state))
-    if tok is not None:
-        obs["prompt"] = tok
-    return obs
-
-
-def instruction(cfg: Config) -> str:
-    """The env task's natural-language instruction (the VLA prompt), by the simulator's adapter (with several
-    tasks: the first selected one's; per-env prompts use `instructions`)."""
-    from tasks.envs import instruction as env_instruction
-    return env_instruction(cfg.env)
-
-
-def instructions(cfg: Config) -> tuple[str, ...]:
-    """The run's instruction table (tasks.envs.instructions: index = task_id), cached per process (a plain dict
-    keyed by simulator, env task and instruction source, not the worker's resident registry: the table is no
-    per-run state)."""
-    key = (cfg.env.simulator, cfg.env.env_id, cfg.env.instruction_source)
-    if key not in _INSTRUCTIONS:
-        from tasks.envs import instructions as env_instructions
-        _INSTRUCTIONS[key] = tuple(env_instructions(cfg.env))
-    return _INSTRUCTIONS[key]
-
-
-_INSTRUCTIONS: dict[tuple[str, str, str], tuple[str, ...]] = {}
 
 
 num_values = tj.num_values  # value outputs per chunk step V: C for action-level rewards, else 1
@@ -178,9 +121,8 @@ def image_size(cfg: Config) -> int | None:
 def get_shard(cfg: Config, run_id: str, shard: int, cursor: dict | None, stage: int | None = None) -> EnvShard:
     """The resident training env shard `shard` (or its stage group `stage` of `rollout.pipeline_stage_num`);
     created on first use and continuing the shard's `cursor` exactly (EnvShard.load_state_dict: open episodes
-    re-simulated, the policy RNG restored). A cursor without an RNG state (None, old format) seeds the shard's
-    policy RNG from (seed, part, episode counts): the state the global `torch.manual_seed` of earlier versions
-    left, so a fresh run draws as before."""
+    re-simulated, the policy RNG restored). A fresh shard (no cursor) seeds its policy RNG from (seed, part,
+    episode counts)."""
     e = cfg.env
     p = 1 if stage is None else cfg.rollout.pipeline_stage_num
     cursor = split_cursor(cursor, p, stage or 0)  # the stage's envs of the shard's cursor

@@ -3,9 +3,13 @@
 - `smoke_run` (session): ONE `conf=smoke` run (filming 1 eval episode: runner.eval_videos=1) through
   `pipelines.run.main` (its own embedded cluster), used by tests/test_end_to_end.py (what it logged, stored and
   filmed) and tests/test_vla_recipe.py (the recipe's state teacher).
-- `reused_clusters` (a context manager, given as a fixture): inside it, `pipelines.cluster.start_cluster` starts each embedded-cluster layout once and
+- `reused_clusters` (a context manager, given as a fixture): inside it, `pipelines.clusters.start_cluster` starts each embedded-cluster layout once and
   hands the same workers to every later run of that layout (what a user does with `cluster.address`), with every
   resident object of the earlier runs dropped first, as a fresh cluster would have none.
+
+Every test gets exactly one tier mark, `unit` / `sim` / `cluster` (section "test tiers" below: assigned from the
+test's own mark, the fixtures it uses or TIERS, else `unit`; checked at run time). `pytest -m unit` is the default
+selection's unit tier: a `-m` expression that does not name `slow` (`gpu`) leaves those tests out as the default does.
 
 A test session started with SIGINT ignored (a background job of a script: `pytest ... &`) gets Python's default
 SIGINT handler back first: the interruption tests send real SIGINTs, to this process and to the runs they start
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import signal
 
 import pytest
@@ -25,11 +30,11 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 
 @contextlib.contextmanager
 def _reused_clusters():
-    """Within the block every `pipelines.cluster.start_cluster(cfg)` of an embedded cluster with the same
+    """Within the block every `pipelines.clusters.start_cluster(cfg)` of an embedded cluster with the same
     `cfg.cluster` section and simulator as the one before returns the same running workers (another layout closes
     them and starts its own); `close()` of the handles it gives out does nothing, the block's end closes the
-    cluster. A remote `cluster.address` is not touched."""
-    import pipelines.cluster as pc
+    cluster. An existing cluster (`cluster.kind=address`) is not touched."""
+    import pipelines.clusters as pc
     from tasks import resident
 
     real = pc.start_cluster
@@ -40,7 +45,7 @@ def _reused_clusters():
             pass
 
     def start(cfg):
-        if cfg.cluster.address:
+        if cfg.cluster.kind != "local":  # only the embedded cluster is reused
             return real(cfg)
         key = repr((dataclasses.asdict(cfg.cluster), cfg.env.simulator))
         if key in started:  # what a new cluster starts from: no resident object of an earlier run
@@ -76,3 +81,280 @@ def smoke_run(tmp_path_factory):
     assert main(["conf=smoke", f"run_root={root}", "cluster.dashboard_address=127.0.0.1:0",
                  "runner.eval_videos=1", "runner.eval_video_interval=2"]) == 0
     return root
+
+
+# ----- test tiers (README "Tests"): every test is exactly one of `unit`, `sim`, `cluster` -----
+#
+# `unit`: starts no simulator and no cluster; `sim`: starts a simulator (a ManiSkill/SAPIEN scene, a LIBERO/robosuite
+# env), no cluster; `cluster`: starts a Dask cluster (embedded or a Client to one) or a real run (a `pipelines.run /
+# record / eval / replay` process, the compose file's services). A test's tier, first match wins:
+#   1. a tier mark on the test, its class or its module (`pytestmark = pytest.mark.sim`);
+#   2. a fixture it uses, directly or through other fixtures: TIER_FIXTURES, or TIERS' `file::@fixture` entries;
+#   3. TIERS: `file::pattern` (fnmatch on the test's name, parameters left out), then `file`;
+#   4. `unit`.
+# The guard checks the tiers at run time: a test that starts a simulator or a cluster above its tier fails (in its
+# teardown) naming what it started. `--tiers-probe=PATH` writes, per test, its tier and what it started (JSON
+# lines) and stops each cluster or real run as it starts (the test then fails fast): one pass over every test costs
+# the unit and sim tests only, and tells which tests TIERS must name.
+
+TIER_ORDER = ("unit", "sim", "cluster")
+
+TIER_FIXTURES = {"smoke_run": "cluster", "reused_clusters": "cluster"}
+
+TIERS: dict[str, str] = {
+    # whole files
+    "tests/test_end_to_end.py": "cluster",
+    "tests/test_libero_smoke.py": "cluster",
+    "tests/test_vla_recipe.py": "cluster",
+    "tests/pipelines/test_actor_ranks.py": "cluster",
+    "tests/pipelines/test_libero_eval.py": "cluster",
+    "tests/pipelines/test_recovery_async.py": "cluster",
+    # the tests of a file that start a cluster or a real run
+    "tests/pipelines/test_async.py::test_smoke_run_with_max_staleness_one": "cluster",
+    "tests/pipelines/test_async.py::test_killed_env_worker_with_steps_in_flight_is_recovered": "cluster",
+    "tests/pipelines/test_cli.py::test_validate_connect_lists_the_workers_and_what_goes_where": "cluster",
+    "tests/pipelines/test_cli.py::test_ctrl_c_on_a_real_run_prints_one_line": "cluster",
+    "tests/pipelines/test_cli.py::test_sigterm_to_the_whole_process_group_checkpoints_the_finished_steps": "cluster",
+    "tests/pipelines/test_cluster_security.py::test_tls_embedded_cluster_and_a_tls_client": "cluster",
+    "tests/pipelines/test_compose.py::test_compose_commands_run_the_smoke_experiment": "cluster",
+    "tests/pipelines/test_config.py::test_cli_bad_config_exits_2_with_one_line_and_writes_nothing": "cluster",
+    "tests/pipelines/test_config.py::test_cluster_address_that_never_answers_fails_fast": "cluster",
+    "tests/pipelines/test_failing_cleanly.py::test_cluster_info_asks_the_scheduler_not_the_clients_cache": "cluster",
+    "tests/pipelines/test_failing_cleanly.py::test_run_dir_removed_mid_run_is_one_line_exit_1_nothing_recreated":
+        "cluster",
+    "tests/pipelines/test_input_identity.py::test_a_re_recorded_sft_store_is_refused_on_resume": "cluster",
+    "tests/pipelines/test_perf.py::@cluster": "cluster",
+    "tests/pipelines/test_placement.py::test_embedded_cluster_workers_keep_glibc_malloc_defaults": "cluster",
+    "tests/pipelines/test_recovery.py::@cluster": "cluster",
+    "tests/pipelines/test_recovery.py::test_memory_paused_cluster_exits_with_one_line": "cluster",
+    "tests/pipelines/test_replay.py::@run_dir": "cluster",
+    "tests/pipelines/test_resume.py::test_*_resume_is_exact": "cluster",
+    "tests/pipelines/test_resume.py::test_sigint_checkpoints_the_step_and_resume_latest_continues_that_run": "cluster",
+    "tests/pipelines/test_resume.py::test_rollback_redoes_the_steps_after_the_checkpoint_in_one_timeline": "cluster",
+    "tests/pipelines/test_resume.py::test_exact_resume_of_the_default_job_replays_the_uninterrupted_run": "cluster",
+    "tests/pipelines/test_resume.py::test_store_marks_a_step_complete_*": "cluster",
+    "tests/pipelines/test_run_errors.py::test_nan_policy_stops_with_one_line_naming_the_step": "cluster",
+    "tests/pipelines/test_run_lock.py::test_two_real_drivers_on_one_run": "cluster",
+    "tests/storage/test_best_checkpoint.py::test_smoke_run_*": "cluster",
+    "tests/tasks/test_resident.py": "cluster",  # in-process LocalClusters are clusters too
+    "tests/tasks/test_ema.py::test_smoke_runs_with_and_without_an_average": "cluster",
+    "tests/tasks/test_weights.py::@client": "cluster",
+    "tests/tasks/envs/test_libero_expert.py::test_record_cli_*": "cluster",
+    # the tests of a file that start a simulator
+    "tests/tasks/envs/test_maniskill.py": "sim",
+    "tests/tasks/envs/test_maniskill_fast.py": "sim",
+    "tests/tasks/envs/test_batched.py::test_maniskill_gpu_shard_*": "sim",
+    "tests/tasks/envs/test_libero.py::test_mujoco_replays_bit_exactly_in_another_process": "sim",
+    "tests/tasks/envs/test_libero.py::test_bowl_on_ramekin_all_50_init_states_*": "sim",
+    "tests/tasks/envs/test_libero_expert.py::@env": "sim",
+    "tests/tasks/envs/test_lifecycle.py::test_maniskill_shard_resumes_mid_episode_exactly": "sim",
+    "tests/tasks/envs/test_mesh_lod.py::test_lod_keeps_the_dynamics_bit_exact_and_the_image_close": "sim",
+    "tests/tasks/envs/test_libero.py::@env": "sim",
+    "tests/tasks/envs/test_libero.py::@object_env": "sim",
+    "tests/tasks/envs/test_libero.py::test_libero_object_golden_frame": "sim",
+}
+
+_started: list[str] = []  # what the running test started: "cluster: ..." / "sim: ..."
+_fixture_started: dict[tuple[str, str], list[str]] = {}  # (baseid, name) of a fixture -> what its setup started
+_probe = {"on": False}
+
+
+class TierProbeStop(RuntimeError):
+    """Raised by `--tiers-probe` where a cluster or a real run would start."""
+
+
+def _record(kind: str, what: str) -> None:
+    _started.append(f"{kind}: {what}")
+    if kind == "cluster" and _probe["on"]:
+        raise TierProbeStop(f"tiers probe: {what} not started")
+
+
+def _wrap_init(cls, kind: str, what: str) -> None:
+    init = cls.__init__
+    if getattr(init, "_tier_wrapped", False):
+        return
+
+    def __init__(self, *a, **kw):
+        _record(kind, what)
+        return init(self, *a, **kw)
+
+    __init__._tier_wrapped = True
+    cls.__init__ = __init__
+
+
+# module -> what to wrap once it is imported (nothing heavy is imported here)
+_WATCHED = {
+    "distributed.deploy.spec": lambda m: _wrap_init(m.SpecCluster, "cluster", "a Dask cluster (SpecCluster)"),
+    "distributed.client": lambda m: _wrap_init(m.Client, "cluster", "a Dask Client"),
+    "sapien.wrapper.scene": lambda m: _wrap_init(m.Scene, "sim", "a SAPIEN scene"),
+    "mani_skill.envs.sapien_env": lambda m: _wrap_init(m.BaseEnv, "sim", "a ManiSkill env"),
+    "robosuite.environments.base": lambda m: _wrap_init(m.MujocoEnv, "sim", "a robosuite/LIBERO env"),
+}
+_RUN_MODULES = ("pipelines.run", "pipelines.record", "pipelines.eval", "pipelines.replay", "distributed", "dask",
+                "mlflow")
+
+
+def _run_in(args) -> str | None:
+    """The run a process of argv `args` is (`python -m pipelines.run ...`, `dask scheduler`, `mlflow server`), or
+    None (a `python -c` snippet, a linter, ...)."""
+    import os
+    argv = args.split() if isinstance(args, str) else [os.fsdecode(a) for a in args]
+    if not argv:
+        return None
+    prog = os.path.basename(argv[0])
+    if prog.split("-")[0] in ("dask", "mlflow"):
+        return " ".join([prog, *argv[1:2]])
+    if "-m" in argv[:-1]:
+        mod = argv[argv.index("-m") + 1]
+        if mod.split(".")[0] in ("dask", "distributed", "mlflow") or mod in _RUN_MODULES:
+            return f"python -m {mod}"
+    return None
+
+
+class _AfterImport:
+    """A meta-path finder that wraps the `_WATCHED` classes right after their modules execute."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in _WATCHED:
+            return None
+        import importlib.machinery
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _WATCHED[name](module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _install_watch() -> None:
+    import subprocess
+    import sys
+    for name, wrap in _WATCHED.items():
+        if name in sys.modules:
+            wrap(sys.modules[name])
+    sys.meta_path.insert(0, _AfterImport())
+    popen = subprocess.Popen.__init__
+
+    def __init__(self, args, *a, **kw):
+        what = _run_in(args)
+        if what:
+            _record("cluster", f"a `{what}` process")
+        return popen(self, args, *a, **kw)
+
+    subprocess.Popen.__init__ = __init__
+
+
+def _tier_of(item) -> tuple[str, str]:
+    """(tier, where it came from) of a collected test; ValueError for two different tier marks."""
+    import fnmatch
+    marks = {m.name for m in item.iter_markers() if m.name in TIER_ORDER}
+    if len(marks) > 1:
+        raise ValueError(f"{item.nodeid}: marked {sorted(marks)}; a test has exactly one tier")
+    if marks:
+        return marks.pop(), "its mark"
+    path = item.path.relative_to(item.config.rootpath).as_posix()
+    used = [TIERS[f"{path}::@{f}"] for f in item.fixturenames if f"{path}::@{f}" in TIERS]
+    used += [TIER_FIXTURES[f] for f in item.fixturenames if f in TIER_FIXTURES]
+    if used:
+        return max(used, key=TIER_ORDER.index), "a fixture it uses"
+    name = getattr(item, "originalname", None) or item.name
+    for key, tier in TIERS.items():
+        file, _, pattern = key.partition("::")
+        if file == path and pattern and not pattern.startswith("@") and fnmatch.fnmatchcase(name, pattern):
+            return tier, f"TIERS[{key!r}]"
+    if path in TIERS:
+        return TIERS[path], f"TIERS[{path!r}]"
+    return "unit", "the default"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--tiers-probe", metavar="PATH", default=None,
+                     help="write each test's tier and what it started (JSON lines); stop clusters as they start")
+
+
+def pytest_configure(config):
+    _probe["on"] = bool(config.getoption("--tiers-probe"))
+    _install_watch()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Give every collected test its one tier mark (before `-m` selects)."""
+    bad = []
+    for item in items:
+        try:
+            tier, why = _tier_of(item)
+        except ValueError as e:
+            bad.append(str(e))
+            continue
+        item.add_marker(getattr(pytest.mark, tier))
+        item.stash[_TIER] = (tier, why)
+    if bad:
+        raise pytest.UsageError("\n".join(bad))
+    # `-m EXPR` replaces addopts' `-m 'not slow and not gpu'`: an EXPR that does not name `slow` (`gpu`) keeps
+    # the slow (gpu) tests out as the default selection does, so `pytest -m unit` is the default selection's unit tier
+    expr = config.getoption("markexpr") or ""  # "" (`-m ""`): every test, as before
+    out = [m for m in ("slow", "gpu") if expr and m not in expr]
+    if out:
+        kept = [i for i in items if not any(i.get_closest_marker(m) for m in out)]
+        if len(kept) < len(items):
+            config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+            items[:] = kept
+
+
+_TIER = pytest.StashKey[tuple]()
+_OUTCOME = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _started.clear()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """What a fixture's setup starts belongs to every test that uses the fixture (a module-scoped cluster is
+    started by the first one)."""
+    before = len(_started)
+    try:
+        yield
+    finally:
+        if len(_started) > before:
+            _fixture_started[(fixturedef.baseid, fixturedef.argname)] = _started[before:]
+
+
+def _used_starts(item) -> list[str]:
+    """What the fixtures `item` uses started, whichever test set them up."""
+    out = []
+    for name, defs in getattr(item, "_fixtureinfo").name2fixturedefs.items():
+        if defs:
+            out += _fixture_started.get((defs[-1].baseid, name), [])
+    return out
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed or call.when == "call":
+        item.stash[_OUTCOME] = f"{call.when} {report.outcome}"
+    if call.when != "teardown":
+        return
+    tier, why = item.stash.get(_TIER, ("unit", "the default"))
+    started = list(dict.fromkeys(_started + _used_starts(item)))
+    path = item.config.getoption("--tiers-probe")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"nodeid": item.nodeid, "tier": tier, "why": why, "started": started,
+                                "outcome": item.stash.get(_OUTCOME, "?")}) + "\n")
+        return
+    need = max((s.split(":")[0] for s in started), key=TIER_ORDER.index, default="unit")
+    if TIER_ORDER.index(need) > TIER_ORDER.index(tier) and report.passed:
+        report.outcome = "failed"
+        report.longrepr = (f"tier: this test is `{tier}` ({why}) but started {'; '.join(started)}: mark it "
+                           f"`{need}` (a mark, or TIERS in tests/conftest.py)")

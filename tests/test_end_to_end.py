@@ -68,11 +68,11 @@ def test_smoke_run_logs_params_and_metrics(smoke):
 def test_smoke_run_logs_weight_sync(smoke):
     """Every step each env worker's replica loads the new version once: 2 replicas x the MLP's state dict bytes,
     pulled worker to worker (tasks.weights), in well under a second each."""
-    from tasks.config import PolicyConfig
+    from tasks.config import family_class
     from tasks.policies import make_policy
     from tasks.weights import state_dict_nbytes
     _, client, run, _ = smoke
-    nbytes = state_dict_nbytes(make_policy(PolicyConfig(), obs_dim=35, action_dim=8, num_values=1, image_size=None,
+    nbytes = state_dict_nbytes(make_policy(family_class("policy", "mlp")(), obs_dim=35, action_dim=8, num_values=1, image_size=None,
                                            load=False).state_dict())
     assert nbytes == 4 * ((35 * 256 + 256 + 2 * (256 * 256 + 256)) * 2 + 256 * 8 + 8 + 256 + 1 + 8)
     mb = _history(client, run.info.run_id, "system/weight_sync_mb")

@@ -69,7 +69,7 @@ def gae(
         A_t     = delta_t + gamma * lam * (1 - done_t) * A_{t+1},   done = terminated | truncated
         returns = A + values[:T]
 
-    Non-finite inputs (NaN/inf rewards or values) are not an error here (the caller, ``tasks.update.advantages``,
+    Non-finite inputs (NaN/inf rewards or values) are not an error here (the caller, ``tasks.actor.entries.advantages``,
     checks them per ``algorithm.nonfinite``); they propagate exactly along the dependencies of the formula and no
     further: to A_t and returns_t of the steps of the SAME episode at or before them (within the rollout), never
     across a done (the recursion is cut with ``where``, not by multiplying with 0), never to other envs. So

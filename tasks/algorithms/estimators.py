@@ -19,7 +19,7 @@ rloo     no      yes     yes             batch          score - leave-one-out gr
 * whole episodes: the estimator scores each env's first episode from the rollout's first chunk step, so rollouts
   must start episodes (``tasks.config.check_whole_episodes``).
 * normalisation: ``batch`` = the update normalises the advantages over its whole batch when
-  ``algorithm.normalize_advantages`` (``tasks.update.prepare_update``); ``group`` = already normalised per group
+  ``algorithm.normalize_advantages`` (``tasks.actor.loop.prepare_update``); ``group`` = already normalised per group
   inside the estimator.
 
 One signature for every estimator, on one env shard's rollout (groups never straddle shards)::

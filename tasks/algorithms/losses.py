@@ -17,7 +17,7 @@ Non-finite values and degenerate statistics:
   set to 0 at masked slots before they meet a differentiable term;
 * an empty mask gives 0 for every mean (loss terms and metrics: clipfrac, approx_kl, ratio_mean, entropy), never
   NaN; explained variance is 0 when Var[returns] == 0 (a constant target, a single element, an empty mask);
-* a NaN/inf INSIDE the mask propagates to the loss on purpose: the update (``tasks.update``) detects the
+* a NaN/inf INSIDE the mask propagates to the loss on purpose: the update (``tasks.actor.loop``) detects the
   non-finite loss or gradient and skips that optimizer step; ``normalize_advantages`` raises instead (its
   statistics would spread the NaN to every sample).
 """
@@ -335,7 +335,7 @@ def normalize_advantages(
     Raises:
         ValueError: shape mismatch, or a NaN/inf inside the mask (it would poison the mean and std of every
             sample): names how many and the first index; drop such samples from the mask first
-            (``algorithm.nonfinite=mask`` does that in ``tasks.update.advantages``).
+            (``algorithm.nonfinite=mask`` does that in ``tasks.actor.entries.advantages``).
     """
     _check_same_shape(adv=adv, mask=mask)
     keep = mask if mask.dtype == torch.bool else mask != 0

@@ -1,35 +1,71 @@
-"""Simulator adapters behind one registry, and the EnvShard that vectorises them.
+"""Env families behind one registry, and the EnvShard that vectorises them.
 
-`make_shard(cfg, ...)` is the only entry point graph nodes use; callers never branch on the simulator name.
-The shard owns the episode lifecycle (tasks.envs.shard: the SAME_STEP / DISABLED mode table, `begin_rollout`,
-`chunk_step`, the exact-resume cursor `state_dict` / `load_state_dict`); callers make no reset decisions.
+A family is a folder, `tasks/envs/<name>/` (maniskill, libero): `configuration.py` (its config class, registered
+by name with `tasks.config.registry.register_family("env", name, checks=...)`, selected by `env.simulator`),
+`checks.py` (its rules) and `adapter.py` (the simulator behind `tasks.envs.shard.SingleEnv`). The functions here
+find a family's adapter through the registry (`adapter(cfg)`: the `adapter` module beside the registered config
+class) and ask it what callers need: callers never branch on the simulator name. An adapter module provides
+`SINGLE_ENV` (its SingleEnv class), `GRIPPER_CONVENTION`, `instruction(cfg)` and `max_episode_steps(cfg)`, and
+may provide the optional hooks below (a hook missing means the default each function here states); the checks
+module provides `check_config(env)`, `CHECKS` and `COMPONENT_CHECKS`.
+
+`make_shard(cfg, ...)` is the only entry point graph nodes use. The shard owns the episode lifecycle
+(tasks.envs.shard: the SAME_STEP / DISABLED mode table, `begin_rollout`, `chunk_step`, the exact-resume cursor
+`state_dict` / `load_state_dict`); callers make no reset decisions.
 """
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
 from typing import Callable
 
 from tasks.config import ConfigError, EnvConfig
+from tasks.envs.scripted import (SCRIPTED_PREFIX, SCRIPTED_TEACHERS, check_scripted_teacher,  # noqa: F401
+                                 is_scripted_teacher, make_scripted_teacher)
 from tasks.envs.shard import ChunkResult, EnvShard, SingleEnv
 
-_SIMULATORS: dict[str, tuple[str, str]] = {
-    # name -> (module, class); modules are imported lazily so heavy simulators stay optional
-    "maniskill": ("tasks.envs.maniskill.adapter", "ManiSkillEnv"),
-    "libero": ("tasks.envs.libero.adapter", "LiberoEnv"),
-}
-# name -> class of one instance holding a whole shard, for the module's BATCHED_BACKENDS (GPU simulation)
-_BATCHED: dict[str, str] = {"maniskill": "ManiSkillBatchedEnv"}
+
+def adapter_of(simulator: str) -> ModuleType:
+    """The adapter module of env family `simulator` (`tasks/envs/<name>/adapter.py` beside its registered config
+    class), imported on first use so heavy simulators stay optional.
+
+    Raises:
+        ConfigError: env.simulator names no registered family (the known ones listed, with a did-you-mean).
+    """
+    from tasks.config.registry import family_class
+    package = family_class("env", simulator).__module__.rsplit(".", 1)[0]
+    return importlib.import_module(f"{package}.adapter")
 
 
-def _module(simulator: str):
-    import importlib
-    if simulator not in _SIMULATORS:
-        raise ConfigError("env.simulator", simulator, f"known simulators: {sorted(_SIMULATORS)}")
-    return importlib.import_module(_SIMULATORS[simulator][0])
+def adapter(cfg: EnvConfig) -> ModuleType:
+    """The adapter module of cfg's env family (`adapter_of(cfg.simulator)`)."""
+    return adapter_of(cfg.simulator)
+
+
+def _hook(cfg: EnvConfig, name: str):
+    return getattr(adapter(cfg), name, None)
+
+
+def checks(cfg: EnvConfig) -> ModuleType:
+    """The rules module of cfg's env family (`tasks/envs/<name>/checks.py`: `check_config(env)`, `CHECKS`,
+    `COMPONENT_CHECKS`)."""
+    return importlib.import_module(f"{adapter(cfg).__name__.rsplit('.', 1)[0]}.checks")
 
 
 def check_env_config(cfg: EnvConfig) -> None:
-    """Offline validation of an env config by its adapter. Raises ConfigError."""
-    _module(cfg.simulator).check_config(cfg)
+    """Offline validation of an env section against its simulator (the family's `checks.check_config`: env task,
+    modes, files). Raises ConfigError."""
+    checks(cfg).check_config(cfg)
+
+
+def check_components(cfg) -> None:
+    """The env family's checks of a whole run config (`tasks.config.Config`) that need the simulator installed:
+    the family's `checks.check_config` of the env section, then its `checks.COMPONENT_CHECKS` (ManiSkill: a
+    Vulkan driver; LIBERO: envs moving between tasks, the env workers' memory). Run by every command that starts
+    components (run, validate, eval, record). Raises ConfigError (or the family's own error: VulkanMissingError)."""
+    check_env_config(cfg.env)
+    for check in getattr(checks(cfg.env), "COMPONENT_CHECKS", ()):
+        check(cfg)
 
 
 GRIPPER_CONVENTIONS = ("open_positive", "close_positive")  # +1 on the last action dim opens / closes the gripper
@@ -40,7 +76,7 @@ LEGACY_GRIPPER_CONVENTION = "open_positive"
 def gripper_convention(cfg: EnvConfig) -> str:
     """The gripper polarity of cfg's simulator (its adapter's GRIPPER_CONVENTION, one of GRIPPER_CONVENTIONS):
     what stores (`gripper_convention` attr) and hf/ exports (config.json `env.gripper_convention`) record."""
-    return _module(cfg.simulator).GRIPPER_CONVENTION
+    return adapter(cfg).GRIPPER_CONVENTION
 
 
 def check_gripper_convention(key: str, value, recorded: str | None, cfg: EnvConfig) -> None:
@@ -55,63 +91,132 @@ def check_gripper_convention(key: str, value, recorded: str | None, cfg: EnvConf
 
 
 def store_attrs(cfg: EnvConfig) -> dict:
-    """Adapter-specific trajectory store attributes (LIBERO: the seed -> init state mapping keys; else none)."""
-    fn = getattr(_module(cfg.simulator), "store_attrs", None)
+    """Adapter-specific trajectory store attributes (hook `store_attrs(cfg)`; LIBERO: the seed -> init state
+    mapping keys; ManiSkill: the robot's visual LOD of image stores); default none."""
+    fn = _hook(cfg, "store_attrs")
     return fn(cfg) if fn else {}
 
 
+def store_warnings(cfg: EnvConfig, attrs: dict) -> list[str]:
+    """What differs, harmlessly, between a demo store (its `attrs`) and what cfg's envs give (hook
+    `store_warnings(cfg, attrs)`; ManiSkill: the arm's visual LOD of the stored images); default none."""
+    fn = _hook(cfg, "store_warnings")
+    return list(fn(cfg, attrs)) if fn else []
+
+
+def env_worker_memory_gib(cfg: EnvConfig, envs_per_worker: int) -> float | None:
+    """Estimated peak memory (GiB) of an env worker holding `envs_per_worker` envs of cfg's simulator, the worker
+    process included, where it is measured (hook `worker_memory_gib(envs_per_worker)`; LIBERO: ~2 GiB for the
+    first env, 1 GiB each further one); None where it is not."""
+    fn = _hook(cfg, "worker_memory_gib")
+    return float(fn(envs_per_worker)) if fn else None
+
+
+def config_from_store(simulator: str, attrs: dict, run_env: dict, common: dict) -> EnvConfig:
+    """The env config that rebuilds a trajectory store's env: family `simulator`'s config class with the `common`
+    keys (ids, modes, flags every family has), then its adapter's hook `config_from_store(attrs, run_env, cfg)`
+    (what the store's attrs and the run's saved `env` section add; default nothing). Raises ConfigError for an
+    unknown simulator."""
+    from tasks.config.registry import family_class
+    cfg = family_class("env", simulator)(simulator=simulator, **common)
+    fn = getattr(adapter_of(simulator), "config_from_store", None)
+    return fn(attrs, run_env, cfg) if fn else cfg
+
+
 def state_dim(cfg: EnvConfig) -> int | None:
-    """The length of cfg's state observation when its adapter knows it offline (LIBERO: 8, or 14 with
-    env.object_state), else None (ManiSkill: the env task's own state, known once an env is built)."""
-    fn = getattr(_module(cfg.simulator), "obs_dim", None)
+    """The length of cfg's state observation when its adapter knows it offline (hook `obs_dim(cfg)`; LIBERO: 8,
+    or 14 with env.object_state), else None (ManiSkill: the env task's own state, known once an env is built)."""
+    fn = _hook(cfg, "obs_dim")
     return fn(cfg) if fn else None
+
+
+def action_dim(cfg: EnvConfig) -> int | None:
+    """The action length of cfg's env when its adapter knows it offline (hook `action_dim(cfg)`; LIBERO: 7), else
+    None (ManiSkill: the controller's, known once an env is built: tasks.rollout.env_dims)."""
+    fn = _hook(cfg, "action_dim")
+    return fn(cfg) if fn else None
+
+
+def state_hint(cfg: EnvConfig, other_dim: int) -> str:
+    """The fix for a checkpoint or store that reads an `other_dim`-D state where cfg's env gives another (hook
+    `state_hint(cfg, other_dim)`; LIBERO: env.object_state makes the 8- or 14-D state)."""
+    fn = _hook(cfg, "state_hint")
+    return (fn(cfg, other_dim) if fn else None) or "record or train with the same env settings"
+
+
+def env_ids_share_robot(cfg: EnvConfig) -> bool:
+    """Whether a checkpoint trained on another env task of cfg's simulator reads the same state and writes the same
+    actions (adapter's ENV_IDS_SHARE_ROBOT; LIBERO's suites: True, so a libero_90 checkpoint fine-tunes on
+    libero_10); default False."""
+    return bool(getattr(adapter(cfg), "ENV_IDS_SHARE_ROBOT", False))
+
+
+def carries_history(cfg: EnvConfig) -> bool:
+    """Whether an env instance's dynamics depend on the episodes it ran before (adapter's CARRIES_HISTORY;
+    ManiSkill's CPU envs keep solver and contact state across `reset`), so an exactly resumable run must start
+    fresh instances where a resumed one would (runner.exact_resume); default False."""
+    return bool(getattr(adapter(cfg), "CARRIES_HISTORY", False))
+
+
+def worker_env(cfg: EnvConfig) -> dict[str, str]:
+    """Environment variables an env worker process needs for cfg's simulator (hook `worker_env(cfg)`; ManiSkill:
+    the Vulkan ICD SAPIEN loads); default none. Raises the adapter's error when the machine lacks what it needs."""
+    fn = _hook(cfg, "worker_env")
+    return dict(fn(cfg)) if fn else {}
+
+
+def prepare_process(cfg: EnvConfig) -> None:
+    """Make this process ready to build cfg's envs (hook `prepare_process(cfg)`; ManiSkill: find a Vulkan driver,
+    register the env tasks), so a missing driver shows before any work. Raises the adapter's error."""
+    fn = _hook(cfg, "prepare_process")
+    if fn:
+        fn(cfg)
+
+
+def is_batched(cfg: EnvConfig) -> bool:
+    """Whether one simulator instance holds a shard's envs (the adapter's BATCHED_BACKENDS, e.g. ManiSkill's
+    `physx_cuda`): such episodes keep no action log and are not replayed (eval videos)."""
+    return cfg.sim_backend in getattr(adapter(cfg), "BATCHED_BACKENDS", ())
+
+
+def protocol_episodes(cfg: EnvConfig) -> int | None:
+    """The episodes of the simulator's own evaluation protocol (hook `protocol_episodes(cfg)`; LIBERO: every
+    selected task x every eval init state), else None (the eval runs env.eval.num_episodes)."""
+    fn = _hook(cfg, "protocol_episodes")
+    return fn(cfg) if fn else None
+
+
+def eval_task_names(cfg: EnvConfig) -> dict[str, str]:
+    """{task_id: name} of the selected tasks (hook `eval_task_names(cfg)`; LIBERO: the suite's task names); {} for
+    a single-task simulator."""
+    fn = _hook(cfg, "eval_task_names")
+    return fn(cfg) if fn else {}
+
+
+def eval_params(cfg: EnvConfig) -> dict:
+    """The env keys an external eval records as MLflow params beyond env_id and env.eval.* (hook
+    `eval_params(cfg)`; ManiSkill: the robot's visual LOD; LIBERO: the task subset)."""
+    fn = _hook(cfg, "eval_params")
+    return fn(cfg) if fn else {}
+
+
+def replay_mismatch_note(simulator: str) -> str | None:
+    """What a replay MISMATCH whose reset matched can mean for family `simulator` (adapter's
+    REPLAY_MISMATCH_NOTE; ManiSkill: the training env's history), or None."""
+    return getattr(adapter_of(simulator), "REPLAY_MISMATCH_NOTE", None)
 
 
 def instruction(cfg: EnvConfig) -> str:
     """The natural-language instruction of cfg's env task (the VLA prompt of its runs), by its adapter."""
-    return _module(cfg.simulator).instruction(cfg)
+    return adapter(cfg).instruction(cfg)
 
 
 def instructions(cfg: EnvConfig) -> list[str]:
     """The run's instruction table: index = the `task_id` an env reports (tasks.envs.shard), value = the VLA prompt.
     LIBERO: every task of the suite in its standard order (so a stored task_id is the suite's task id); a
     single-task simulator (ManiSkill): [instruction(cfg)], task_id 0."""
-    fn = getattr(_module(cfg.simulator), "instructions", None)
+    fn = _hook(cfg, "instructions")
     return list(fn(cfg)) if fn else [instruction(cfg)]
-
-
-SCRIPTED_PREFIX = "scripted:"
-# `record.teacher=scripted:NAME`: NAME -> (the simulator it drives, module, class of its per-shard teacher)
-SCRIPTED_TEACHERS: dict[str, tuple[str, str, str]] = {"libero": ("libero", "tasks.envs.libero.expert", "ShardExpert")}
-
-
-def is_scripted_teacher(spec) -> bool:
-    """Whether a `record.teacher` value names a scripted expert (`scripted:NAME`) rather than a trained run."""
-    return isinstance(spec, str) and spec.startswith(SCRIPTED_PREFIX)
-
-
-def check_scripted_teacher(spec: str, cfg: EnvConfig) -> None:
-    """Offline checks of `record.teacher=scripted:NAME` against cfg's env: a known NAME, its simulator, and the
-    expert's own task checks (its module's `check_tasks(cfg)`). Raises ConfigError (record.teacher / env.*)."""
-    import importlib
-    name = spec[len(SCRIPTED_PREFIX):]
-    if name not in SCRIPTED_TEACHERS:
-        raise ConfigError("record.teacher", spec, f"no scripted expert {name!r}; known: "
-                                                  f"{[SCRIPTED_PREFIX + k for k in SCRIPTED_TEACHERS]}, or a run "
-                                                  f"directory / run id of a trained teacher")
-    sim, module, _ = SCRIPTED_TEACHERS[name]
-    if cfg.simulator != sim:
-        raise ConfigError("record.teacher", spec, f"drives env.simulator={sim}, this env is {cfg.simulator}: "
-                                                  f"use an env={sim}_* conf or a trained teacher run")
-    importlib.import_module(module).check_tasks(cfg)
-
-
-def make_scripted_teacher(spec: str, shard: EnvShard, action_noise: float = 0.0):
-    """The per-shard scripted teacher of `record.teacher=scripted:NAME` (`act(shard)` -> float32 [B, 1, D]);
-    `action_noise`: record.action_noise."""
-    import importlib
-    _, module, cls = SCRIPTED_TEACHERS[spec[len(SCRIPTED_PREFIX):]]
-    return getattr(importlib.import_module(module), cls)(shard, action_noise=action_noise)
 
 
 def max_episode_steps(cfg: EnvConfig) -> int:
@@ -119,10 +224,7 @@ def max_episode_steps(cfg: EnvConfig) -> int:
     suite; ManiSkill: the registered env's)."""
     if cfg.max_episode_steps:
         return int(cfg.max_episode_steps)
-    mod = _module(cfg.simulator)
-    if hasattr(mod, "max_episode_steps"):
-        return int(mod.max_episode_steps(cfg))
-    return int(mod.default_max_episode_steps(cfg.env_id))
+    return int(adapter(cfg).max_episode_steps(cfg))
 
 
 def make_single_env(cfg: EnvConfig, render_size: int | None = None) -> SingleEnv:
@@ -132,7 +234,7 @@ def make_single_env(cfg: EnvConfig, render_size: int | None = None) -> SingleEnv
     Raises:
         ConfigError: an unknown simulator, or `render_size` for a simulator whose adapter cannot render.
     """
-    cls = getattr(_module(cfg.simulator), _SIMULATORS[cfg.simulator][1])
+    cls = adapter(cfg).SINGLE_ENV
     if not render_size:
         return cls(cfg)
     if not hasattr(cls, "render_frame"):
@@ -147,10 +249,9 @@ def make_shard(cfg: EnvConfig, *, shard: int, num_shards: int, num_envs: int, au
     """Create env shard `shard` of `num_shards` splitting `num_envs` envs evenly (`episode_count`: per-env counts
     to continue; a full cursor is loaded afterwards with `EnvShard.load_state_dict`)."""
     size = num_envs // num_shards
-    mod = _module(cfg.simulator)
-    if cfg.sim_backend in getattr(mod, "BATCHED_BACKENDS", ()):  # one simulator instance holds the shard's envs
+    if is_batched(cfg):  # one simulator instance (the adapter's BATCHED_ENV) holds the shard's envs
         from tasks.envs.batched import BatchedEnvShard
-        return BatchedEnvShard(getattr(mod, _BATCHED[cfg.simulator])(cfg, size), env_offset=shard * size,
+        return BatchedEnvShard(adapter(cfg).BATCHED_ENV(cfg, size), env_offset=shard * size,
                                num_envs_total=num_envs, base_seed=base_seed, auto_reset=auto_reset,
                                ignore_terminations=ignore_terminations, episode_count=episode_count,
                                seed_fn=seed_fn, group_size=group_size)
@@ -160,6 +261,10 @@ def make_shard(cfg: EnvConfig, *, shard: int, num_shards: int, num_envs: int, au
                     seed_fn=seed_fn, group_size=group_size)
 
 
-__all__ = ["ChunkResult", "EnvShard", "SingleEnv", "check_env_config", "check_gripper_convention", "gripper_convention",
-           "instruction", "instructions", "state_dim", "store_attrs", "make_shard", "make_single_env", "is_scripted_teacher",
-           "check_scripted_teacher", "make_scripted_teacher", "max_episode_steps"]
+__all__ = ["ChunkResult", "EnvShard", "SingleEnv", "action_dim", "adapter", "adapter_of", "carries_history",
+           "check_components", "check_env_config", "check_gripper_convention", "check_scripted_teacher", "checks",
+           "config_from_store", "env_ids_share_robot", "env_worker_memory_gib", "eval_params", "eval_task_names",
+           "gripper_convention", "instruction", "instructions", "is_batched", "is_scripted_teacher",
+           "make_scripted_teacher", "make_shard", "make_single_env", "max_episode_steps", "prepare_process",
+           "protocol_episodes", "replay_mismatch_note", "state_dim", "state_hint", "store_attrs", "store_warnings",
+           "worker_env"]

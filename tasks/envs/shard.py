@@ -63,6 +63,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from tasks.envs.rng import cuda_devices, get_rng, rng_from_lists, rng_to_lists
 from tasks.seeding import episode_id, episode_seed, forked, seed_devices  # noqa: F401 (seed_devices re-exported)
 
 # per-env cursor fields (lists of B) and per-shard ones (in `parts`)
@@ -307,7 +308,7 @@ class EnvShard:
             "episode_len": self.ep_len.tolist(),
             "success_once": self.success_once.tolist(),
             "parts": [{"started": not self.needs_reset, "chunk_steps": int(self.chunk_steps),
-                       "rng": _rng_to_lists(self.rng_state)}],
+                       "rng": rng_to_lists(self.rng_state)}],
         }
 
     def load_state_dict(self, cursor: dict | None) -> None:
@@ -327,7 +328,7 @@ class EnvShard:
         self.chunk_steps = int(part.get("chunk_steps", 0))
         self.rollout_step = 0
         if part.get("rng") is not None:
-            self.rng_state, self.rng_fresh = _rng_from_lists(part["rng"]), False
+            self.rng_state, self.rng_fresh = rng_from_lists(part["rng"]), False
         if "seed" not in cursor or not part.get("started", False):
             self.needs_reset = True
             return
@@ -361,9 +362,9 @@ class EnvShard:
 
     def seed_rng(self, seed: int, device=None) -> None:
         """Set the shard's policy RNG to torch.manual_seed(seed)'s state (CPU, and `device` if CUDA)."""
-        devs = _cuda_devices(device)
+        devs = cuda_devices(device)
         with forked(seed, devs):
-            self.rng_state = _get_rng(devs)
+            self.rng_state = get_rng(devs)
         self.rng_fresh = True
 
     @contextmanager
@@ -372,7 +373,7 @@ class EnvShard:
         the shard's state, and the state after the block is kept for the next call (and the cursor), so shards
         sharing a worker never share draws. With no state yet the block continues the global stream."""
         import torch
-        devs = _cuda_devices(device)
+        devs = cuda_devices(device)
         with torch.random.fork_rng(devices=devs):
             if self.rng_state is not None:
                 torch.set_rng_state(self.rng_state["cpu"])
@@ -381,7 +382,7 @@ class EnvShard:
             try:
                 yield
             finally:
-                self.rng_state, self.rng_fresh = _get_rng(devs), False
+                self.rng_state, self.rng_fresh = get_rng(devs), False
 
     # ----- stepping -----
     def _begin_chunk(self, actions: np.ndarray):
@@ -479,32 +480,3 @@ class EnvShard:
     def close(self) -> None:
         for env in self.envs:
             env.close()
-
-
-def _cuda_devices(device) -> list:
-    """[the CUDA device index] for a CUDA policy device, else [] (fork_rng then forks the CPU RNG only)."""
-    if device is None:
-        return []
-    import torch
-    device = torch.device(device)
-    if device.type != "cuda":
-        return []
-    return [device.index if device.index is not None else torch.cuda.current_device()]
-
-
-def _get_rng(devs: list) -> dict:
-    import torch
-    return {"cpu": torch.get_rng_state(), "cuda": [torch.cuda.get_rng_state(d) for d in devs]}
-
-
-def _rng_to_lists(state: dict | None):
-    """Torch RNG states (uint8 tensors) -> {"cpu": [int], "cuda": [[int]]} (JSON- and weights_only-safe)."""
-    if state is None:
-        return None
-    return {"cpu": state["cpu"].tolist(), "cuda": [s.tolist() for s in state.get("cuda") or []]}
-
-
-def _rng_from_lists(state: dict) -> dict:
-    import torch
-    return {"cpu": torch.tensor(state["cpu"], dtype=torch.uint8),
-            "cuda": [torch.tensor(s, dtype=torch.uint8) for s in state.get("cuda") or []]}

@@ -24,18 +24,12 @@ import importlib
 
 import torch
 
-from tasks.config import ConfigError, PolicyConfig
-
-_POLICIES: dict[str, tuple[str, str]] = {"mlp": ("tasks.policies.mlp.model", "MLPPolicy"),
-                                          "flow_vla": ("tasks.policies.flow_vla.model", "FlowVLAPolicy"),
-                                          "token_vla": ("tasks.policies.token_vla.model", "TokenVLAPolicy")}
-
+from tasks.config import ConfigError, PolicyConfig, family_class
 
 def policy_class(name: str) -> type:
-    """The policy class registered as `name`. Raises ConfigError for unknown names."""
-    if name not in _POLICIES:
-        raise ConfigError("policy.name", name, f"known policies: {sorted(_POLICIES)}")
-    module, cls = _POLICIES[name]
+    """The nn.Module of policy family `name`: its config class's `model` ("module:Class", tasks/policies/<name>/
+    configuration.py). Raises ConfigError (policy.name) for an unknown family, listing the known ones."""
+    module, cls = family_class("policy", name).model.split(":")
     return getattr(importlib.import_module(module), cls)
 
 
@@ -53,7 +47,7 @@ def make_policy(cfg: PolicyConfig, *, obs_dim: int, action_dim: int, num_values:
             policy family or whose action dim / value outputs / image size do not fit the env task.
     """
     cls = policy_class(cfg.name)
-    kwargs = {} if cfg.name == "mlp" else {"image_size": image_size}
+    kwargs = {"image_size": image_size} if type(cfg).images else {}  # a family that reads camera images
     with torch.random.fork_rng():
         if seed is not None:
             torch.manual_seed(seed)
@@ -96,16 +90,8 @@ def load_pretrained(policy: torch.nn.Module, path: str) -> None:
 
 
 def check_policy_config(cfg: PolicyConfig) -> dict | None:
-    """Offline checks of a policy config; returns the VLA's resolved sizes (None for the MLP). Raises ConfigError."""
-    if cfg.name not in _POLICIES:
-        raise ConfigError("policy.name", cfg.name, f"known policies: {sorted(_POLICIES)}")
-    if cfg.name == "mlp":
-        from tasks.policies.mlp.model import ACTIVATIONS
-        if cfg.activation not in ACTIVATIONS:
-            raise ConfigError("policy.activation", cfg.activation, f"use one of {sorted(ACTIVATIONS)}")
-    if cfg.name == "flow_vla":
-        from tasks.policies.flow_vla.model import check_config
-        return check_config(cfg)
-    if cfg.name == "token_vla":
-        from tasks.policies.token_vla.model import check_config as check_token_vla
-        return check_token_vla(cfg)
+    """Offline checks of a policy config that need the family's model module (its `check_config(cfg)`, if it has
+    one: a VLA's preset and sizes); returns what that returns (a VLA's resolved sizes), else None. The family's
+    plain rules run with the config's (tasks/policies/<name>/checks.py). Raises ConfigError."""
+    check = getattr(importlib.import_module(family_class("policy", cfg.name).model.split(":")[0]), "check_config", None)
+    return check(cfg) if check is not None else None

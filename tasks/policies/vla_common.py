@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from tasks.config import ConfigError, PolicyConfig
+from tasks.config import ConfigError, PolicyConfig, family_class
 
 POOLINGS = ("mean_token", "first_token", "last_token")
 
@@ -372,10 +372,11 @@ class VLACheckpointMixin:
         meta = json.loads((path / CONFIG_NAME).read_text())
         if meta.get("family") != cls.family:
             raise ValueError(f"{path} holds a {meta.get('family')!r} checkpoint, not {cls.family!r}")
-        fields = {f.name for f in dataclasses.fields(PolicyConfig)}
+        config_class = family_class("policy", cls.family)  # the family's config (its keys only)
+        fields = {f.name for f in dataclasses.fields(config_class)}
         policy = {k: v for k, v in meta["policy"].items() if k in fields}
         policy.update(policy_overrides, model_path=str(path))
-        model = cls(PolicyConfig(**policy), meta["obs_dim"], meta["action_dim"], meta["num_values"],
+        model = cls(config_class(**policy), meta["obs_dim"], meta["action_dim"], meta["num_values"],
                     meta["image_size"])
         model.load_weights(path)
         return model

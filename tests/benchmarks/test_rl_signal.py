@@ -105,12 +105,12 @@ def test_surrogate_gradient_of_either_vla_family_equals_the_per_sample_loop(sig,
     (chunked) equals the gradient of -sum_n A_n sum_{c,d} log pi_n[c, d] / (N C D) computed sample by sample."""
     import torch
 
-    from tasks.config import PolicyConfig
+    from tasks.config import family_class
     from tasks.policies import make_policy
     from tasks.rollout import policy_obs
     torch.manual_seed(0)
     O, D, img, instr = 4, 3, 16, "push the cube"
-    pol = make_policy(PolicyConfig(name=name, num_action_chunks=2, max_prompt_len=8), obs_dim=O, action_dim=D,
+    pol = make_policy(family_class("policy", name)(num_action_chunks=2, max_prompt_len=8), obs_dim=O, action_dim=D,
                       image_size=img).eval()
     batch = sig.rollout(pol, _Shard(3, O, img), instr, chunk_steps=2)  # T=2, B=3
     extras = sorted(k for k in batch if k.startswith(sig.EXTRA))

@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from pipelines.cluster import start_cluster
+from pipelines.clusters import start_cluster
 from pipelines.config import load_config
 from pipelines.faults import FaultAt
 from pipelines.runner import Runner
@@ -84,12 +84,12 @@ def test_killed_rank_worker_is_recovered_from_the_checkpoint(tmp_path):
         blocked = handle.client.submit(time.sleep, 3600, workers=[w0], pure=False)
         while handle.client.processing().get(w0) == []:
             time.sleep(0.1)
-        before = runner._worker_ids()[w0]
+        before = runner.watch.worker_ids()[w0]
         t0 = time.monotonic()
-        runner._release_groups([w0], restart={w0})
+        runner.watch.release_groups([w0], runner.state.run_id, runner.state.actor_generation, restart={w0})
         assert time.monotonic() - t0 < 120 and "restarted ['" in said[-1], said[-1]
         handle.client.wait_for_workers(4, timeout=120)
-        assert runner._worker_ids().get(w0) != before
+        assert runner.watch.worker_ids().get(w0) != before
         handle.client.cancel(blocked)
     finally:
         handle.close()

@@ -14,9 +14,11 @@ from dask.utils import key_split
 
 import tasks.envs
 from pipelines import graphs
-from tasks import resident, update
+from tasks import resident
+from tasks.actor import entries
 from tasks.config import Config, ConfigError
 from tests.pipelines.test_graphs import PLACEMENT, RUN_A, FakeEnv, small_config
+from tasks.config import check_config
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +32,7 @@ def fake_env(monkeypatch):
 def _two_async_steps(cfg: Config):
     """Steps 0 and 1 as the runner submits them with max_staleness = 1: step 1's rollout on v(0) (the init
     weights), its update from step 0's output, its first env nodes after step 0's last ones."""
-    w0 = update.actor_init(cfg, RUN_A, (FakeEnv.obs_dim, FakeEnv.action_dim))
+    w0 = entries.actor_init(cfg, RUN_A, (FakeEnv.obs_dim, FakeEnv.action_dim))
     kw = dict(run_id=RUN_A, cursors=[None, None], placement=PLACEMENT, store_path=None, dims=(3, 2))
     s0 = graphs.build_train_step(cfg, step=0, weights=w0, **kw)
     s1 = graphs.build_train_step(cfg, step=1, weights=w0, update_weights=s0.update, after=s0.last_env, **kw)
@@ -68,7 +70,7 @@ def test_on_policy_update_is_unchanged_by_the_staleness_machinery():
     """Samples made with the actor's own version take plain PPO: the same update as without `weight_version`."""
     import torch
     cfg = small_config()
-    w0 = update.actor_init(cfg, RUN_A, (FakeEnv.obs_dim, FakeEnv.action_dim))
+    w0 = entries.actor_init(cfg, RUN_A, (FakeEnv.obs_dim, FakeEnv.action_dim))
     sg = graphs.build_train_step(cfg, run_id=RUN_A, step=0, weights=w0, cursors=[None, None], placement=PLACEMENT,
                                  store_path=None)
     advs = dask.get(sg.graph, [f"advantages_s{s}-{RUN_A}-0" for s in range(2)])
@@ -81,7 +83,7 @@ def test_on_policy_update_is_unchanged_by_the_staleness_machinery():
         actor.policy.load_state_dict(state)
         actor.optimizer.load_state_dict(opt)
         torch.manual_seed(5)
-        outs.append(update.actor_update(cfg, RUN_A, w0, *samples))
+        outs.append(entries.actor_update(cfg, RUN_A, w0, *samples))
     for k in outs[0]["state_dict"]:
         assert torch.equal(outs[0]["state_dict"][k], outs[1]["state_dict"][k]), k
 
@@ -89,7 +91,7 @@ def test_on_policy_update_is_unchanged_by_the_staleness_machinery():
 # ----- pipeline stages -----
 def _disaggregated_step(p: int):
     cfg = small_config(inference="disaggregated", pipeline_stage_num=p)
-    w0 = update.actor_init(cfg, RUN_A, (FakeEnv.obs_dim, FakeEnv.action_dim))
+    w0 = entries.actor_init(cfg, RUN_A, (FakeEnv.obs_dim, FakeEnv.action_dim))
     sg = graphs.build_train_step(cfg, run_id=RUN_A, step=0, weights=w0, cursors=[None, None], placement=PLACEMENT,
                                  store_path=None, dims=(3, 2))
     trajs = dask.get(sg.graph, [f"trajectory_s{s}-{RUN_A}-0" for s in range(2)])
@@ -146,7 +148,7 @@ def test_pipeline_stage_checks(overrides, key, words):
     for k, v in overrides.items():
         setattr(cfg.rollout, k, v)
     with pytest.raises(ConfigError, match=words) as err:
-        cfg.validate()
+        check_config(cfg)
     assert err.value.key == key
 
 
@@ -154,14 +156,14 @@ def test_staleness_checks():
     cfg = Config()
     cfg.runner.max_staleness = -1
     with pytest.raises(ConfigError, match=">= 0"):
-        cfg.validate()
+        check_config(cfg)
     cfg = Config()
     cfg.runner.max_staleness, cfg.algorithm.num_actor_ranks = 1, 2
     with pytest.raises(ConfigError, match="one-rank update"):
-        cfg.validate()
+        check_config(cfg)
     cfg = Config()
     cfg.runner.max_staleness = 2
-    assert cfg.validate().runner.max_staleness == 2
+    assert check_config(cfg).runner.max_staleness == 2
 
 
 # ----- end to end on the real simulator -----
@@ -211,7 +213,7 @@ def test_killed_env_worker_with_steps_in_flight_is_recovered(tmp_path):
     import threading
     import time
 
-    from pipelines.cluster import start_cluster
+    from pipelines.clusters import start_cluster
     from pipelines.config import load_config
     from pipelines.runner import Runner
     from storage.trajectories import TrajectoryStore

@@ -125,13 +125,13 @@ def external_cluster():
 def test_validate_connect_lists_the_workers_and_what_goes_where(external_cluster, capsys):
     from distributed import Client
 
-    from pipelines.cluster import plan_placement
+    from pipelines.clusters import plan_placement
     from pipelines.config import load_config
     addr = external_cluster.scheduler_address
     with Client(addr) as client:
         info = client.scheduler_info(n_workers=-1)
     by_name = {w["name"]: a for a, w in info["workers"].items()}
-    overrides = ["conf=smoke", f"cluster.address={addr}"]  # (notes on stderr: smoke's local-cluster keys)
+    overrides = ["conf=smoke", "cluster=address", f"cluster.address={addr}"]  # (notes: smoke's local-cluster keys)
     rc, out, err = _call(capsys, validate.main, *overrides, "--connect")
     assert rc == 0 and all(ln.startswith("note: ") for ln in err), err
     lines = out.splitlines()
@@ -147,7 +147,7 @@ def test_validate_connect_lists_the_workers_and_what_goes_where(external_cluster
         shards = [s for s, w in enumerate(placement.shard_workers) if w == by_name[name]]
         assert all(f"env shard {s}" in row for s in shards) and ("actor" in row) == (
             by_name[name] == placement.actor_worker), row
-    # without cluster.address there is nothing to connect to: one line, exit 2
+    # the embedded cluster (no cluster.kind=address) has nothing to connect to: one line, exit 2
     rc, out, err = _call(capsys, validate.main, "conf=smoke", "--connect")
     assert rc == 2 and len(err) == 1 and err[0].startswith("error: cluster.address=None: --connect"), err
 
@@ -221,7 +221,7 @@ class _Handle:
 
 @pytest.mark.parametrize("when", ["start", "body", "close", "close_after_interrupt", "sigterm_in_body"])
 def test_an_interrupt_anywhere_in_with_cluster_is_one_line(when, monkeypatch, capsys):
-    import pipelines.cluster
+    import pipelines.clusters
     handle = _Handle(signal_in_close=when.startswith("close"))
 
     def start(cfg):
@@ -238,7 +238,7 @@ def test_an_interrupt_anywhere_in_with_cluster_is_one_line(when, monkeypatch, ca
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.2)
         return 0
-    monkeypatch.setattr(pipelines.cluster, "start_cluster", start)
+    monkeypatch.setattr(pipelines.clusters, "start_cluster", start)
     before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
     capsys.readouterr()
     rc = cli.with_cluster(None, body)
@@ -533,9 +533,9 @@ def test_an_error_a_library_made_of_a_ctrl_c_is_an_interrupt(after_ctrl_c, monke
     """A Ctrl-C the entry's handler took, which a library (a database driver, a comm) turned into its own error
     on the way out of a command's cluster, ends the command as interrupted (exit 130, one line); the same error
     without a Ctrl-C before it stays an error (raised, the cluster closed)."""
-    import pipelines.cluster
+    import pipelines.clusters
     handle = _Handle()
-    monkeypatch.setattr(pipelines.cluster, "start_cluster", lambda cfg: handle)
+    monkeypatch.setattr(pipelines.clusters, "start_cluster", lambda cfg: handle)
     monkeypatch.setattr(cli, "_interrupted", [])
 
     def body(h):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.config import ClusterConfig, Config, ConfigError, SecurityConfig
+from tasks.config import Config, ConfigError, SecurityConfig, family_checks, family_class
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +25,18 @@ def pem(tmp_path_factory) -> dict[str, str]:
 
 
 def _cfg(address=None, **security) -> Config:
+    """A config of the embedded cluster (`address` None) or of an existing scheduler at `address`."""
     cfg = Config()
-    cfg.cluster = ClusterConfig(address=address, security=SecurityConfig(**security))
+    extra = {} if address is None else {"kind": "address", "address": address}
+    cfg.cluster = family_class("cluster", extra.get("kind", "local"))(security=SecurityConfig(**security),
+                                                                       **extra)
     return cfg
+
+
+def _check(cfg: Config) -> None:
+    """The rules of the config's cluster kind (registered with it: pipelines/clusters/checks.py)."""
+    for rule in family_checks("cluster", cfg.cluster.kind):
+        rule(cfg)
 
 
 def _all_roles(pem) -> dict:
@@ -36,7 +45,7 @@ def _all_roles(pem) -> dict:
 
 
 def test_embedded_cluster_binds_to_127_0_0_1_unless_configured():
-    from pipelines.cluster import cluster_specs
+    from pipelines.clusters.local import cluster_specs
     cfg = Config()
     assert (cfg.cluster.host, cfg.cluster.dashboard_address) == ("127.0.0.1", "127.0.0.1:8787")  # the defaults
     sched, workers = cluster_specs(cfg, [("gpu-0", None)])
@@ -51,16 +60,17 @@ def test_embedded_cluster_binds_to_127_0_0_1_unless_configured():
 
 
 def test_security_maps_onto_distributed_security(pem):
-    from pipelines.cluster import cluster_specs, security
+    from pipelines.clusters import security
+    from pipelines.clusters.local import cluster_specs
     assert security(_cfg()) is None  # nothing set: plain tcp://, as distributed's default
     remote = _cfg("tls://10.0.0.5:8786", tls_ca_file=pem["cert"], tls_client_cert=pem["cert"],
                   tls_client_key=pem["key"])
-    remote.cluster.check()
+    _check(remote)
     s = security(remote)
     assert (s.tls_ca_file, s.tls_client_cert, s.tls_client_key) == (pem["cert"], pem["cert"], pem["key"])
     assert s.require_encryption is True and s.tls_scheduler_cert is None  # the existing scheduler has its own
     local = _cfg(**_all_roles(pem))
-    local.cluster.check()
+    _check(local)
     s = security(local)
     assert (s.tls_scheduler_cert, s.tls_scheduler_key, s.tls_worker_cert, s.tls_worker_key) == \
         (pem["cert"], pem["key"], pem["cert"], pem["key"])
@@ -88,32 +98,38 @@ def test_security_errors_name_the_key(pem, address, security, key):
     files = {"MISSING": str(Path(pem["cert"]).parent / "absent.pem"), "CERT": pem["cert"], "KEY": pem["key"]}
     cfg = _cfg(address, **{k: files.get(v, v) if isinstance(v, str) else v for k, v in security.items()})
     with pytest.raises(ConfigError) as exc:
-        cfg.cluster.check()
+        _check(cfg)
     assert exc.value.key == key, exc.value
 
 
 def test_bad_security_file_is_one_line_exit_2(pem, capsys):
     from pipelines.validate import main
     missing = str(Path(pem["cert"]).parent / "nope.pem")
-    assert main(["conf=smoke", "cluster.address=tls://127.0.0.1:8786", f"cluster.security.tls_ca_file={missing}"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    assert main(["conf=smoke", "cluster=address", "cluster.address=tls://127.0.0.1:8786",
+                 f"cluster.security.tls_ca_file={missing}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1:]  # after the notes on smoke's own local-cluster keys
     assert err == [f"error: cluster.security.tls_ca_file={missing!r}: no such file; give the path of a PEM file "
                    f"(README \"Running on an existing cluster\", cluster.security)"]
-    # the embedded cluster's keys are inert with cluster.address: refused like the other local-cluster keys
-    assert main(["conf=smoke", "cluster.address=tls://127.0.0.1:8786", f"cluster.security.tls_ca_file={pem['cert']}",
+    # the embedded cluster's keys are inert with cluster.kind=address: refused like the other local-cluster keys
+    assert main(["conf=smoke", "cluster=address", "cluster.address=tls://127.0.0.1:8786",
+                 f"cluster.security.tls_ca_file={pem['cert']}",
                  f"cluster.security.tls_client_cert={pem['cert']}",
                  f"cluster.security.tls_worker_cert={pem['cert']}"]) == 2
     assert "cluster.security.tls_worker_cert" in capsys.readouterr().err
-    assert main(["conf=smoke", "cluster.address=tcp://127.0.0.1:8786", "cluster.host=0.0.0.0"]) == 2
+    # a key of the local kind only: unknown for the address kind, the kind that has it named
+    assert main(["conf=smoke", "cluster=address", "cluster.address=tcp://127.0.0.1:8786", "cluster.host=0.0.0.0"]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after the notes on smoke's own local-cluster keys
-    assert last.startswith("error: cluster.host='0.0.0.0': configures the embedded local cluster"), last
+    assert last.startswith("error: cluster.host='0.0.0.0': unknown key for cluster.kind=address"), last
+    assert last.endswith("it is a key of cluster.kind=local: set cluster.kind=local"), last
 
 
+@pytest.mark.cluster
 def test_tls_embedded_cluster_and_a_tls_client(pem, capsys):
     """The embedded cluster on TLS from files (on 127.0.0.1, dashboard too), a task through it; a second client
     through `connect` with the CA and client cert (what `cluster.address=tls://...` does) runs one too; a client
     without security cannot connect; `pipelines.validate --connect` with the client's files lists the workers."""
-    from pipelines.cluster import ClusterHandle, connect, security, start_cluster
+    from pipelines.clusters import ClusterHandle, security, start_cluster
+    from pipelines.clusters.address import connect
     from pipelines.config import load_config
     cfg, _ = load_config(["conf=smoke", "cluster.num_env_workers=1",
                           *(f"cluster.security.{k}={v}" for k, v in _all_roles(pem).items())])
@@ -125,10 +141,10 @@ def test_tls_embedded_cluster_and_a_tls_client(pem, capsys):
         info = handle.client.scheduler_info(n_workers=-1)["workers"]
         assert len(info) == 2 and all(a.startswith("tls://127.0.0.1:") for a in info)
         assert handle.client.submit(sum, [1, 2, 3]).result(timeout=60) == 6
-        remote = dataclasses.replace(cfg, cluster=dataclasses.replace(
-            cfg.cluster, address=addr, security=SecurityConfig(tls_ca_file=pem["cert"], tls_client_cert=pem["cert"],
-                                                               tls_client_key=pem["key"])))
-        remote.cluster.check()
+        remote = dataclasses.replace(cfg, cluster=family_class("cluster", "address")(
+            address=addr, security=SecurityConfig(tls_ca_file=pem["cert"], tls_client_cert=pem["cert"],
+                                                  tls_client_key=pem["key"])))
+        _check(remote)
         with connect(addr, 30, security(remote)) as c2:
             assert c2.submit(pow, 2, 5).result(timeout=60) == 32
         with pytest.raises(ConnectionError):
@@ -137,7 +153,7 @@ def test_tls_embedded_cluster_and_a_tls_client(pem, capsys):
         from pipelines.validate import main
         client_tls = [f"cluster.security.tls_ca_file={pem['cert']}", f"cluster.security.tls_client_cert={pem['cert']}",
                       f"cluster.security.tls_client_key={pem['key']}"]
-        assert main(["conf=smoke", f"cluster.address={addr}", *client_tls, "--connect"]) == 0
+        assert main(["conf=smoke", "cluster=address", f"cluster.address={addr}", *client_tls, "--connect"]) == 0
         out = capsys.readouterr().out
         assert "env-0" in out and "gpu-0" in out, out
     finally:

@@ -289,7 +289,7 @@ def test_compose_file_is_consistent():
             assert runs <= set(c.mounts(n)), f"worker {n} lacks the driver's mounts {runs}"
     resources = sorted(_argv(s["command"])[_argv(s["command"]).index("--resources") + 1]
                        for n, s in c.services.items() if roles[n] == "worker")
-    assert "CPU=1" in resources and "GPU=1" in resources, resources  # pipelines.cluster.RESOURCES
+    assert "CPU=1" in resources and "GPU=1" in resources, resources  # pipelines.clusters.RESOURCES
     assert "mlflow" in c.services and "tracking.uri=http://mlflow:5000" in _argv(c.services[driver]["command"])
 
 

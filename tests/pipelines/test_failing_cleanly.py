@@ -4,11 +4,11 @@ loaded machine.
 
 - the writers of a running run (checkpoints, eval records, the trajectory store's driver and worker writes, the
   MLflow store) never re-create a removed run dir: they raise `RunDirGone` / `StoreGone`, and the runner turns any
-  failure after such a removal into one line (`Runner._files_gone`), exit 1 (a real tiny run, slow);
+  failure after such a removal into one line (`RunContext.files_gone`), exit 1 (a real tiny run, slow);
 - `/json/identity.json` is JSON although workers report tuple-keyed metrics (`pipelines.dashboard_json`);
 - a resume of a run whose checkpoint is at `runner.max_steps` with its final eval recorded is refused offline with
   one line (exit 2), not run to an empty eval "nan [nan, nan] over 0 episodes";
-- `pipelines.cluster.cluster_info` lists every worker where `Client.scheduler_info()`'s cache lists none;
+- `pipelines.clusters.cluster_info` lists every worker where `Client.scheduler_info()`'s cache lists none;
   the embedded scheduler's worker-ttl follows `runner.stall_timeout_s`;
 - `DriverReportsFilter` keeps Dask's "Compute Failed" / "Worker stream died" records off the console only.
 """
@@ -136,7 +136,7 @@ def test_the_embedded_scheduler_gets_our_json_routes_and_distributeds_others():
     from distributed.http.scheduler import json as theirs
 
     from pipelines import dashboard_json
-    from pipelines.cluster import scheduler_http_routes
+    from pipelines.clusters import scheduler_http_routes
     default = dask.config.get("distributed.scheduler.http.routes")
     ours = scheduler_http_routes()
     assert ours == [dashboard_json.__name__ if m == "distributed.http.scheduler.json" else m for m in default]
@@ -152,13 +152,13 @@ def test_resume_of_a_run_complete_at_max_steps_is_one_line_exit_2(tmp_path, caps
     """A checkpoint at runner.max_steps whose final eval is recorded: nothing to do, one line naming
     runner.max_steps, exit 2, before any cluster and writing nothing. Without the final eval recorded (a run
     stopped right after its last step) the resume is allowed: it plays that eval."""
-    import pipelines.cluster
+    import pipelines.clusters
     from pipelines import run
     from pipelines.config import load_config
     from pipelines.runner.setup import RunState, resolve_resume
     from storage.checkpoints import save_checkpoint
     from tasks.evalstats import write_eval
-    monkeypatch.setattr(pipelines.cluster, "start_cluster", lambda cfg: pytest.fail("a cluster was started"))
+    monkeypatch.setattr(pipelines.clusters, "start_cluster", lambda cfg: pytest.fail("a cluster was started"))
     cfg, _ = load_config(["conf=smoke", f"run_root={tmp_path}", "runner.max_steps=3"])
     state = RunState(run_id="20260101-000000-beef", step=3, cursors=[None] * cfg.env.num_shards)
     run_dir = new_run_dir(tmp_path, "smoke", state.run_id)
@@ -186,7 +186,7 @@ def test_cluster_info_asks_the_scheduler_not_the_clients_cache():
     each refresh."""
     from distributed import Client, LocalCluster
 
-    from pipelines.cluster import cluster_info, wait_for_workers
+    from pipelines.clusters import cluster_info, wait_for_workers
     with LocalCluster(n_workers=2, processes=False, threads_per_worker=1, dashboard_address=":0") as lc, \
             Client(lc) as client:
         client.wait_for_workers(2)
@@ -209,7 +209,7 @@ def test_the_schedulers_worker_ttl_follows_the_watchs_bound(stall):
     above the watch's bound, so a slow worker is reported by the watch first and never dropped as lost before."""
     from dask.utils import parse_timedelta
 
-    from pipelines.cluster import scheduler_config
+    from pipelines.clusters import scheduler_config
     from pipelines.config import load_config
     cfg, _ = load_config(["conf=smoke", f"runner.stall_timeout_s={stall}"])
     ttl = parse_timedelta(scheduler_config(cfg)["distributed.scheduler.worker-ttl"])

@@ -12,11 +12,13 @@ from dask.utils import key_split
 
 import tasks.envs
 from pipelines import graphs
-from pipelines.cluster import Placement
+from pipelines.clusters import Placement
 from pipelines.runner import trajectory_fields
 from storage.trajectories import TrajectoryStore
-from tasks import resident, rollout, update
+from tasks import resident, rollout
+from tasks.actor import entries
 from tasks.config import Config
+from tasks.config import check_config
 
 RUN_A, RUN_B = "20260101-120000-a1b2", "20260101-120000-c3d4"
 PLACEMENT = Placement(shard_workers=["tcp://10.0.0.1:4001", "tcp://10.0.0.2:4002"],
@@ -38,7 +40,7 @@ def small_config(**rollout_kw) -> Config:
         setattr(cfg.rollout, k, v)
     cfg.policy.hidden_sizes = [16, 16]
     cfg.algorithm.num_minibatches, cfg.algorithm.update_epochs = 2, 2
-    return cfg.validate()
+    return check_config(cfg)
 
 
 def build(cfg, run_id=RUN_A, step=0, store_path="/nonexistent/trajectories.zarr"):
@@ -56,8 +58,8 @@ def test_building_a_step_graph_computes_nothing(monkeypatch):
             raise AssertionError(f"{name} ran while the graph was only being built")
         return fn
 
-    for mod, name in ((rollout, "env_step"), (rollout, "trajectory"), (update, "advantages"),
-                      (update, "actor_update"), (graphs, "step_metrics"), (graphs, "_store")):
+    for mod, name in ((rollout, "env_step"), (rollout, "trajectory"), (entries, "advantages"),
+                      (entries, "actor_update"), (graphs, "step_metrics"), (graphs, "_store")):
         monkeypatch.setattr(mod, name, record(name))
     sg = build(small_config())
     assert isinstance(sg.graph, HighLevelGraph)
@@ -188,7 +190,7 @@ def test_step_graph_runs_with_the_synchronous_scheduler(monkeypatch, tmp_path):
                                    T=cfg.rollout.chunk_steps, num_envs=cfg.env.num_envs,
                                    shard_size=cfg.env.shard_size)
     store.reserve(0)
-    weights = update.actor_init(cfg, RUN_A, (FakeEnv.obs_dim, FakeEnv.action_dim))
+    weights = entries.actor_init(cfg, RUN_A, (FakeEnv.obs_dim, FakeEnv.action_dim))
     assert weights["version"] == 0
     sg = graphs.build_train_step(cfg, run_id=RUN_A, step=0, weights=weights, cursors=[None, None],
                                  placement=PLACEMENT, store_path=str(store.path))
@@ -265,7 +267,7 @@ def test_eval_graph_films_the_first_episodes(monkeypatch, tmp_path):
     monkeypatch.setattr(tasks.envs, "make_single_env", lambda cfg, render_size=None: RenderFakeEnv(cfg, render_size))
     cfg = small_config()
     cfg.env.eval.num_envs, cfg.env.eval.num_episodes, cfg.runner.eval_videos, cfg.runner.eval_video_size = 2, 3, 2, 64
-    weights = update.actor_init(cfg, RUN_B, (FakeEnv.obs_dim, FakeEnv.action_dim))
+    weights = entries.actor_init(cfg, RUN_B, (FakeEnv.obs_dim, FakeEnv.action_dim))
     (tmp_path / "videos").mkdir()  # the driver makes it (the runner, pipelines.eval); the node never does
     graph, keys = graphs.build_eval(cfg, run_id=RUN_B, step=7, weights=weights, placement=PLACEMENT,
                                     video_dir=str(tmp_path / "videos"))
@@ -298,7 +300,7 @@ def _rollout_with(monkeypatch, inference: str) -> tuple[dict, list[str], dict]:
     resident.release("")
     monkeypatch.setattr(tasks.envs, "make_single_env", lambda cfg: FakeEnv(cfg))
     cfg = small_config(inference=inference)
-    weights = update.actor_init(cfg, RUN_A, (FakeEnv.obs_dim, FakeEnv.action_dim))
+    weights = entries.actor_init(cfg, RUN_A, (FakeEnv.obs_dim, FakeEnv.action_dim))
     sg = graphs.build_train_step(cfg, run_id=RUN_A, step=0, weights=weights, cursors=[None, None],
                                  placement=PLACEMENT, store_path=None, dims=(3, 2))
     torch.manual_seed(123)  # shards seed their own noise on creation; this fixes everything after
@@ -336,8 +338,8 @@ def test_action_level_rewards_train_through_the_step_graph(monkeypatch):
     cfg = small_config()
     cfg.policy.num_action_chunks = 2
     cfg.algorithm.reward_type, cfg.algorithm.logprob_type = "action_level", "action_level"
-    cfg.validate()
-    weights = update.actor_init(cfg, RUN_A, (FakeEnv.obs_dim, FakeEnv.action_dim))
+    check_config(cfg)
+    weights = entries.actor_init(cfg, RUN_A, (FakeEnv.obs_dim, FakeEnv.action_dim))
     sg = graphs.build_train_step(cfg, run_id=RUN_A, step=0, weights=weights, cursors=[None, None],
                                  placement=PLACEMENT, store_path=None)
     adv, upd = dask.get(sg.graph, [f"advantages_s0-{RUN_A}-0", sg.update])
@@ -352,7 +354,7 @@ def test_step_metrics_report_the_weight_sync_of_the_replica(monkeypatch):
     from tasks.weights import state_dict_nbytes
     monkeypatch.setattr(tasks.envs, "make_single_env", lambda cfg: FakeEnv(cfg))
     cfg = small_config()
-    weights = update.actor_init(cfg, RUN_A, (FakeEnv.obs_dim, FakeEnv.action_dim))
+    weights = entries.actor_init(cfg, RUN_A, (FakeEnv.obs_dim, FakeEnv.action_dim))
     nbytes = state_dict_nbytes(weights["state_dict"])
     # hidden [16, 16] MLP on obs 3 / action 2: actor + critic Linear layers and the log-std, float32
     n_params = (3 * 16 + 16 + 16 * 16 + 16 + 16 * 2 + 2) + (3 * 16 + 16 + 16 * 16 + 16 + 16 * 1 + 1) + 2
@@ -376,11 +378,11 @@ def test_offload_step_logs_the_actor_memory_around_the_move(monkeypatch):
     monkeypatch.setattr(tasks.envs, "make_single_env", lambda cfg: FakeEnv(cfg))
     cfg = small_config()
     cfg.algorithm.offload = True
-    cfg.validate()
-    weights = update.actor_init(cfg, RUN_A, (FakeEnv.obs_dim, FakeEnv.action_dim))
+    check_config(cfg)
+    weights = entries.actor_init(cfg, RUN_A, (FakeEnv.obs_dim, FakeEnv.action_dim))
     sg = graphs.build_train_step(cfg, run_id=RUN_A, step=0, weights=weights, cursors=[None, None],
                                  placement=PLACEMENT, store_path=None)
-    assert dict(sg.graph)[sg.update][0] is update.actor_update_offload
+    assert dict(sg.graph)[sg.update][0] is entries.actor_update_offload
     upd, met = dask.get(sg.graph, [sg.update, sg.metrics])
     m = upd["metrics"]
     actor = resident.get(f"{RUN_A}/actor")

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from storage.checkpoints import directory_fingerprint, index_export
+from storage.exports import directory_fingerprint, index_export
 from storage.trajectories import FieldSpec, TrajectoryStore, clear_cache, write_shard
 
 

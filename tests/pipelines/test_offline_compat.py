@@ -28,8 +28,8 @@ GRPO = "conf=pushcube_flow_grpo"
 @pytest.fixture(autouse=True)
 def _cpu_only_machine(monkeypatch):
     """The expectations here are those of a CPU-only machine (as tests/pipelines/test_config.py)."""
-    import pipelines.cluster
-    monkeypatch.setattr(pipelines.cluster, "_cuda_device_count", lambda: 0)
+    import pipelines.clusters.placement
+    monkeypatch.setattr(pipelines.clusters.placement, "_cuda_device_count", lambda: 0)
 
 
 def _refused(main, args, capsys) -> str:
@@ -43,11 +43,11 @@ def _refused(main, args, capsys) -> str:
 @pytest.fixture
 def no_cluster(monkeypatch):
     """A cluster start fails the test at once: the refusals below come before any worker starts."""
-    import pipelines.cluster
+    import pipelines.clusters
 
     def start_cluster(cfg):
         raise AssertionError("a cluster was started: the config passed the offline checks")
-    monkeypatch.setattr(pipelines.cluster, "start_cluster", start_cluster)
+    monkeypatch.setattr(pipelines.clusters, "start_cluster", start_cluster)
 
 
 def _accepted(main, args, capsys) -> None:
@@ -129,14 +129,14 @@ def test_a_libero_store_of_another_suite_is_refused(tmp_path, capsys):
 # ----- policy.model_path -----
 
 def _export(cfg, path: Path, *, obs_dim: int, action_dim: int) -> Path:
-    """A tiny policy of `cfg` written as a run's checkpoint export is (tasks.update.write_export, what
+    """A tiny policy of `cfg` written as a run's checkpoint export is (tasks.actor.export.write_export, what
     actor_export calls: save_pretrained, config.json `env`, dagrl_files.json)."""
     import torch
 
     from pipelines.graphs import export_env_meta
     from tasks.policies import make_policy
     from tasks.rollout import image_size, num_values
-    from tasks.update import write_export
+    from tasks.actor.export import write_export
     torch.manual_seed(0)
     pol = make_policy(cfg.policy, obs_dim=obs_dim, action_dim=action_dim, num_values=num_values(cfg),
                       image_size=image_size(cfg), load=False)
@@ -238,7 +238,7 @@ def test_a_critic_warm_start_on_another_reward_is_refused_not_the_bc_alone(recor
 @pytest.mark.parametrize("damage", ["flip a byte", "truncate", "delete"])
 def test_a_damaged_export_is_refused_offline_naming_the_file(sft_run, tmp_path, capsys, monkeypatch, no_cluster,
                                                              damage):
-    """An export's files are listed with size and sha256 in its dagrl_files.json (tasks.update.write_export). A
+    """An export's files are listed with size and sha256 in its dagrl_files.json (tasks.actor.export.write_export). A
     copy with one byte of its weights changed loaded silently (other weights, no error) and a truncated one failed
     on a worker after the run started; now validate, run and eval of the hf dir refuse it before writing anything,
     naming the file, and the intact export passes."""
@@ -271,7 +271,7 @@ def test_an_export_without_the_index_still_loads_and_the_index_covers_every_file
     import hashlib
 
     from pipelines import validate
-    from storage.checkpoints import EXPORT_INDEX
+    from storage.exports import EXPORT_INDEX
     src = sft_run / "checkpoints" / "global_step_3" / "hf"
     index = json.loads((src / EXPORT_INDEX).read_text())["files"]
     on_disk = {p.name for p in src.iterdir() if p.name != EXPORT_INDEX}
@@ -287,7 +287,7 @@ def test_an_export_without_the_index_still_loads_and_the_index_covers_every_file
 
 def test_an_unreadable_config_json_is_one_error_not_a_traceback(sft_run, tmp_path, capsys):
     from pipelines import validate
-    from storage.checkpoints import EXPORT_INDEX
+    from storage.exports import EXPORT_INDEX
     hf = tmp_path / "hf"
     shutil.copytree(sft_run / "checkpoints" / "global_step_3" / "hf", hf)
     (hf / EXPORT_INDEX).unlink()  # no index to catch it first

@@ -133,7 +133,7 @@ def test_profile_keys_are_checked(override, key):
 # ----- one embedded cluster -----
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from pipelines.cluster import start_cluster
+    from pipelines.clusters import start_cluster
     from pipelines.config import load_config
     cfg, _ = load_config([*TINY, f"run_root={tmp_path_factory.mktemp('cluster')}"])
     handle = start_cluster(cfg)

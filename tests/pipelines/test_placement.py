@@ -12,23 +12,26 @@ from pathlib import Path
 import pytest
 
 from pipelines import graphs
-from pipelines.cluster import (PlacementError, _worker_env, check_graph, check_placement, gpu_worker_specs,
-                               parse_component_placement, parse_devices, plan_placement)
-from tasks.config import Config, ConfigError
+from pipelines.clusters import (PlacementError, check_graph, check_placement, parse_component_placement, parse_devices,
+                                plan_placement)
+from pipelines.clusters.checks import check_local
+from pipelines.clusters.local import _worker_env, gpu_worker_specs
+from tasks.config import Config, ConfigError, check_config, family_class
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = "cluster.component_placement.actor"
 
 
-def config(placement: dict | None = None, *, num_shards: int = 2, **cluster) -> Config:
+def config(placement: dict | None = None, *, num_shards: int = 2, kind: str = "local", **cluster) -> Config:
     cfg = Config()
+    cfg.cluster = family_class("cluster", kind)()
     cfg.env.num_envs, cfg.env.num_shards = 8, num_shards
     cfg.rollout.chunk_steps, cfg.rollout.chunk_steps_per_node = 4, 2
     cfg.algorithm.num_minibatches = 2
     cfg.cluster.component_placement.update(placement or {})
     for k, v in cluster.items():
         setattr(cfg.cluster, k, v)
-    return cfg.validate()
+    return check_config(cfg)
 
 
 def info(n_env: int, n_gpu: int, *, host: str = "127.0.0.1", start: int = 40000, **extra) -> dict:
@@ -145,11 +148,11 @@ def test_four_gpus_on_a_one_gpu_cluster_is_rejected_offline():
     with pytest.raises(ConfigError, match="needs 4 GPUs, the cluster has 1"):
         gpu_worker_specs(cfg, 0)
     # a remote cluster of unknown size: syntax only, the numbers once connected
-    remote = config({"actor": "0-3"}, address="tcp://10.0.0.1:8786")
+    remote = config({"actor": "0-3"}, kind="address", address="tcp://10.0.0.1:8786")
     remote.algorithm.num_actor_ranks = 4  # (4 actor devices with one rank would leave 3 idle: refused, below)
     assert check_placement(remote, cuda_count=0) is None
     with pytest.raises(ConfigError, match="runs backwards"):
-        check_placement(config({"actor": "3-0"}, address="tcp://10.0.0.1:8786"), cuda_count=0)
+        check_placement(config({"actor": "3-0"}, kind="address", address="tcp://10.0.0.1:8786"), cuda_count=0)
 
 
 def test_four_gpus_on_a_one_gpu_cluster_is_rejected_by_plan_placement():
@@ -210,7 +213,7 @@ def test_num_minibatches_not_dividing_the_batch_names_the_numbers():
     cfg = Config()
     cfg.algorithm.num_minibatches = 7
     with pytest.raises(ConfigError) as err:
-        cfg.validate()
+        check_config(cfg)
     assert str(err.value) == ("algorithm.num_minibatches=7: must divide the batch of rollout.chunk_steps*env.num_envs="
                               "1600 samples")
 
@@ -314,8 +317,8 @@ def test_embedded_cluster_starts_one_gpu_worker_per_cuda_device():
     assert gpu_worker_specs(config(num_gpus=3), 0) == [("gpu-0", None), ("gpu-1", None), ("gpu-2", None)]
     with pytest.raises(PlacementError, match=r"^cluster\.num_gpus=8: this machine has 4 CUDA devices"):
         gpu_worker_specs(config(num_gpus=8), 4)
-    assert _worker_env(3, "none")["CUDA_VISIBLE_DEVICES"] == "3"
-    assert "CUDA_VISIBLE_DEVICES" not in _worker_env(None, "none")
+    assert _worker_env(3)["CUDA_VISIBLE_DEVICES"] == "3"
+    assert "CUDA_VISIBLE_DEVICES" not in _worker_env(None)
 
 
 # ----- the multi-rank actor (algorithm.num_actor_ranks > 1) -----
@@ -323,7 +326,7 @@ def test_embedded_cluster_starts_one_gpu_worker_per_cuda_device():
 def _ranks_config(placement: dict | None = None, ranks: int = 2, **cluster) -> Config:
     cfg = config(placement, **cluster)
     cfg.algorithm.num_actor_ranks = ranks
-    return cfg.validate()
+    return check_config(cfg)
 
 
 def test_more_actor_ranks_than_gpu_workers_is_rejected_offline_with_the_numbers():
@@ -350,7 +353,7 @@ def test_more_actor_ranks_than_gpu_workers_is_rejected_offline_with_the_numbers(
 
 
 def test_multi_rank_graphs_pin_one_rank_per_actor_worker():
-    from tasks.distributed import group_specs
+    from tasks.actor.distributed import group_specs
     cluster = info(2, 2)
     cfg = _ranks_config({"actor": "0-1"}, num_gpu_workers=2)
     p = plan_placement(cfg, cluster)
@@ -439,7 +442,7 @@ def test_colocated_rollout_placed_with_env_is_accepted(spec):
 def test_actor_worker_threads_and_wait_policy(monkeypatch):
     """The actor (GPU-resource) worker gets cluster.actor_threads torch threads, else the cores the env workers
     leave (at least 1); its idle OpenMP threads sleep (OMP_WAIT_POLICY=PASSIVE); env workers stay at 1 thread."""
-    from pipelines.cluster import cluster_specs
+    from pipelines.clusters.local import cluster_specs
     cfg = Config()
     for cores, want in ((2, 1), (8, 6), (1, 1)):
         monkeypatch.setattr(os, "cpu_count", lambda c=cores: c)
@@ -452,27 +455,29 @@ def test_actor_worker_threads_and_wait_policy(monkeypatch):
     assert {workers[g]["options"]["env"]["OMP_NUM_THREADS"] for g in ("gpu-0", "gpu-1")} == {"2"}
     cfg.cluster.actor_threads = 0
     with pytest.raises(ConfigError, match="cluster.actor_threads"):
-        cfg.cluster.check()
+        check_local(cfg)
 
 
+@pytest.mark.cluster
 def test_embedded_cluster_workers_keep_glibc_malloc_defaults(monkeypatch):
     """Dask's Nanny spawns workers with MALLOC_TRIM_THRESHOLD_=65536 (and leaves it in the driver's os.environ);
     that switches off glibc's dynamic mmap threshold, and the actor's update then faulted ~130k pages per update
     (benchmarks/update_gap.py --dask). The embedded cluster spawns every worker without it, also after a Nanny of
     another cluster left it in os.environ; a value the user exported before dagrl started is kept."""
-    import pipelines.cluster as pc
+    import pipelines.clusters as pc
+    import pipelines.clusters.local as local
     from pipelines.config import load_config
     cfg, _ = load_config(["conf=smoke", "cluster.num_env_workers=1"])
-    monkeypatch.setattr(pc, "_USER_MALLOC_TRIM", None)
-    monkeypatch.setenv(pc.MALLOC_TRIM, "65536")  # what an earlier Nanny in this process leaves behind
+    monkeypatch.setattr(local, "_USER_MALLOC_TRIM", None)
+    monkeypatch.setenv(local.MALLOC_TRIM, "65536")  # what an earlier Nanny in this process leaves behind
     handle = pc.start_cluster(cfg)
     try:
         seen = handle.client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_"))
         assert len(seen) == 2 and set(seen.values()) == {None}, seen
     finally:
         handle.close()
-    assert pc.MALLOC_TRIM not in os.environ
-    monkeypatch.setattr(pc, "_USER_MALLOC_TRIM", "1048576")  # the user's own setting: left to them
-    monkeypatch.setenv(pc.MALLOC_TRIM, "1048576")
-    pc.glibc_malloc_defaults()
-    assert os.environ[pc.MALLOC_TRIM] == "1048576"
+    assert local.MALLOC_TRIM not in os.environ
+    monkeypatch.setattr(local, "_USER_MALLOC_TRIM", "1048576")  # the user's own setting: left to them
+    monkeypatch.setenv(local.MALLOC_TRIM, "1048576")
+    local.glibc_malloc_defaults()
+    assert os.environ[local.MALLOC_TRIM] == "1048576"

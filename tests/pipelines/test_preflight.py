@@ -1,6 +1,6 @@
 """Pre-flight of where a run writes (issue 14, item 4): a bad `tracking.uri` or an unwritable `run_root` (and
 `pipelines.record`'s output directory) ends `pipelines.run` / `pipelines.record` with one line
-`error: KEY='VALUE': why; fix` and exit 2 BEFORE any cluster starts (`pipelines.cluster.start_cluster` is replaced by
+`error: KEY='VALUE': why; fix` and exit 2 BEFORE any cluster starts (`pipelines.clusters.start_cluster` is replaced by
 a function that fails the test) and before anything is written under `run_root`."""
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ from pipelines import record, run
 @pytest.fixture
 def no_cluster(monkeypatch):
     """Fail the test if anything starts a cluster (`pipelines.cli.with_cluster` imports `start_cluster` from
-    `pipelines.cluster` when it is called)."""
-    import pipelines.cluster
+    `pipelines.clusters` when it is called)."""
+    import pipelines.clusters
     started = []
 
     def refuse(cfg):
         started.append(cfg)
         raise AssertionError("a cluster was started")
-    monkeypatch.setattr(pipelines.cluster, "start_cluster", refuse)
+    monkeypatch.setattr(pipelines.clusters, "start_cluster", refuse)
     return started
 
 

@@ -32,12 +32,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipelines.cluster import start_cluster
+from pipelines.clusters import start_cluster
 from pipelines.config import load_config
 from pipelines.faults import FaultAt, restore_pause
 from pipelines.runner import Runner
 from pipelines.runner.recovery import Recovery, RunStalled
 from pipelines.runner.scheduler import Lost, Scheduler
+from pipelines.runner.watcher import Watcher
 from storage.checkpoints import checkpoint_step, latest_checkpoint, load_checkpoint, save_checkpoint
 from storage.trajectories import TrajectoryStore
 
@@ -176,7 +177,7 @@ def test_paused_env_worker_is_left_out(cluster, faults, tmp_path):
 def _main_on(cluster, monkeypatch, capsys, args: list[str], inject) -> tuple[int, list[str], str]:
     """`pipelines.run.main(args)` on the module's cluster, `inject(runner)` called once the Runner is built.
     Returns (exit code, stderr's lines, stdout)."""
-    import pipelines.cluster
+    import pipelines.clusters
     import pipelines.runner
     from pipelines import run
 
@@ -192,7 +193,7 @@ def _main_on(cluster, monkeypatch, capsys, args: list[str], inject) -> tuple[int
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
             inject(self)
-    monkeypatch.setattr(pipelines.cluster, "start_cluster", lambda cfg: Shared())
+    monkeypatch.setattr(pipelines.clusters, "start_cluster", lambda cfg: Shared())
     monkeypatch.setattr(pipelines.runner, "Runner", Injected)
     term = signal.getsignal(signal.SIGTERM)
     try:
@@ -280,20 +281,27 @@ class _FakeClient:
         return []
 
 
-class _Fake(Scheduler, Recovery):
-    """The Scheduler/Recovery mixins on a fake run: step 2 finished, a checkpoint of step 1 on disk; `checkpoint`
-    writes a real one (or raises `ckpt_error`); `_recover` only counts."""
+class _Fake:
+    """The Scheduler and its Recovery on a fake run: step 2 finished, a checkpoint of step 1 on disk; the recovery's
+    `checkpoint` writes a real one (or raises `ckpt_error`); its `recover` only counts."""
 
     def __init__(self, tmp_path, max_retries: int, ckpt_error: Exception | None = None, status="running"):
         self.cfg, _ = load_config([*BASE, f"run_root={tmp_path}", f"runner.max_retries={max_retries}"])
-        self.client, self.ranks, self.echo = _FakeClient(status), 1, print
+        client = _FakeClient(status)
         self.state = SimpleNamespace(step=2, run_id="run-x", elapsed_s=0.0)
-        self.placement = SimpleNamespace(actor_workers=["tcp://a:1"], shard_workers=["tcp://e:1", "tcp://e:2"],
-                                         rollout_workers=[], actor_worker="tcp://a:1")
-        self._names = {"tcp://a:1": "gpu-0", "tcp://e:1": "env-0", "tcp://e:2": "env-1"}
+        placement = SimpleNamespace(actor_workers=["tcp://a:1"], shard_workers=["tcp://e:1", "tcp://e:2"],
+                                    rollout_workers=[], actor_worker="tcp://a:1")
+        watch = Watcher(self.cfg, client, placement, placed_ids={})
+        watch._names.update({"tcp://a:1": "gpu-0", "tcp://e:1": "env-0", "tcp://e:2": "env-1"})
+        watch.drop = lambda futs: None
         self.run_dir = tmp_path / "run"
+        ctx = SimpleNamespace(run_dir=self.run_dir, store=None)
         self.old = save_checkpoint(self.run_dir, 1, {"run": {"runner": {"step": 1}}})
-        self.ckpt_error, self.recovered, self._ahead = ckpt_error, 0, []
+        self.ckpt_error, self.recovered = ckpt_error, 0
+        self.recovery = Recovery(self.cfg, self.state, watch=watch, ctx=ctx, checkpoint=self.checkpoint,
+                                 rollback=None)
+        self.recovery.recover = self._recover
+        self.sched = Scheduler(self.cfg, client, self.state, watch=watch, ctx=ctx, recovery=self.recovery)
 
     def checkpoint(self, elapsed):
         if self.ckpt_error is not None:
@@ -302,9 +310,6 @@ class _Fake(Scheduler, Recovery):
 
     def _recover(self, lost, step, busy=frozenset(), during=None):
         self.recovered += 1
-
-    def _drop(self, futs):
-        pass
 
 
 FAKE_CASES = [
@@ -331,7 +336,7 @@ def test_retry_exhaustion_line(tmp_path, case):
     _, retries, lost, what, error, expected = case
     fake = _Fake(tmp_path, retries, ckpt_error=error)
     with pytest.raises(RunStalled) as exc:
-        fake._retrying(lambda attempt: Lost(set(lost)), what)
+        fake.sched.retrying(lambda attempt: Lost(set(lost)), what)
     assert fake.recovered == retries
     new = latest_checkpoint(fake.run_dir)
     assert str(exc.value) == "training step " + expected.format(new=new, old=fake.old, rid="run-x")
@@ -349,7 +354,7 @@ def test_cluster_gone_during_a_wait_is_one_line(tmp_path):
     def once(attempt):
         raise FutureCancelledError("step_metrics-run-x-2", "scheduler-connection-lost")
     with pytest.raises(RunStalled) as exc:
-        fake._retrying(once, "training step")
+        fake.sched.retrying(once, "training step")
     msg = str(exc.value)
     assert msg.startswith("training step 3: the cluster is gone: the client's connection to the scheduler is "
                           "closed (the wait ended with FutureCancelledError: "), msg
@@ -359,16 +364,16 @@ def test_cluster_gone_during_a_wait_is_one_line(tmp_path):
     assert fake.recovered == 0
     # the scheduler still answering: the same error is the run's own, not a lost cluster (no line, re-raised)
     with pytest.raises(FutureCancelledError):
-        _Fake(tmp_path / "b", 3)._retrying(once, "training step")
+        _Fake(tmp_path / "b", 3).sched.retrying(once, "training step")
 
 
 def test_checkpoint_graph_failing_is_one_line(tmp_path):
     """A task of the checkpoint graph raises (disk full): no retry, one line naming what failed and the latest
     checkpoint on disk (the new one is what failed)."""
     fake = _Fake(tmp_path, 3)
-    fake._await = lambda futs, keep: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+    fake.sched._await = lambda futs, keep: (_ for _ in ()).throw(OSError(28, "No space left on device"))
     with pytest.raises(RunStalled) as exc:
-        fake._compute(lambda attempt: ({}, ["checkpoint-run-x-2"]), "checkpoint")
+        fake.sched.compute(lambda attempt: ({}, ["checkpoint-run-x-2"]), "checkpoint")
     assert str(exc.value) == (
         f"training step 2: checkpoint: writing the checkpoint of step 2 under {fake.run_dir} failed (OSError: "
         f"[Errno 28] No space left on device); no checkpoint written (writing it is what failed); the latest is "
@@ -379,15 +384,15 @@ def test_checkpoint_graph_failing_is_one_line(tmp_path):
 @pytest.mark.parametrize("what", ["checkpoint", "evaluation", "validation"])
 def test_checkpoint_of_an_actor_gone_from_its_worker_is_not_called_a_disk_problem(tmp_path, what):
     """The checkpoint graph's actor_state, or an eval's eval_weights (algorithm.ema_decay: the average lives in the
-    actor), raising tasks.update.ActorMissing (the actor's worker process was restarted, e.g. killed by a signal
+    actor), raising tasks.actor.actor.ActorMissing (the actor's worker process was restarted, e.g. killed by a signal
     from outside): one line saying the actor is gone, not 'check that run_root is writable' (what the checkpoint's
     said before) nor a traceback (the eval's)."""
-    from tasks.update import ActorMissing
+    from tasks.actor.actor import ActorMissing
     fake = _Fake(tmp_path, 3)
-    fake._await = lambda futs, keep: (_ for _ in ()).throw(ActorMissing("no resident actor for run run-x on this "
+    fake.sched._await = lambda futs, keep: (_ for _ in ()).throw(ActorMissing("no resident actor for run run-x on this "
                                                                         "worker"))
     with pytest.raises(RunStalled) as exc:
-        fake._compute(lambda attempt: ({}, [f"{what}-run-x-2"]), what)
+        fake.sched.compute(lambda attempt: ({}, [f"{what}-run-x-2"]), what)
     msg = str(exc.value)
     assert msg.startswith(f"training step 2: {what}: the actor of step 2 is gone from its worker (the worker "
                           "process was restarted: no resident actor for run run-x on this worker); no checkpoint "
@@ -421,7 +426,7 @@ def test_placed_worker_ids_are_not_taken_from_a_starved_answer(monkeypatch):
     """The ids the watch compares with are recorded from an answer that lists every placed worker: one
     scheduler_info() reply that lists none (a starved machine) is looked past; recorded, it made every placed
     worker look restarted at the next check (a spurious loss of all workers and a rollback)."""
-    from pipelines.runner import recovery
+    from pipelines.runner import watcher as recovery
 
     full = {"tcp://a": {"id": "A", "name": "env-0"}, "tcp://b": {"id": "B", "name": "env-1"},
             "tcp://g": {"id": "G", "name": "gpu-0"}}
@@ -442,7 +447,7 @@ def test_a_lost_rollout_worker_counts_as_lost(monkeypatch):
     """Disaggregated inference on its own GPU worker (`placement.rollout_workers`, not the actor's): the
     `policy_infer` nodes are pinned to it, so its loss must end the wait like an env or actor worker's (before,
     only env and actor workers were compared with the recorded ids: the step waited on a dead worker for ever)."""
-    from pipelines.runner import recovery
+    from pipelines.runner import watcher as recovery
 
     full = {"tcp://a": {"id": "A", "name": "env-0"}, "tcp://g": {"id": "G", "name": "gpu-0"},
             "tcp://r": {"id": "R", "name": "gpu-1"}}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.cluster import start_cluster
+from pipelines.clusters import start_cluster
 from pipelines.config import load_config
 from pipelines.faults import FaultAt
 from pipelines.runner import Runner

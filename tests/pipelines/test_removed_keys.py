@@ -1,10 +1,14 @@
 """`algorithm.adv_type` was removed (algorithm.name selects the advantage estimator): a user who still sets it gets
-the fix (tests/pipelines/test_config.py's table), while what older runs saved still loads: their config.yaml (the
-teacher config of pipelines.record) and, on resume, their MLflow params (pipelines.runner `run_params`)."""
+an unknown key (tests/pipelines/test_config.py's table); a run's saved config.yaml that has it is of an older
+format, refused in one line naming the file and `python -m pipelines.upgrade RUN_DIR`, which drops it once (when
+it said what algorithm.name selects); on resume, MLflow params logged with it are not compared
+(pipelines.runner `run_params`)."""
 import pytest
 from omegaconf import OmegaConf
 
-from pipelines.config import to_config, to_dict, to_yaml
+from pipelines.config import load_saved_config, to_yaml
+from pipelines.upgrade import main as upgrade_main
+from storage.rundir import write_resolved_config
 from tasks.config import Config, ConfigError
 
 
@@ -16,28 +20,35 @@ def _saved_before(tmp_path, name: str, adv_type: str):
         cfg.algorithm.group_size, cfg.env.auto_reset = 2, False
     d = OmegaConf.to_container(OmegaConf.create(to_yaml(cfg)))
     d["algorithm"]["adv_type"] = adv_type
-    path = tmp_path / "config.yaml"
-    path.write_text(OmegaConf.to_yaml(OmegaConf.create(d)))
-    return path
+    write_resolved_config(tmp_path, OmegaConf.to_yaml(OmegaConf.create(d)))
+    return tmp_path / "config.yaml"
 
 
 @pytest.mark.parametrize("name, adv_type", [("ppo", "gae"), ("grpo", "grpo"), ("sft", "gae")])
-def test_a_saved_config_with_the_adv_type_it_implied_loads(tmp_path, name, adv_type):
-    cfg = to_config(OmegaConf.load(_saved_before(tmp_path, name, adv_type)), saved=True, validate=False)
+def test_a_saved_config_with_adv_type_is_refused_then_loads_once_upgraded(tmp_path, name, adv_type):
+    path = _saved_before(tmp_path, name, adv_type)
+    with pytest.raises(ConfigError) as exc:
+        load_saved_config(path, validate=False)
+    msg = str(exc.value)
+    assert "\n" not in msg and str(path) in msg and f"`python -m pipelines.upgrade {tmp_path}`" in msg
+    assert upgrade_main([str(tmp_path)]) == 0
+    cfg = load_saved_config(path, validate=False)
     assert cfg.algorithm.name == name and not hasattr(cfg.algorithm, "adv_type")
 
 
-def test_a_saved_config_contradicting_its_name_and_a_composed_one_are_refused(tmp_path):
-    with pytest.raises(ConfigError, match=r"algorithm.adv_type='grpo': the saved config's algorithm.name=ppo uses gae"):
-        to_config(OmegaConf.load(_saved_before(tmp_path, "ppo", "grpo")), saved=True, validate=False)
-    with pytest.raises(ConfigError, match=r"algorithm.adv_type='gae': was removed: algorithm.name selects"):
-        to_config(OmegaConf.load(_saved_before(tmp_path, "ppo", "gae")), validate=False)  # not a saved config
+def test_a_saved_config_contradicting_its_name_is_not_upgraded(tmp_path, capsys):
+    path = _saved_before(tmp_path, "ppo", "grpo")
+    before = path.read_text()
+    assert upgrade_main([str(tmp_path)]) == 2
+    assert "algorithm.adv_type='grpo' but algorithm.name=ppo uses gae" in capsys.readouterr().err
+    assert path.read_text() == before
 
 
 def test_resume_of_a_run_whose_params_have_adv_type(tmp_path):
     """MLflow params of a run logged before the removal hold algorithm.adv_type; the resumed config has no such key,
     so it is not compared (the run resumes), while a key that shapes training still must match."""
     from mlflow.tracking import MlflowClient
+    from pipelines.config import to_dict
     from pipelines.runner import run_params
     from storage.tracking import flatten_config
 

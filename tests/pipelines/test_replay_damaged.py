@@ -46,7 +46,7 @@ def no_simulator(monkeypatch):
         return StubEnv()
 
     monkeypatch.setattr(tasks.envs, "make_single_env", make)
-    monkeypatch.setattr(replay, "_import_maniskill_quietly", lambda cfg: None)
+    monkeypatch.setattr(replay, "_prepare_env", lambda cfg: None)
     return made
 
 

@@ -26,7 +26,7 @@ import math
 import pytest
 import torch
 
-from pipelines.cluster import start_cluster
+from pipelines.clusters import start_cluster
 from pipelines.config import load_config
 from pipelines.runner import Runner
 
@@ -289,8 +289,8 @@ def test_sigint_checkpoints_the_step_and_resume_latest_continues_that_run(tmp_pa
 
 def test_rollback_redoes_the_steps_after_the_checkpoint_in_one_timeline(tmp_path):
     """Issue 9 item 4 with a rollback: after step 3 (of 3) the run rolls back to its step-2 checkpoint exactly as
-    pipelines.recovery does for a lost actor (Runner._rollback, shards released, actor re-initialised from the
-    checkpoint), so step 3 is redone. The active MLflow run then has one value per step per key, the redone step
+    pipelines.runner.recovery does for a lost actor (shards released, Runner.rollback_to: the records rolled back,
+    the actor re-initialised from the checkpoint), so step 3 is redone. The active MLflow run then has one value per step per key, the redone step
     equals the first attempt (same checkpoint, same cursors: the replay is exact), the superseded run is
     soft-deleted, and the store shows step 2 once, from its second attempt."""
     from mlflow.entities import ViewType
@@ -312,9 +312,8 @@ def test_rollback_redoes_the_steps_after_the_checkpoint_in_one_timeline(tmp_path
             if rn.state.step == 3 and not done:
                 done.append(True)
                 ckpt = latest_checkpoint(rn.run_dir)
-                rn._rollback(ckpt)
                 rn.client.run(resident.release, f"{rn.state.run_id}/shard/", on_error="ignore")
-                rn.weights, _ = rn._init_actor({"path": str(ckpt)}, tag="r3")
+                rn.rollback_to(ckpt, tag="r3")  # the records, then the actor, back to the checkpoint
         r.after_step = rollback_once
         res = r.run()
         assert done and res.steps == 3 and r.tracker.run_id != first_run

@@ -22,11 +22,11 @@ from tasks.config import ConfigError
 @pytest.fixture
 def no_cluster(monkeypatch):
     """Fail the test if anything starts a cluster."""
-    import pipelines.cluster
+    import pipelines.clusters
 
     def refuse(cfg):
         raise AssertionError("a cluster was started")
-    monkeypatch.setattr(pipelines.cluster, "start_cluster", refuse)
+    monkeypatch.setattr(pipelines.clusters, "start_cluster", refuse)
 
 
 def _checkpointed_run(root, num_shards: int, mlflow_run_id: str | None = None) -> str:

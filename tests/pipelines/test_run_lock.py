@@ -33,11 +33,11 @@ def _a_run_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def no_cluster(monkeypatch):
     """Fail the test if anything starts a cluster."""
-    import pipelines.cluster
+    import pipelines.clusters
 
     def refuse(cfg):
         raise AssertionError("a cluster was started")
-    monkeypatch.setattr(pipelines.cluster, "start_cluster", refuse)
+    monkeypatch.setattr(pipelines.clusters, "start_cluster", refuse)
 
 
 def _err(capsys, main, argv) -> tuple[int, list[str]]:

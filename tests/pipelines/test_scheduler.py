@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 from pipelines import graphs
-from pipelines.cluster import Placement
+from pipelines.clusters import Placement
 from pipelines.runner import trajectory_fields
 from storage.trajectories import TrajectoryStore
 from tasks.config import Config
+from tasks.config import check_config
 
 PLACEMENT = Placement(shard_workers=["tcp://10.0.0.1:4001", "tcp://10.0.0.2:4002"],
                       actor_worker="tcp://10.0.0.3:4003")
@@ -22,7 +23,7 @@ def _cfg() -> Config:
     cfg.rollout.chunk_steps, cfg.rollout.chunk_steps_per_node = 6, 2
     cfg.policy.hidden_sizes = [16, 16]
     cfg.algorithm.num_minibatches, cfg.algorithm.update_epochs = 2, 2
-    return cfg.validate()
+    return check_config(cfg)
 
 
 def test_store_nodes_carry_the_reserved_attempt():
@@ -65,15 +66,15 @@ def test_env_steps_per_s_counts_an_overlapped_step_from_the_previous_steps_end(m
     clock = {"t": 100.0}
     monkeypatch.setattr(sch.time, "perf_counter", lambda: clock["t"])
     cfg = Config()
-    fake = types.SimpleNamespace(state=types.SimpleNamespace(step=0, env_steps=0, cursors=None), ranks=1,
-                                 store=None, cfg=cfg, _env_steps_per_step=lambda: 1600,
-                                 _account_perf=lambda *a, **k: None)
+    sched = sch.Scheduler(cfg, None, types.SimpleNamespace(step=0, env_steps=0, cursors=None), watch=None,
+                          ctx=types.SimpleNamespace(store=None), recovery=None)  # no perf: no perf event
+    sched._env_steps_per_step = lambda: 1600
 
     def finish(t0: float, end: float) -> dict:
         clock["t"] = end
         out = {"metrics": {"train/weight_version": 1.0, "time/rollout_total_max": 0.4, "time/update": 0.3},
                "cursors": None}
-        return sch.Scheduler._finish_step(fake, 1, None, out, [], 0, t0)
+        return sched._finish_step(1, None, out, [], 0, t0)
 
     m = finish(t0=100.0, end=101.0)  # the first step: its own wall time
     assert m["time/step"] == 1.0 and m["rollout/env_steps_per_s"] == 1600.0

@@ -13,8 +13,8 @@ from tasks.config import ConfigError, config_value
 
 @pytest.fixture(autouse=True)
 def _cpu_only_machine(monkeypatch):
-    import pipelines.cluster
-    monkeypatch.setattr(pipelines.cluster, "_cuda_device_count", lambda: 0)
+    import pipelines.clusters.placement
+    monkeypatch.setattr(pipelines.clusters.placement, "_cuda_device_count", lambda: 0)
 
 
 # string keys: the value held is the text after `=`, whatever Hydra's grammar would make of it

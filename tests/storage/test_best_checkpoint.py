@@ -109,7 +109,8 @@ def test_sync_best_after_rollback_and_resume(tmp_path):
     assert os.readlink(tmp_path / "checkpoints" / BEST_LINK) == "global_step_8"
 
 
-# ----- the runner's use of it (no cluster: the methods on a stand-in object) -----
+# ----- the runner's use of it (no cluster): the eval decisions are pure functions of eval records
+# (tasks.evalstats), the one timeline on disk is the run context's -----
 
 class _FakeClient:
     def __init__(self):
@@ -119,14 +120,23 @@ class _FakeClient:
         self.tags[(run_id, key)] = value
 
 
-def _stand_in(run_dir, step, best_step=-1, best=-1.0, val=False):
+def _context(run_dir, step, best_step=-1, best=-1.0, val=False):
+    """A RunContext of a run at `step` in `run_dir` (its best eval `best` at `best_step`; a validation split when
+    `val`), nothing opened."""
     from types import SimpleNamespace
 
+    from pipelines.runner.context import RunContext
     from pipelines.runner.setup import RunState
-    said = []
-    tracker = SimpleNamespace(run_id="mlf1", client=_FakeClient())
     st = RunState(run_id="r1", step=step, best_eval_step=best_step, best_eval_success_once=best)
-    return SimpleNamespace(run_dir=run_dir, state=st, echo=said.append, tracker=tracker, _has_val=val), said
+    cfg = SimpleNamespace(run_root=str(run_dir), env=SimpleNamespace(eval=SimpleNamespace(val_episodes=int(val))))
+    ctx = RunContext(cfg, st)
+    ctx.run_dir = run_dir
+    return ctx
+
+
+def _best_unmarked(ctx) -> bool:
+    from tasks.evalstats import best_unmarked
+    return best_unmarked(ctx.state.best(ctx.has_val), ctx.state.step, read_best(ctx.run_dir))
 
 
 def _outcomes(successes, base=1_000_000):
@@ -136,21 +146,28 @@ def _outcomes(successes, base=1_000_000):
 
 
 def test_runner_regression_warning_and_tag(tmp_path):
-    from pipelines.runner import Runner
+    from types import SimpleNamespace
+
+    from pipelines.runner.evals import Evaluator
+    from pipelines.runner.setup import RunState
+    from tasks.evalstats import gain_metrics
     first = _outcomes([1] * 30 + [0] * 18)
-    fake, said = _stand_in(tmp_path, 8)
-    m = {}
-    c = Runner._gain(fake, m, _outcomes([1] * 27 + [0] * 21), first, 0)  # -3 of 48: noise
-    assert not c.significant_drop and fake.tracker.client.tags == {}
+    said = []
+    tracker = SimpleNamespace(run_id="mlf1", client=_FakeClient())
+    st = RunState(run_id="r1", step=8)
+    evaluator = Evaluator(None, st, ctx=SimpleNamespace(run_dir=tmp_path, tracker=tracker), sched=None, perf=None,
+                          echo=said.append)
+    m, c = gain_metrics(_outcomes([1] * 27 + [0] * 21), first)  # -3 of 48: noise
+    assert not c.significant_drop and tracker.client.tags == {}
     assert m["eval/gain_success_once"] == pytest.approx(-3 / 48)
     assert m["eval/gain_success_once_ci_low"] < m["eval/gain_success_once"] < 0 < m["eval/gain_success_once_ci_high"]
-    fake.state.step = 12
-    c = Runner._gain(fake, m, _outcomes([1] * 12 + [0] * 36), first, 0)
+    st.step = 12
+    m, c = gain_metrics(_outcomes([1] * 12 + [0] * 36), first)
     assert c.significant_drop and m["eval/gain_success_once_ci_high"] < 0
-    Runner._warn_regression(fake, c, 0)
+    evaluator._warn_regression(c, 0)
     assert len(said) == 1 and "step 12" in said[0] and "vs step 0" in said[0]
-    assert fake.tracker.client.tags == {("mlf1", "dagrl.regression"): "step 12"}
-    Runner._warn_regression(fake, c, "run 20261201-1 step 30")  # against the start checkpoint's eval
+    assert tracker.client.tags == {("mlf1", "dagrl.regression"): "step 12"}
+    evaluator._warn_regression(c, "run 20261201-1 step 30")  # against the start checkpoint's eval
     assert "vs the start checkpoint's eval (run 20261201-1 step 30)" in said[1]
 
 
@@ -165,67 +182,62 @@ def _sft_run(root, step, outcomes, eval_seed=1_000_000):
 
 
 def test_runner_baseline_is_step0_else_the_start_checkpoints_eval_else_the_first(tmp_path):
-    """pick_baseline via Runner._baseline: the rule of the eval gains (and of benchmarks/recipe.py's table)."""
-    from types import SimpleNamespace
-
-    from pipelines.runner import Runner
-    from tasks.evalstats import write_eval
+    """tasks.evalstats.baseline (pick_baseline's rule with the start checkpoint's eval, start_checkpoint_eval): the
+    rule of the eval gains (and of benchmarks/recipe.py's table)."""
+    from tasks.evalstats import baseline, start_checkpoint_eval, write_eval
     sft = _outcomes([1] * 20 + [0] * 28)
     hf = _sft_run(tmp_path, 30, sft)
     now = _outcomes([1] * 30 + [0] * 18)
 
-    def fake(model_path, step):
-        f, _ = _stand_in(tmp_path / "rl", step)
-        f.cfg = SimpleNamespace(policy=SimpleNamespace(model_path=str(model_path)))
-        return f
+    def base(model_path, step, run_evals):  # what the runner's eval at `step` pairs with (policy.model_path)
+        return baseline(run_evals, start_checkpoint_eval(str(model_path)), step)
 
     rec = lambda o, seed=1_000_000: {"eval_seed": seed, "episodes": o}  # noqa: E731
     # val_at_start=false: the first eval (step 6) pairs with the SFT run's eval of the checkpoint it started from
-    before, label = Runner._baseline(fake(hf, 6), {6: rec(now)})
+    before, label = base(hf, 6, {6: rec(now)})
     assert before == sft and label == "run 20261201-0000-sft1 step 30"
     # the best link resolves to the same checkpoint
     (hf.parent.parent / "best").symlink_to("global_step_30")
-    assert Runner._baseline(fake(hf.parent.parent / "best" / "hf", 6), {6: rec(now)})[1] == label
+    assert base(hf.parent.parent / "best" / "hf", 6, {6: rec(now)})[1] == label
     # a step-0 eval of the run itself comes first; the step-0 eval is nobody's gain
     zero = _outcomes([1] * 25 + [0] * 23)
-    assert Runner._baseline(fake(hf, 6), {0: rec(zero), 6: rec(now)}) == (zero, 0)
-    assert Runner._baseline(fake(hf, 0), {0: rec(zero)}) is None
+    assert base(hf, 6, {0: rec(zero), 6: rec(now)}) == (zero, 0)
+    assert base(hf, 0, {0: rec(zero)}) is None
     # other episodes (or another eval seed) than the SFT eval's: not paired; the run's first eval from its second on
     other = _outcomes([1] * 30 + [0] * 18, base=2_000_000)
-    assert Runner._baseline(fake(hf, 6), {6: rec(other, 2_000_000)}) is None
-    assert Runner._baseline(fake(hf, 12), {6: rec(other, 2_000_000), 12: rec(other, 2_000_000)}) == (other, 6)
-    assert Runner._baseline(fake(hf, 6), {6: rec(now, 7)}) is None  # same seeds, another eval_seed: refused
+    assert base(hf, 6, {6: rec(other, 2_000_000)}) is None
+    assert base(hf, 12, {6: rec(other, 2_000_000), 12: rec(other, 2_000_000)}) == (other, 6)
+    assert base(hf, 6, {6: rec(now, 7)}) is None  # same seeds, another eval_seed: refused
     # the same episodes in another eval layout (eval envs / shards): the ODE's noise draws differ: not the same eval
     lay = lambda o, n: {**rec(o), "eval_layout": {"num_envs": 2, "num_shards": n}}  # noqa: E731
-    assert Runner._baseline(fake(hf, 6), {6: lay(now, 2)}) is None  # the SFT record has no layout (before 12-04)
+    assert base(hf, 6, {6: lay(now, 2)}) is None  # the SFT record has no layout (before 12-04)
     write_eval(hf.parent.parent.parent, 30, sft, {"run_id": "sft1", "eval_seed": 1_000_000,
                                                   "eval_layout": {"num_envs": 2, "num_shards": 1}})
-    assert Runner._baseline(fake(hf, 6), {6: lay(now, 2)}) is None
-    assert Runner._baseline(fake(hf, 6), {6: lay(now, 1)}) == (sft, label)
+    assert base(hf, 6, {6: lay(now, 2)}) is None
+    assert base(hf, 6, {6: lay(now, 1)}) == (sft, label)
     # no model_path, or one that is not a run's checkpoint
-    assert Runner._baseline(fake(None, 6), {6: rec(now)}) is None
-    assert Runner._baseline(fake(tmp_path / "exported_hf", 6), {6: rec(now)}) is None
+    assert base(None, 6, {6: rec(now)}) is None
+    assert base(tmp_path / "exported_hf", 6, {6: rec(now)}) is None
 
 
 def test_runner_best_unmarked_and_one_timeline(tmp_path):
-    from pipelines.runner import Runner
     from tasks.evalstats import read_evals, write_eval
     for s in (0, 4, 8):
         _save(tmp_path, s)
         write_eval(tmp_path, s, _outcomes([1, 0]))
-    fake, _ = _stand_in(tmp_path, 8, best_step=8, best=0.5)
-    assert Runner._best_unmarked(fake)  # a new best at this step, not marked yet
+    ctx = _context(tmp_path, 8, best_step=8, best=0.5)
+    assert _best_unmarked(ctx)  # a new best at this step, not marked yet
     mark_best(tmp_path, 8, 0.5)
-    assert not Runner._best_unmarked(fake)
-    fake.state.step = 9
-    assert not Runner._best_unmarked(fake)  # the best is at another step
+    assert not _best_unmarked(ctx)
+    ctx.state.step = 9
+    assert not _best_unmarked(ctx)  # the best is at another step
     # a rollback / resume to step 4 whose state's best is step 0: the evals after 4 and the best at 8 go
-    fake.state.step, fake.state.best_eval_step, fake.state.best_eval_success_once = 4, 0, 0.5
-    Runner._one_timeline_on_disk(fake)
+    ctx.state.step, ctx.state.best_eval_step, ctx.state.best_eval_success_once = 4, 0, 0.5
+    ctx.one_timeline_on_disk()
     assert list(read_evals(tmp_path)) == [0, 4] and read_best(tmp_path)["step"] == 0
     # a restored state without a best (rolled back to a fresh start): no pointer
-    fake.state.step, fake.state.best_eval_step = 0, -1
-    Runner._one_timeline_on_disk(fake)
+    ctx.state.step, ctx.state.best_eval_step = 0, -1
+    ctx.one_timeline_on_disk()
     assert list(read_evals(tmp_path)) == [0] and read_best(tmp_path) is None
 
 
@@ -233,33 +245,31 @@ def test_runner_with_a_validation_split_marks_the_validation_best(tmp_path):
     """env.eval.val_episodes > 0: `checkpoints/best` follows the validation split's best (RunState.best), not the
     eval's; a rollback / resume to step k drops both splits' records after k and re-points at the state's
     validation best."""
-    from pipelines.runner import Runner
     from tasks.evalstats import read_evals, write_eval
     for s in (0, 4, 8):
         _save(tmp_path, s)
         write_eval(tmp_path, s, _outcomes([1, 0]))
         write_eval(tmp_path, s, _outcomes([1, 1], base=2_000_000), split="val")
     # the eval's best is step 8 (0.9), the validation's step 4 (0.7): only the validation's marks best
-    fake, _ = _stand_in(tmp_path, 8, best_step=8, best=0.9, val=True)
-    fake.state.best_val_step, fake.state.best_val_success_once = 4, 0.7
-    assert not Runner._best_unmarked(fake)  # the eval's new best at this step is not the checkpoint's choice
-    fake.state.step = 4
-    assert Runner._best_unmarked(fake)
-    fake.state.step = 8
-    fake.cfg = None  # _one_timeline_on_disk reads the split through _has_val only
-    Runner._one_timeline_on_disk(fake)  # a resume at 8: nothing dropped, best -> the validation's step 4
+    ctx = _context(tmp_path, 8, best_step=8, best=0.9, val=True)
+    ctx.state.best_val_step, ctx.state.best_val_success_once = 4, 0.7
+    assert not _best_unmarked(ctx)  # the eval's new best at this step is not the checkpoint's choice
+    ctx.state.step = 4
+    assert _best_unmarked(ctx)
+    ctx.state.step = 8
+    ctx.one_timeline_on_disk()  # a resume at 8: nothing dropped, best -> the validation's step 4
     rec = read_best(tmp_path)
     assert (rec["step"], rec["value"], rec["metric"]) == (4, 0.7, "val/success_once")
     assert list(read_evals(tmp_path)) == list(read_evals(tmp_path, "val")) == [0, 4, 8]
     # a rollback to step 0 whose state's validation best is step 0: records after 0 go in both splits
-    fake.state.step, fake.state.best_val_step, fake.state.best_val_success_once = 0, 0, 0.5
-    Runner._one_timeline_on_disk(fake)
+    ctx.state.step, ctx.state.best_val_step, ctx.state.best_val_success_once = 0, 0, 0.5
+    ctx.one_timeline_on_disk()
     assert list(read_evals(tmp_path)) == list(read_evals(tmp_path, "val")) == [0]
     assert read_best(tmp_path)["step"] == 0
     # without a validation split the pointer follows the state's eval best
-    fake._has_val = False
-    fake.state.best_eval_step, fake.state.best_eval_success_once = 0, 0.5
-    Runner._one_timeline_on_disk(fake)
+    ctx.cfg.env.eval.val_episodes = 0
+    ctx.state.best_eval_step, ctx.state.best_eval_success_once = 0, 0.5
+    ctx.one_timeline_on_disk()
     rec = read_best(tmp_path)
     assert (rec["step"], rec["value"], rec["metric"]) == (0, 0.5, "eval/success_once")
 

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from storage.checkpoints import (
+    FORMAT,
+    OldFormat,
     check_loadable,
     checkpoint_step,
-    rng_state,
-    set_rng_state,
+    checkpoint_damage,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -18,6 +19,7 @@ from storage.checkpoints import (
     save_checkpoint,
 )
 from storage.rundir import find_run_dir, new_run_dir, write_resolved_config
+from tasks.actor.state import rng_state
 
 
 def _trained_state(seed=0):
@@ -239,7 +241,7 @@ def test_a_value_that_cannot_be_loaded_back_is_refused_when_saved(tmp_path, valu
 
 
 def _runner_like_states():
-    """Every kind of state the runner saves (tasks.update.actor_state + graphs._save_checkpoint + Runner.checkpoint
+    """Every kind of state the runner saves (tasks.actor.entries.actor_state + graphs._save_checkpoint + Runner.checkpoint
     meta): policy and optimizer state dicts (Adam: step tensors, param_groups with tuples/None/bools, a second
     group, a parameter that has received no gradient yet), RNG states via rng_state(), the runner meta with cursors
     (plain lists of ints/floats/bools incl. a per-shard RNG), best eval -1.0, None mlflow id."""
@@ -252,8 +254,7 @@ def _runner_like_states():
     cursor = {"episode_count": [1, 2], "seed": [10, 11], "active": [True, False], "actions": [[[0.25, -1.0]], []],
               "return": [0.5, 0.0], "parts": [{"started": True, "chunk_steps": 3,
                                                "rng": torch.get_rng_state().tolist()}]}
-    return {"policy": model.state_dict(), "optimizer": opt.state_dict(), "rng_torch": torch.get_rng_state(),
-            "rng": rng_state(),
+    return {"policy": model.state_dict(), "optimizer": opt.state_dict(), "rng": rng_state(),
             "run": {"runner": {"run_id": "r", "mlflow_run_id": None, "step": 2, "env_steps": 64,
                                "cursors": [cursor, None], "elapsed_s": 1.5, "best_eval_success_once": -1.0,
                                "best_eval_step": -1, "actor_generation": 0},
@@ -271,15 +272,21 @@ def test_round_trip_of_every_kind_of_state_the_runner_saves(tmp_path):
         load_checkpoint(latest_checkpoint(tmp_path), keys=("nope",))
 
 
-def test_rng_state_restores_torch_numpy_and_python_draws(tmp_path):
-    torch.manual_seed(3), np.random.seed(4), random.seed(5)
-    torch.rand(3), np.random.randn(3), np.random.normal(), random.random()  # has_gauss set by normal()
-    saved = load_checkpoint(save_checkpoint(tmp_path, 1, {"rng": rng_state()}))["rng"]
-    first = (torch.rand(4), np.random.randn(4), random.random())
-    torch.manual_seed(99), np.random.seed(99), random.seed(99)
-    set_rng_state(saved)
-    again = (torch.rand(4), np.random.randn(4), random.random())
-    assert torch.equal(first[0], again[0]) and np.array_equal(first[1], again[1]) and first[2] == again[2]
+def test_an_older_format_is_listed_but_refused_with_the_upgrade_command(tmp_path):
+    """A checkpoint whose index has no format (written before FORMAT) is still a complete checkpoint (a resume finds
+    it), but verifying or loading it is one line naming its index and `python -m pipelines.upgrade <run dir>`."""
+    path = save_checkpoint(tmp_path, 1, {"policy": {"w": torch.ones(2)}, "run": {"step": 1}})
+    assert json.loads((path / "index.json").read_text())["format"] == FORMAT
+    index = json.loads((path / "index.json").read_text())
+    del index["format"]
+    (path / "index.json").write_text(json.dumps(index))
+    assert latest_checkpoint(tmp_path) == path
+    fix = f"`python -m pipelines.upgrade {tmp_path}`"
+    for read in (lambda: load_checkpoint(path), lambda: load_checkpoint(path, keys=("run",))):
+        with pytest.raises(OldFormat) as exc:
+            read()
+        assert str(path / "index.json") in str(exc.value) and fix in str(exc.value) and "\n" not in str(exc.value)
+    assert fix in checkpoint_damage(path)
 
 
 def test_write_text_atomic_leaves_the_old_file_or_the_new_one(tmp_path, monkeypatch):

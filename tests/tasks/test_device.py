@@ -87,10 +87,11 @@ def test_replica_acts_on_cuda_in_bf16_and_offloads():
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("dtype, tol", [("float32", 1e-4), ("bfloat16", 5e-2)])
 def test_actor_update_on_cuda_matches_the_cpu_update(dtype, tol):
-    """One PPO update (tasks.update.actor_update) of the same batch with the same permutation on the CPU and with
+    """One PPO update (tasks.actor.entries.actor_update) of the same batch with the same permutation on the CPU and with
     policy.device=cuda: float32 equal up to kernel summation order (1e-4), bf16 autocast within 5e-2; the weights
     handed out are CPU tensors either way."""
-    from tasks import resident, update
+    from tasks import resident
+    from tasks.actor import entries
     from tests.tasks.test_distributed import _cfg, _initial_weights, _shard
     outs = {}
     for device in ("cpu", "cuda"):
@@ -99,7 +100,7 @@ def test_actor_update_on_cuda_matches_the_cpu_update(dtype, tol):
         w0 = _initial_weights(cfg)
         with torch.random.fork_rng():
             torch.manual_seed(7)
-            outs[device] = update.actor_update(cfg, f"gpu-upd-{device}", w0, _shard(0), _shard(1))
+            outs[device] = entries.actor_update(cfg, f"gpu-upd-{device}", w0, _shard(0), _shard(1))
         resident.release(f"gpu-upd-{device}")
     for k, v in outs["cuda"]["state_dict"].items():
         assert v.device.type == "cpu"

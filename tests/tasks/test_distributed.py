@@ -1,9 +1,9 @@
-"""tasks.distributed: batch-size checks, and 2 CPU ranks (gloo, FSDP2) against the single-process update.
+"""tasks.actor.distributed: batch-size checks, and 2 CPU ranks (gloo, FSDP2) against the single-process update.
 
 One spawn of 2 rank processes (module fixture, ~10-20 s on the shared 2-core machine) runs 4 updates on the same
 batch: calls 1-3 in generation 0 (one process group, reused), then generation 1 on a new port rebuilt from the
 full policy + optimizer state (`actor_state_rank`), as after a lost rank. The reference is
-`tasks.update.actor_update` (one process, no torch.distributed: the same loop, `tasks.update.run_update`, as a world
+`tasks.actor.entries.actor_update` (one process, no torch.distributed: the same loop, `tasks.actor.loop.run_update`, as a world
 of one), which draws the same permutations (`permutation_seed(cfg, version)`). Tolerance: parameters atol = rtol = 1e-5 (the split changes only the float summation order:
 2 ranks x 2 micro-batches of 4 samples vs one minibatch of 16); linear metrics rtol 1e-4, atol 1e-6.
 """
@@ -17,7 +17,9 @@ import torch
 
 from tasks import resident
 from tasks.config import Config, ConfigError
-from tasks.distributed import RankState, _join, batch_plan, check_batch_sizes, free_port, permutation_seed
+from tasks.actor.distributed import RankState, _join, free_port
+from tasks.actor.loop import permutation_seed
+from tasks.config import batch_plan, check_batch_sizes
 
 T, B, C, D, O = 4, 4, 2, 3, 5  # two shards of [T, B] -> N = 32 samples
 CALLS = 4  # 1-3: generation 0; 4: generation 1 (rebuilt from the saved state on a new port)
@@ -61,7 +63,7 @@ def _rank_main(rank: int, world: int, ports: list[int], out_dir: str) -> None:
     torch.set_num_threads(1)
     import torch.distributed as dist
 
-    from tasks.distributed import actor_state_rank, actor_update_rank, group_inits, group_specs
+    from tasks.actor.distributed import actor_state_rank, actor_update_rank, group_inits, group_specs
     cfg, samples = _cfg(), [_shard(0), _shard(1)]
     weights = _initial_weights(cfg)
     res = {"inits": [], "metrics": [], "state_dicts": [], "local_numel": None}
@@ -112,14 +114,14 @@ def two_ranks(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference():
-    """tasks.update.actor_update CALLS times on the same batch, same permutations."""
-    from tasks import update
+    """tasks.actor.entries.actor_update CALLS times on the same batch, same permutations."""
+    from tasks.actor import entries
     cfg, samples = _cfg(), [_shard(0), _shard(1)]
     weights, outs = _initial_weights(cfg), []
     with torch.random.fork_rng():
         for _ in range(CALLS):
             torch.manual_seed(permutation_seed(cfg, weights["version"]))  # no effect: the update seeds its own draws
-            weights = update.actor_update(cfg, "ref-dist", weights, *samples)
+            weights = entries.actor_update(cfg, "ref-dist", weights, *samples)
             outs.append(weights)
     resident.release("ref-dist/")
     return outs

@@ -1,9 +1,9 @@
-"""2 CPU ranks (gloo, FSDP2) run the one update loop of tasks.update: critic warm-up, the skip of a non-finite
+"""2 CPU ranks (gloo, FSDP2) run the one update loop of tasks.actor.loop: critic warm-up, the skip of a non-finite
 step on every rank, and the optimizer state moving 1 rank -> 2 ranks -> 1 rank with parameters that have no Adam
 state yet (the actor during warm-up).
 
 One spawn of 2 rank processes (~15-25 s on the shared 2-core machine). The reference is the one-rank
-`tasks.update.actor_update` on the same batch (same permutations: `permutation_seed`). Tolerance as in
+`tasks.actor.entries.actor_update` on the same batch (same permutations: `permutation_seed`). Tolerance as in
 test_distributed.py: parameters atol = rtol = 1e-5 (2 ranks x 2 micro-batches change only the summation order).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 from tasks import resident
 from tasks.config import Config
-from tasks.distributed import free_port
+from tasks.actor.distributed import free_port
 
 T, B, C, D, O = 4, 4, 2, 3, 5  # two shards of [T, B] -> N = 32 samples
 
@@ -61,8 +61,8 @@ def _local_state(st) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
 
 def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
-    import tasks.update as update
-    from tasks.distributed import actor_state_rank, actor_update_rank, group_specs
+    from tasks.actor import loop
+    from tasks.actor.distributed import actor_state_rank, actor_update_rank, group_specs
     cfg, samples = _cfg(), [_shard(0), _shard(1)]
     s1 = torch.load(os.path.join(out_dir, "s1.pt"), weights_only=False)  # a ONE-rank checkpoint, in warm-up
     spec = group_specs(world, "127.0.0.1", port, 0, timeout_s=120)[rank]
@@ -81,12 +81,12 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
     st = resident.get("run/actor_group")
     before = _local_state(st)
     if rank == 1:
-        plain = update.minibatch_loss
+        plain = loop.minibatch_loss
 
         def poisoned(*args, **kwargs):
             terms = plain(*args, **kwargs)
             return {**terms, "critic_loss": terms["critic_loss"] * float("nan")}
-        update.minibatch_loss = poisoned
+        loop.minibatch_loss = poisoned
     out = actor_update_rank(cfg, "run", spec, weights, *samples)
     after = _local_state(st)
     res["nan_metrics"] = out["metrics"]
@@ -99,18 +99,18 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def reference():
     """One rank: update v0 (warm-up) -> checkpoint S1 -> v1 (warm-up) -> v2; the states along the way."""
-    from tasks import update
+    from tasks.actor import entries, state
     cfg, samples = _cfg(ranks=False), [_shard(0), _shard(1)]
     w = _initial_weights(cfg)
     outs, s1 = [], None
     for v in range(3):
-        w = update.actor_update(cfg, "ref-integrity", w, *samples)
+        w = entries.actor_update(cfg, "ref-integrity", w, *samples)
         outs.append(w)
         actor = resident.get("ref-integrity/actor")
         if v == 0:
-            s1 = {"policy": w["state_dict"], "optimizer": copy.deepcopy(update.optimizer_state(actor.policy,
+            s1 = {"policy": w["state_dict"], "optimizer": copy.deepcopy(state.optimizer_state(actor.policy,
                                                                                                actor.optimizer))}
-    final_opt = copy.deepcopy(update.optimizer_state(actor.policy, actor.optimizer))
+    final_opt = copy.deepcopy(state.optimizer_state(actor.policy, actor.optimizer))
     resident.release("ref-integrity/")
     return {"outs": outs, "s1": s1, "optimizer": final_opt}
 
@@ -161,7 +161,7 @@ def test_warmup_on_two_ranks_trains_only_the_critic_as_one_rank(two_ranks, refer
 def test_one_rank_checkpoint_resumes_on_two_ranks_and_back(two_ranks, reference):
     """After warm-up the actor's first Adam steps must start at step 0, as in the one-rank run (with a zero-step
     state made up on load, Adam's bias correction would shrink them visibly)."""
-    from tasks import update
+    from tasks.actor import entries, state
     (r0, _r1) = two_ranks
     ref = reference["outs"][2]["state_dict"]
     for k, v in r0["state_dict1"].items():
@@ -174,11 +174,11 @@ def test_one_rank_checkpoint_resumes_on_two_ranks_and_back(two_ranks, reference)
         torch.testing.assert_close(s["exp_avg_sq"], ref_opt["state"][n]["exp_avg_sq"], atol=1e-6, rtol=1e-4)
     # ... and loads back on one rank exactly
     cfg = _cfg(ranks=False)
-    update.actor_init(cfg, "back", (O, D), checkpoint={"policy": r0["state_dict1"], "optimizer": opt,
-                                                        "run": {"weight_version": 3}})
+    entries.actor_init(cfg, "back", (O, D), checkpoint={"policy": r0["state_dict1"], "optimizer": opt,
+                                                        "rng": state.rng_state(), "run": {"weight_version": 3}})
     actor = resident.get("back/actor")
     try:
-        again = update.optimizer_state(actor.policy, actor.optimizer)
+        again = state.optimizer_state(actor.policy, actor.optimizer)
         assert again["param_groups"] == opt["param_groups"] and set(again["state"]) == set(opt["state"])
         for n, s in opt["state"].items():
             for k, v in s.items():

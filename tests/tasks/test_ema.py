@@ -1,4 +1,4 @@
-"""algorithm.ema_decay: the actor's exponential moving average of its weights (tasks.update.ema_step), what evals,
+"""algorithm.ema_decay: the actor's exponential moving average of its weights (tasks.actor.actor.ema_step), what evals,
 checkpoints and exports use, and that training itself is unchanged by it."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from storage.checkpoints import load_checkpoint, played_policy_key, save_checkpoint
-from tasks.update import Actor, actor_export, actor_eval_weights, ema_start, ema_step
+from tasks.actor.actor import Actor, ema_start, ema_step
+from tasks.actor.entries import actor_export, actor_eval_weights
 
 
 def _cfg(decay: float):
@@ -73,7 +74,7 @@ def test_decay_zero_keeps_no_average():
 
 
 def test_eval_weights_without_the_actor_name_the_loss():
-    from tasks.update import ActorMissing
+    from tasks.actor.actor import ActorMissing
     with pytest.raises(ActorMissing):
         actor_eval_weights("no-such-run-ema", {"version": 0})
 
@@ -90,10 +91,10 @@ def test_played_policy_key(tmp_path):
 def test_the_export_of_a_vla_is_its_average(tmp_path):
     """actor_export writes the averaged weights (what the evals scored); the actor's own weights stay."""
     from tasks import resident
-    from tasks.config import PolicyConfig
+    from tasks.policies.flow_vla.configuration import FlowVLAConfig
     from tasks.policies.flow_vla.model import FlowVLAPolicy
     torch.manual_seed(0)
-    policy = FlowVLAPolicy(PolicyConfig(name="flow_vla", preset="tiny", num_action_chunks=2, num_denoise_steps=2,
+    policy = FlowVLAPolicy(FlowVLAConfig(name="flow_vla", preset="tiny", num_action_chunks=2, num_denoise_steps=2,
                                         max_prompt_len=8), 5, 3, 1, image_size=None)
     actor = Actor(policy, torch.optim.SGD(policy.parameters(), lr=0.1))
     ema_start(_cfg(0.9), actor)
@@ -136,8 +137,9 @@ def test_asynchronous_steps_refuse_an_average():
 
 def test_many_ranks_refuse_an_average():
     from tasks.config import AlgorithmConfig, ConfigError
+    from tasks.config.checks import check_algorithm
     with pytest.raises(ConfigError) as err:
-        AlgorithmConfig(ema_decay=0.9, num_actor_ranks=2).check()
+        check_algorithm(AlgorithmConfig(ema_decay=0.9, num_actor_ranks=2))
     assert "algorithm.num_actor_ranks=1" in str(err.value)
 
 
@@ -187,7 +189,7 @@ def test_a_checkpoint_restores_the_average_and_an_old_one_starts_it():
     checkpoint without one (written with ema_decay 0) the average starts at the checkpoint's weights."""
     from pipelines.config import load_config
     from tasks import resident
-    from tasks.update import actor_init, actor_state
+    from tasks.actor.entries import actor_init, actor_state
     cfg = load_config(["conf=smoke", "algorithm.ema_decay=0.5"], components=False)[0]
     dims = (7, 3)
     try:

@@ -280,3 +280,65 @@ def test_a_non_finite_eval_value_is_never_the_best():
     for bad in (math.nan, math.inf, -math.inf):
         assert not improves(bad, -1.0) and not improves(bad, 0.5)
         assert improves(0.0, bad)
+
+
+# ----- the eval decisions as pure functions of eval records (the runner's and pipelines.eval's) -----
+def _finished(spec, base=1_000_000):
+    """Finished-episode dicts from (success_once, success_at_end, return, episode_len) tuples, seeds base + i."""
+    return [{"seed": base + i, "success_once": so, "success_at_end": se, "return": r, "episode_len": n}
+            for i, (so, se, r, n) in enumerate(spec)]
+
+
+def test_split_metrics_are_the_means_and_wilson_intervals_of_the_episodes():
+    from tasks.evalstats import split_metrics
+    eps = _finished([(True, False, 2.0, 10), (True, True, 4.0, 20), (False, False, 0.0, 30), (True, True, 6.0, 40)])
+    m, outcomes = split_metrics(eps, "val")
+    # 3 of 4 succeed once, 2 of 4 at the end; returns 2, 4, 0, 6 -> 3; lengths 10..40 -> 25
+    assert (m["val/success_once"], m["val/success_at_end"], m["val/return"], m["val/episode_len"]) == (0.75, 0.5, 3, 25)
+    assert (m["val/success_once_ci_low"], m["val/success_once_ci_high"]) == wilson_interval(3, 4)
+    assert (m["val/success_at_end_ci_low"], m["val/success_at_end_ci_high"]) == wilson_interval(2, 4)
+    assert m["val/num_episodes"] == 4.0 and list(outcomes) == [str(1_000_000 + i) for i in range(4)]
+    assert outcomes == episode_outcomes(eps)
+    with pytest.raises(ValueError, match="occurs twice"):
+        split_metrics(eps + eps[:1])
+
+
+def test_check_fixed_episodes_names_the_missing_and_unexpected_seeds():
+    from tasks.evalstats import check_fixed_episodes
+    outcomes = {str(100 + i): {} for i in range(4)}
+    check_fixed_episodes(outcomes, 100, 4, what="eval at step 2", key="env.eval.seed")  # exactly seeds 100..103
+    with pytest.raises(RuntimeError) as exc:
+        check_fixed_episodes({**outcomes, "107": {}}, 101, 4, what="eval at step 2", key="env.eval.seed")
+    assert str(exc.value) == ("eval at step 2: expected the 4 episodes with seeds env.eval.seed + i = 101..104; "
+                              "missing ['104'], unexpected ['100', '107']")
+
+
+def test_gain_metrics_are_the_paired_difference_and_its_interval():
+    from tasks.evalstats import gain_metrics
+    before = episode_outcomes(_finished([(True, True, 0.0, 1)] * 5 + [(False, False, 0.0, 1)] * 5))
+    now = episode_outcomes(_finished([(True, True, 0.0, 1)] * 8 + [(False, False, 0.0, 1)] * 2))
+    m, c = gain_metrics(now, before)
+    # pairs: 5 both succeed, 3 only now, 0 only before, 2 neither: +3 of 10
+    assert c.diff == pytest.approx(0.3) and (c.diff, c.low, c.high) == paired_diff_interval_counts(5, 3, 0, 2)
+    assert m == {"eval/gain_success_once": c.diff, "eval/gain_success_once_ci_low": c.low,
+                 "eval/gain_success_once_ci_high": c.high}
+
+
+def test_best_after_keeps_the_first_step_of_the_highest_finite_value():
+    from tasks.evalstats import best_after
+    best = (-1.0, -1)
+    for step, value in enumerate([0.25, 0.5, 0.5, math.nan, 0.25, math.inf, 0.75]):
+        best = best_after(value, best, step)
+        assert best == {0: (0.25, 0), 1: (0.5, 1), 2: (0.5, 1), 3: (0.5, 1), 4: (0.5, 1), 5: (0.5, 1),
+                        6: (0.75, 6)}[step]
+
+
+def test_best_unmarked_only_at_the_best_step_and_until_marked():
+    from tasks.evalstats import best_unmarked
+    best = (8, 0.5, "eval/success_once")
+    assert best_unmarked(best, 8, None)  # a new best at this step, nothing marked
+    assert not best_unmarked(best, 9, None)  # the best is at another step
+    assert not best_unmarked(best, 8, {"step": 8, "value": 0.5, "metric": "eval/success_once"})  # marked already
+    assert best_unmarked(best, 8, {"step": 4, "value": 0.4, "metric": "eval/success_once"})  # an older best marked
+    assert best_unmarked(best, 8, {"step": 8, "value": 0.5, "metric": "val/success_once"})  # marked by another split
+    assert not best_unmarked((-1, -1.0, "eval/success_once"), 0, None)  # no eval yet: nothing to mark

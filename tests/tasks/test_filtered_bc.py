@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from tasks import resident
-from tasks.config import Config, ConfigError, PolicyConfig
-from tasks.update import _flatten, actor_init, actor_update, advantages, minibatch_loss, prepare_update
+from tasks.config import Config, ConfigError, family_class
+from tasks.actor.entries import actor_init, actor_update, advantages
+from tasks.actor.loop import flatten, minibatch_loss, prepare_update
 
 T, B, C, D, O = 3, 4, 2, 2, 3  # 4 envs in 2 GRPO groups of 2, chunks of 2 actions
 
@@ -50,7 +51,7 @@ def run_id():
 
 def test_loss_is_the_nll_of_the_executed_actions_of_the_above_group_mean_envs(run_id):
     cfg = _cfg()
-    data = _flatten([advantages(cfg, _traj())])  # [T*B] samples, sample i = (t, b) = divmod(i, B)
+    data = flatten([advantages(cfg, _traj())])  # [T*B] samples, sample i = (t, b) = divmod(i, B)
     prep = prepare_update(cfg, data)
     kept_envs = {0, 3}  # 3 > 2 (group 0) and 2 > 1 (group 1)
     env = torch.arange(T * B) % B
@@ -85,7 +86,7 @@ def test_loss_is_the_nll_of_the_executed_actions_of_the_above_group_mean_envs(ru
 def test_update_raises_the_likelihood_of_the_kept_actions_only(run_id):
     cfg = _cfg()
     samples = [advantages(cfg, _traj())]
-    data = _flatten(samples)
+    data = flatten(samples)
     prep = prepare_update(cfg, data)
     w = actor_init(cfg, run_id, (O, D))
     policy = resident.get(f"{run_id}/actor").policy
@@ -122,7 +123,7 @@ def test_update_raises_the_likelihood_of_the_kept_actions_only(run_id):
 @pytest.mark.parametrize("family", ["flow_vla", "token_vla"])
 def test_masked_sft_loss_ignores_masked_actions_and_equals_the_plain_loss_when_all_set(family):
     torch.manual_seed(0)
-    cfg = PolicyConfig(name=family, num_action_chunks=2, max_prompt_len=8)
+    cfg = family_class("policy", family)(num_action_chunks=2, max_prompt_len=8)
     from tasks.policies import make_policy
     pol = make_policy(cfg, obs_dim=3, action_dim=2, num_values=1)
     N = 6
@@ -147,24 +148,25 @@ def test_masked_sft_loss_ignores_masked_actions_and_equals_the_plain_loss_when_a
 
 
 def test_config_refuses_unknown_actor_loss_and_deterministic_rollouts_under_ppo():
+    from tasks.config.checks import check_across, check_algorithm
     cfg = Config()
     cfg.algorithm.actor_loss = "awr"
     with pytest.raises(ConfigError, match="algorithm.actor_loss"):
-        cfg.algorithm.check()
+        check_algorithm(cfg.algorithm)
     cfg = Config()
     cfg.rollout.deterministic = True
     with pytest.raises(ConfigError, match=r"rollout.deterministic.*actor_loss=filtered_bc"):
-        cfg.check_across()
+        check_across(cfg)
     cfg.algorithm.actor_loss = "filtered_bc"
-    cfg.algorithm.check()
-    cfg.check_across()
+    check_algorithm(cfg.algorithm)
+    check_across(cfg)
 
 
 def test_with_a_critic_the_loss_adds_the_value_loss_as_ppo_does(run_id):
     """GAE advantages (a critic): the filter keeps advantage > 0 after the batch normalisation, and the loss is
     BC + value_coef * the critic loss that ppo's minibatch_loss computes on the same samples."""
     cfg = _cfg(name="ppo", group_size=1)
-    data = _flatten([advantages(cfg, _traj())])
+    data = flatten([advantages(cfg, _traj())])
     prep = prepare_update(cfg, data)
     assert torch.equal(prep["bc_mask"], prep["step_mask"] & (prep["adv"].reshape(T * B, -1)[:, :1] > 0))
     actor_init(cfg, run_id, (O, D))

@@ -1,12 +1,12 @@
-"""algorithm.lr_scale: per-module learning rates and frozen modules (tasks.update.make_optimizer)."""
+"""algorithm.lr_scale: per-module learning rates and frozen modules (tasks.actor.optim.make_optimizer)."""
 import pytest
 import torch
 
 from pipelines.config import load_config
 from tasks.config import ConfigError
-from tasks.optim_state import load_optimizer_state, optimizer_state
+from tasks.actor.state import load_optimizer_state, optimizer_state
 from tasks.policies import make_policy
-from tasks.update import make_optimizer, param_lr
+from tasks.actor.optim import make_optimizer, param_lr
 
 
 def _policy_and_cfg(overrides):
@@ -70,7 +70,7 @@ def test_unknown_prefix_and_negative_factor_are_refused():
 
 
 def test_lr_anneal_steps_decays_every_group_linearly_by_weight_version_and_survives_a_state_round_trip():
-    from tasks.update import lr_factor, set_annealed_lr
+    from tasks.actor.optim import lr_factor, set_annealed_lr
     policy, cfg = _policy_and_cfg(["algorithm.lr=0.01", "algorithm.lr_anneal_steps=4",
                                    "+algorithm.lr_scale={critic:0.1}"])
     opt = make_optimizer(cfg, policy)

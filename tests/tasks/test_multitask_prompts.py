@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from pipelines.config import load_config
-from tasks import resident, rollout, update
+from tasks import prompts, resident, rollout
+from tasks.actor import entries, loop
 from tasks.envs.shard import EnvShard
 
 RUN = "multitask-test"
@@ -55,7 +56,7 @@ def fake_sim(monkeypatch):
                         episode_count=episode_count, seed_fn=seed_fn, group_size=group_size)
     monkeypatch.setattr(rollout, "make_shard", make_shard)
     monkeypatch.setattr(rollout, "instructions", lambda cfg: TABLE)
-    monkeypatch.setattr(update, "instructions", lambda cfg: TABLE)
+    monkeypatch.setattr(loop, "instructions", lambda cfg: TABLE)
     resident.release("")
     yield
     resident.release("")
@@ -66,27 +67,27 @@ def test_update_recomputes_the_rollouts_logprobs_with_per_env_prompts(fake_sim):
     cfg = load_config(["conf=pushcube_flow_grpo", "policy.model_path=null", "env.num_envs=4", "env.num_shards=1",
                        "env.image_size=16", "algorithm.group_size=2", "rollout.chunk_steps=2",
                        "rollout.chunk_steps_per_node=2"], components=False)[0]
-    weights = update.actor_init(cfg, RUN, (8, 7))
+    weights = entries.actor_init(cfg, RUN, (8, 7))
     seg = rollout.env_step(cfg, RUN, 0, weights, 2, None, True, None, True)
     traj = rollout.trajectory(seg)
     # groups of 2 share seeds 0 and 1: envs 0, 1 on task 0, envs 2, 3 on task 1, at both chunk steps
     assert traj["task_id"].tolist() == [[0, 0, 1, 1]] * 2 and traj["task_id"].dtype == np.int64
     assert traj["trial_id"].tolist() == [[0, 0, 0, 0]] * 2
-    data = update._flatten([{k: traj[k] for k in traj if k in update.SAMPLE_FIELDS or k.startswith("extras/")}])
+    data = loop.flatten([{k: traj[k] for k in traj if k in loop.SAMPLE_FIELDS or k.startswith("extras/")}])
     policy = resident.get(f"{RUN}/policy").module
     idx = torch.arange(len(data["obs"]))
 
     def recomputed(prompts_data):
         with torch.no_grad():
-            obs = update.batch_obs(policy, prompts_data, idx, TABLE)
-            return policy.evaluate(obs, data["actions"], update.batch_extras(data, idx))["logprobs"]
+            obs = loop.batch_obs(policy, prompts_data, idx, TABLE)
+            return policy.evaluate(obs, data["actions"], loop.batch_extras(data, idx))["logprobs"]
 
     torch.testing.assert_close(recomputed(data), data["logprobs"], rtol=0, atol=1e-5)
     # the prompts matter: the same samples all prompted with task 0's instruction give other log-probs
     wrong = {**data, "task_id": torch.zeros_like(data["task_id"])}
     assert (recomputed(wrong) - data["logprobs"]).abs().max() > 1e-3
     # and the batch's prompt rows are the table's rows at each sample's task
-    tok = rollout.prompt_tokens(policy, TABLE, data["task_id"])
+    tok = prompts.prompt_tokens(policy, TABLE, data["task_id"])
     for i, t in enumerate(data["task_id"].tolist()):
         assert torch.equal(tok[i], policy.tokenize([TABLE[t]])[0])
 
@@ -97,5 +98,5 @@ def test_prompt_tokens_refuses_a_task_outside_the_table():
                       components=False)[0]
     pol = make_policy(cfg.policy, obs_dim=8, action_dim=7, num_values=1, image_size=16, load=False)
     with pytest.raises(IndexError, match="outside the instruction table of 2"):
-        rollout.prompt_tokens(pol, TABLE, np.array([0, 2]))
-    assert rollout.prompt_tokens(pol, "one task", None, 3).shape[0] == 3  # a single string: every sample
+        prompts.prompt_tokens(pol, TABLE, np.array([0, 2]))
+    assert prompts.prompt_tokens(pol, "one task", None, 3).shape[0] == 3  # a single string: every sample

@@ -92,7 +92,7 @@ def test_worker_without_the_plugin_keeps_the_process_local_registry():
 
 
 def _release_without_worker_argument(prefix: str) -> int:
-    """As tasks.distributed.release_group: calls resident.release without `dask_worker` (through Client.run)."""
+    """As tasks.actor.distributed.release_group: calls resident.release without `dask_worker` (through Client.run)."""
     return resident.release(prefix)
 
 

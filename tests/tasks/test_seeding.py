@@ -115,18 +115,18 @@ def test_env_shard_default_rule_and_ids():
 
 
 def test_update_wrappers_take_the_config_seed():
-    from tasks import update
+    from tasks.actor import loop
     from tasks.config import Config
     cfg = Config()
     cfg.seed = 11
-    assert update.permutation_seed(cfg, 4) == 11 * 1_000_003 + 4
-    assert update.update_seed(cfg, 4, 1) == 11 * 1_000_033 + 4 * 8_191 + 2 * 131_071
+    assert loop.permutation_seed(cfg, 4) == 11 * 1_000_003 + 4
+    assert loop.update_seed(cfg, 4, 1) == 11 * 1_000_033 + 4 * 8_191 + 2 * 131_071
     torch.manual_seed(0)
     before = torch.get_rng_state()
-    with update.update_rng(cfg, 4, 1):
+    with loop.update_rng(cfg, 4, 1):
         drawn = torch.rand(2)
     assert torch.equal(torch.get_rng_state(), before)
-    torch.manual_seed(update.update_seed(cfg, 4, 1))
+    torch.manual_seed(loop.update_seed(cfg, 4, 1))
     assert torch.equal(drawn, torch.rand(2))
 
 

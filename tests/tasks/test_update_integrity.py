@@ -1,4 +1,4 @@
-"""The update's integrity on one rank (tasks.update): non-finite rollout values are an error or masked and counted
+"""The update's integrity on one rank (tasks.actor): non-finite rollout values are an error or masked and counted
 (algorithm.nonfinite), a step with a non-finite loss or gradient is never applied (PPO and SFT), critic warm-up
 trains the critic only, every random draw is a function of (seed, version, rank), and the optimizer state (with
 parameters that have no state yet) survives a save/load exactly. All on the CPU MLP, seconds in all."""
@@ -12,9 +12,12 @@ import pytest
 import torch
 
 from tasks import resident
+from tasks.actor.entries import actor_init, actor_update, advantages
+from tasks.actor.loop import flatten, prepare_update
+from tasks.actor.nonfinite import NonFiniteError
+from tasks.actor.state import load_optimizer_state, optimizer_state, rng_state
 from tasks.config import Config
-from tasks.update import (NonFiniteError, _flatten, actor_init, actor_update, advantages, load_optimizer_state,
-                          optimizer_state, prepare_update)
+from tasks.config import check_config
 
 T, B, C, D, O = 4, 2, 1, 2, 3  # the issue's [4, 2] rollout
 NAN = float("nan")
@@ -76,7 +79,7 @@ def test_mask_mode_drops_exactly_the_dependent_samples_and_counts_them(field, in
     for k in ("obs", "actions", "logprobs", "values", "advantages", "returns"):  # nothing non-finite goes on
         assert np.isfinite(out[k]).all(), k
     # the issue's example: the normalised advantages are finite for all 8 samples, normalised over the kept ones
-    prep = prepare_update(cfg, _flatten([out]))
+    prep = prepare_update(cfg, flatten([out]))
     adv = prep["adv"].reshape(T, B)
     assert torch.isfinite(adv).all()
     kept = adv[torch.from_numpy(keep)]
@@ -215,7 +218,10 @@ def test_update_draws_depend_on_seed_and_version_only(run_id):
 @pytest.mark.parametrize("legacy", [False, True])
 def test_optimizer_state_round_trip_keeps_stateless_params_stateless(run_id, legacy):
     """Resume in warm-up: the actor's parameters have no Adam state when saved; after loading they must have
-    none either, so the first actor step after warm-up is the uninterrupted run's (bit for bit)."""
+    none either, so the first actor step after warm-up is the uninterrupted run's (bit for bit). `legacy`: the
+    older, integer-keyed format (one process's `optimizer.state_dict()`) is refused on load and resumes the same
+    once `pipelines.upgrade` has keyed it by name."""
+    from pipelines.upgrade import _optimizer_names, fqn_optimizer
     cfg = _cfg(critic_warmup_steps=1)
     w0 = actor_init(cfg, run_id, (O, D))
     samples = [advantages(cfg, _traj())]
@@ -223,8 +229,13 @@ def test_optimizer_state_round_trip_keeps_stateless_params_stateless(run_id, leg
     actor = resident.get(f"{run_id}/actor")
     saved = optimizer_state(actor.policy, actor.optimizer)
     assert set(saved["state"]) == {n for n, _ in actor.policy.named_parameters() if n.startswith("critic.")}
-    ckpt = {"policy": w1["state_dict"], "run": {"weight_version": 1},
-            "optimizer": copy.deepcopy(actor.optimizer.state_dict() if legacy else saved)}
+    opt = copy.deepcopy(saved)
+    if legacy:
+        old = copy.deepcopy(actor.optimizer.state_dict())
+        with pytest.raises(ValueError, match=r"not keyed by parameter name .*python -m pipelines.upgrade"):
+            load_optimizer_state(actor.policy, actor.optimizer, old)
+        opt = fqn_optimizer(old, _optimizer_names(cfg, w1["state_dict"]), w1["state_dict"], "test")
+    ckpt = {"policy": w1["state_dict"], "run": {"weight_version": 1}, "rng": rng_state(), "optimizer": opt}
     uninterrupted = actor_update(cfg, run_id, w1, *samples)
     resident.release(f"{run_id}/")
     w1b = actor_init(cfg, run_id, (O, D), checkpoint=ckpt)
@@ -250,4 +261,4 @@ def test_nonfinite_mode_is_checked_offline():
     cfg = Config()
     cfg.algorithm.nonfinite = "ignore"
     with pytest.raises(ConfigError, match=r"algorithm.nonfinite='ignore': use 'error' .* or 'mask'"):
-        cfg.validate()
+        check_config(cfg)

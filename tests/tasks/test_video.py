@@ -11,6 +11,7 @@ import pytest
 import tasks.envs
 from tasks import resident, video
 from tasks.config import Config, ConfigError
+from tasks.config import check_config
 
 
 class Env:
@@ -131,7 +132,7 @@ def test_eval_video_keys_are_checked_and_counted():
         cfg = Config()
         setattr(cfg.runner, key, value)
         with pytest.raises(ConfigError, match=f"runner.{key}"):
-            cfg.validate()
+            check_config(cfg)
     cfg = Config()
     cfg.env.eval.num_episodes, cfg.runner.eval_videos = 3, 5
     assert eval_video_count(cfg) == 3  # at most the eval's episodes

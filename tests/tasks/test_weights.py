@@ -9,6 +9,7 @@ from distributed import Client, LocalCluster
 from tasks import resident, rollout
 from tasks.config import Config
 from tasks.weights import KeyName, fetch, handle, is_handle, state_dict_nbytes
+from tasks.config import check_config
 
 RUN = "20260101-000000-w1"
 
@@ -16,7 +17,7 @@ RUN = "20260101-000000-w1"
 def _cfg() -> Config:
     cfg = Config()
     cfg.policy.hidden_sizes = [8]
-    return cfg.validate()
+    return check_config(cfg)
 
 
 def _weights(version: int) -> dict:

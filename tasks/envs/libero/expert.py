@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tasks.envs.libero.adapter import goal_of, object_position, tasks_without_pick_place_goal
+from tasks.envs.libero.goals import goal_of, object_position, tasks_without_pick_place_goal
 
 PHASES = ("above", "descend", "close", "lift", "carry", "lower", "open", "retreat")
 CLOSE_STEPS, OPEN_STEPS = 12, 8  # step budgets of the gripper phases (a bowl's rim: the fingers stop after 10-11)

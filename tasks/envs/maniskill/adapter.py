@@ -35,12 +35,15 @@ Imports of mani_skill/sapien happen inside functions: importing this module is c
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tasks.config import ConfigError, EnvConfig, did_you_mean
 from tasks.envs.maniskill.mesh_lod import robot_lod
-from tasks.envs.maniskill.vulkan import VulkanMissingError, ensure_vulkan
+from tasks.envs.maniskill.vulkan import VulkanMissingError, ensure_vulkan, vulkan_env
+
+if TYPE_CHECKING:
+    from tasks.config import EnvConfig
 
 OBS_MODES = ("state", "rgb")  # rgb: the state vector plus the task's camera image (see ManiSkillEnv)
 SIM_BACKENDS = ("physx_cpu", "cpu", "physx_cuda")
@@ -48,6 +51,12 @@ BATCHED_BACKENDS = ("physx_cuda",)  # one simulator instance per shard (tasks.en
 REWARD_MODES = ("normalized_dense", "dense", "sparse")
 GRIPPER_CONVENTION = "open_positive"  # the last action dim: +1 opens the Panda gripper, -1 closes it (LIBERO: the
 # reverse, tasks.envs.libero.adapter); recorded in stores and hf/ exports (tasks.envs.gripper_convention)
+# a CPU env keeps solver and contact state across `reset` (module docstring, "Determinism"): runner.exact_resume
+# starts fresh instances at every checkpoint (tasks.envs.carries_history)
+CARRIES_HISTORY = True
+REPLAY_MISMATCH_NOTE = ("a ManiSkill MISMATCH whose reset matched can be the training env's history, not damage: the "
+                        "run's env had run earlier episodes, whose solver and contact state a fresh env lacks "
+                        "(benchmarks/env_history.py)")
 
 
 def instruction(cfg: EnvConfig) -> str:
@@ -58,6 +67,42 @@ def instruction(cfg: EnvConfig) -> str:
 def store_attrs(cfg: EnvConfig) -> dict:
     """Trajectory store attributes: `robot_visual_lod` of image stores (what the stored images show of the arm)."""
     return {"robot_visual_lod": float(cfg.robot_visual_lod)} if cfg.obs_mode == "rgb" else {}
+
+
+def store_warnings(cfg: EnvConfig, attrs: dict) -> list[str]:
+    """What differs, harmlessly, between a demo store's images (its `attrs`) and what cfg's envs render: the arm's
+    visual LOD (stores written before the key: the original meshes)."""
+    stored = float(attrs.get("robot_visual_lod", 1.0))
+    if cfg.obs_mode != "rgb" or stored == cfg.robot_visual_lod:
+        return []
+    return [f"its images show the arm at robot_visual_lod={stored}, this run renders env.robot_visual_lod="
+            f"{cfg.robot_visual_lod} (its evals see slightly different images: README 'Rendering cost'); set "
+            f"env.robot_visual_lod={stored} to match"]
+
+
+def config_from_store(attrs: dict, run_env: dict, cfg: EnvConfig) -> EnvConfig:
+    """`cfg` (rebuilt from a store's common attrs) with the robot's visual LOD of the store's images, else of the
+    run's saved env section (replay videos show the arm as the run rendered it)."""
+    import dataclasses
+    return dataclasses.replace(cfg, robot_visual_lod=float(attrs.get("robot_visual_lod",
+                                                                     run_env.get("robot_visual_lod", 1.0))))
+
+
+def eval_params(cfg: EnvConfig) -> dict:
+    """What an external eval's MLflow params record of the env beyond its id: the robot's visual LOD."""
+    return {"env.robot_visual_lod": cfg.robot_visual_lod}
+
+
+def worker_env(cfg: EnvConfig) -> dict[str, str]:
+    """An env worker's environment: the Vulkan ICD SAPIEN loads (tasks.envs.maniskill.vulkan.vulkan_env; raises
+    VulkanMissingError without one)."""
+    return vulkan_env()
+
+
+def prepare_process(cfg: EnvConfig) -> None:
+    """Find a Vulkan driver (VulkanMissingError without one) and register ManiSkill's env tasks in this process."""
+    ensure_vulkan()
+    import mani_skill.envs  # noqa: F401
 
 
 def _registry():
@@ -74,54 +119,6 @@ def physx_gpu_library() -> tuple[Path, str]:
     version = physx.version()
     return (Path.home() / ".sapien" / "physx" / version / "libPhysXGpu_64.so",
             f"https://github.com/sapien-sim/physx-precompiled/releases/download/{version}/linux-so.zip")
-
-
-def check_config(env: EnvConfig) -> None:
-    """Offline checks of an env config against ManiSkill's registry.
-
-    Raises:
-        ConfigError: unknown env id, an env task that needs downloaded assets, an unsupported obs mode or backend,
-            GPU simulation without CUDA or without SAPIEN's GPU PhysX library (`physx_gpu_library`).
-    """
-    if env.obs_mode not in OBS_MODES:
-        raise ConfigError("env.obs_mode", env.obs_mode, f"supported: {list(OBS_MODES)}")
-    if env.object_state:
-        raise ConfigError("env.object_state", True, "is LIBERO's (ManiSkill's state obs already hold the object "
-                                                    "poses): remove it or set env.object_state=false")
-    if env.sim_backend not in SIM_BACKENDS:
-        raise ConfigError("env.sim_backend", env.sim_backend, f"use one of {list(SIM_BACKENDS)}")
-    if env.sim_backend in BATCHED_BACKENDS:
-        import torch
-        if not torch.cuda.is_available():
-            raise ConfigError("env.sim_backend", env.sim_backend, "GPU simulation needs CUDA and this machine has "
-                              "none (torch.cuda.is_available() is False): use env.sim_backend=physx_cpu")
-    if env.reward_mode not in REWARD_MODES:
-        raise ConfigError("env.reward_mode", env.reward_mode, f"use one of {list(REWARD_MODES)}")
-    reg = _registry()  # SAPIEN imported (with a Vulkan driver found) from here on
-    if env.sim_backend in BATCHED_BACKENDS:
-        lib, url = physx_gpu_library()
-        if not lib.is_file():
-            raise ConfigError("env.sim_backend", env.sim_backend,
-                              f"SAPIEN's GPU PhysX needs {lib}, which SAPIEN would download at run time (no "
-                              f"downloads at run time): rerun scripts/setup.sh on this machine with network (it "
-                              f"fetches the file where torch sees CUDA), or fetch {url} elsewhere and unzip it into "
-                              f"{lib.parent}, or use env.sim_backend=physx_cpu")
-    if env.env_id not in reg:
-        hint = did_you_mean(env.env_id, reg)
-        raise ConfigError("env.env_id", env.env_id, f"not a ManiSkill env task; {hint + ' ' if hint else ''}"
-                                                    f"(e.g. PushCube-v1, PickCube-v1)")
-    if env.robot_visual_lod < 1:
-        from tasks.envs.maniskill.mesh_lod import robot_urdf
-        if robot_urdf(env.env_id) is None:
-            raise ConfigError("env.robot_visual_lod", env.robot_visual_lod,
-                              f"{env.env_id}'s robot has no URDF whose visual meshes could be decimated: use 1.0")
-    from mani_skill.utils.assets.data import is_data_source_downloaded
-    missing = [a for a in (reg[env.env_id].asset_download_ids or []) if not is_data_source_downloaded(a)]
-    if missing:
-        raise ConfigError("env.env_id", env.env_id,
-                          f"needs downloaded assets {missing} (no downloads at run time); pick a task that ships "
-                          f"with ManiSkill (PushCube-v1, PickCube-v1, StackCube-v1, PullCube-v1, ...) or run "
-                          f"`python -m mani_skill.utils.download_asset {missing[0]}` on a machine with network first")
 
 
 INSTRUCTIONS = {
@@ -145,7 +142,13 @@ def instruction_for(env_id: str) -> str:
 
 
 def default_max_episode_steps(env_id: str) -> int:
+    """The registered env task's own episode limit (50 for PushCube-v1)."""
     return int(_registry()[env_id].max_episode_steps)
+
+
+def max_episode_steps(cfg: EnvConfig) -> int:
+    """Policy steps of an episode: env.max_episode_steps, else the env task's own limit."""
+    return int(cfg.max_episode_steps or default_max_episode_steps(cfg.env_id))
 
 
 def _make_kwargs(cfg: EnvConfig, sim_backend: str, num_envs: int) -> tuple[dict, tuple[int, int, int] | None]:
@@ -298,3 +301,6 @@ class ManiSkillBatchedEnv:
 
     def close(self) -> None:
         self.env.close()
+
+
+SINGLE_ENV, BATCHED_ENV = ManiSkillEnv, ManiSkillBatchedEnv  # tasks.envs.make_single_env / make_shard

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tasks.envs.errors import SimulatorUnavailable
+
 PROJECT_ICD = Path(__file__).resolve().parents[3] / ".vulkan" / "lvp_icd.json"
 SYSTEM_ICD_DIRS = ("/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d",
                    "/usr/local/nvidia/share/vulkan/icd.d")
@@ -16,7 +18,7 @@ FIX = ("run scripts/setup.sh (it unpacks Mesa's software Vulkan into .vulkan/), 
        "driver, or point VK_ICD_FILENAMES at an ICD json")
 
 
-class VulkanMissingError(RuntimeError):
+class VulkanMissingError(SimulatorUnavailable):
     """No usable Vulkan driver; the message says how to get one."""
 
 

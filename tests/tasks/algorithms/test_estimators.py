@@ -11,7 +11,7 @@ import pytest
 import tasks.algorithms.estimators as est_mod
 import tasks.config as config_mod
 from tasks.algorithms import Estimator, estimator_names, get_estimator, register_estimator
-from tasks.config import ESTIMATORS, Config, ConfigError, EstimatorSpec
+from tasks.config import ESTIMATORS, SFT, Config, ConfigError, EstimatorSpec
 
 
 def test_every_spec_has_an_estimator_and_back():
@@ -46,8 +46,9 @@ def test_algorithm_name_selects_the_spec():
     assert a.spec is ESTIMATORS["ppo"]
     a.name = "grpo"
     assert a.spec is ESTIMATORS["grpo"]
-    a.name = "sft"
-    assert a.spec is None
+    a.name = "sft"  # an algorithm like the others: its spec says it has no estimator and rolls nothing out
+    assert a.spec is SFT and not a.spec.estimator and not a.spec.rollout and not a.spec.critic
+    assert "sft" not in ESTIMATORS and "sft" not in estimator_names()
     a.name = "gae"
     with pytest.raises(ConfigError, match=r"algorithm.name='gae': known: \['ppo', 'grpo', 'rloo', 'sft'\]"):
         a.spec
@@ -120,11 +121,11 @@ def test_rloo_masks_like_grpo_and_drops_members_it_cannot_compare():
 
 
 def test_update_asks_the_estimator_not_the_name(monkeypatch):
-    """tasks.update reads only the spec: a critic-free estimator's values are not checked for non-finite values,
+    """tasks.actor reads only the spec: a critic-free estimator's values are not checked for non-finite values,
     and its advantages are left as they are when its normalisation is per group (and normalised over the batch
     when it is "batch")."""
     import torch
-    from tasks import update
+    from tasks.actor import entries, loop
 
     spec = EstimatorSpec(name="const", advantage="const", label="CONST", summary="test", critic=False,
                          groups=False, whole_episodes=False, normalisation="group", keys=())
@@ -147,12 +148,12 @@ def test_update_asks_the_estimator_not_the_name(monkeypatch):
     traj = _traj(np.ones((T, B)), obs=np.zeros((T, B, 3), np.float32), actions=np.zeros((T, B, 1, 2), np.float32),
                  logprobs=np.zeros((T, B, 1, 2), np.float32), values=np.full((T, B, 1), np.nan, np.float32),
                  final_values=np.zeros((T, B, 1), np.float32), bootstrap_values=np.zeros((B, 1), np.float32))
-    out = update.advantages(cfg, traj, shard=0)  # NaN values: not read without a critic, so no error
+    out = entries.advantages(cfg, traj, shard=0)  # NaN values: not read without a critic, so no error
     assert out["stats"] == {"rollout/x": 1.0} and out["nonfinite"] == {"dropped": 0.0}
-    prep = update.prepare_update(cfg, update._flatten([out]))
+    prep = loop.prepare_update(cfg, loop.flatten([out]))
     assert torch.equal(prep["adv"], torch.arange(4, dtype=torch.float32)) and prep["critic"] is False
     monkeypatch.setitem(config_mod.ESTIMATORS, "const", dataclasses.replace(spec, normalisation="batch"))
     monkeypatch.setattr(Const, "spec", config_mod.ESTIMATORS["const"])
-    prep = update.prepare_update(cfg, update._flatten([out]))
+    prep = loop.prepare_update(cfg, loop.flatten([out]))
     x = torch.arange(4, dtype=torch.float64)
     torch.testing.assert_close(prep["adv"].double(), (x - x.mean()) / (x.std(unbiased=False) + 1e-8), atol=1e-5, rtol=1e-5)

@@ -4,9 +4,9 @@
 Pipeline under test (the one tasks/update.py runs):
   rewards [T, B, C] --aggregate_rewards--> [T, B] | [T, B, C]
     --gae (chunk) / to_action_level+gae+from_action_level (action) / grpo_advantages--> adv [T, B] | [T, B, C]
-    --update._flatten--> [N = T*B] | [N, C]        (row n = t*B + b)
+    --loop.flatten--> [N = T*B] | [N, C]        (row n = t*B + b)
   step_mask [N, C] & loss_mask [N, 1]  (GRPO's loss_mask drops the steps after each env's first done)
-  logprobs [T, B, C, D] --_flatten--> [N, C, D] --reduce_logprobs--> [N] | [N, C] | [N, C, D]
+  logprobs [T, B, C, D] --flatten--> [N, C, D] --reduce_logprobs--> [N] | [N, C] | [N, C, D]
   adv --expand_advantages--> the same shape; step_mask [N, C] --loss_mask_for--> the same shape
   --> ppo_actor_loss(logprobs, old_logprobs, advantages, loss_mask), all one shape.
 
@@ -36,7 +36,7 @@ from tasks.algorithms import (
     reduce_logprobs,
     to_action_level,
 )
-from tasks.update import SAMPLE_FIELDS, _flatten
+from tasks.actor.loop import SAMPLE_FIELDS, flatten
 from tasks.trajectory import FIELDS
 
 T, B, C, D = 2, 2, 2, 2
@@ -109,7 +109,7 @@ def _advantages(estimator: str, reward_type: str, ro: dict) -> tuple[torch.Tenso
 
 
 def _train_batch(adv: torch.Tensor, loss_mask: torch.Tensor, ro: dict) -> dict[str, torch.Tensor]:
-    """One shard's sample fields through the real tasks.update._flatten, then the step mask the update uses:
+    """One shard's sample fields through the real tasks.actor.loop.flatten, then the step mask the update uses:
     step_mask [N, C] & loss_mask [N, 1] (the chunk steps that enter the loss)."""
     fields = {
         "obs": np.zeros((T, B, 3), np.float32),
@@ -124,7 +124,7 @@ def _train_batch(adv: torch.Tensor, loss_mask: torch.Tensor, ro: dict) -> dict[s
     }
     always = [f.name for f in FIELDS if f.name in SAMPLE_FIELDS and not f.when]  # rgb: only with env.obs_mode=rgb
     assert set(always) <= set(fields), f"update consumes new fields: {set(always) - set(fields)}"
-    data = _flatten([{k: fields[k] for k in always}])
+    data = flatten([{k: fields[k] for k in always}])
     lm = data["loss_mask"] if "loss_mask" in data else loss_mask.reshape(N)  # [T, B] -> [N]
     data["step_mask"] = data["step_mask"] & lm[:, None]  # [N, C] & [N, 1]
     return data

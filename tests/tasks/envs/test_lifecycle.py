@@ -7,7 +7,7 @@ with 2 pipeline stages; colocated on a BatchedEnvShard). Each row runs 3 rollout
 directly (resident registry in-process, no Dask) and checks, per chunk step and env, against a reference loop
 written from the mode table: the seeds, the observation each executed chunk was chosen from (the fake env logs
 the (seed, step) at which every action reaches it), step masks, done flags, finished episodes, loss masks
-(tasks.update.advantages) and GRPO group membership (members share every reset seed). GRPO rows whose rollouts
+(tasks.actor.entries.advantages) and GRPO group membership (members share every reset seed). GRPO rows whose rollouts
 can start mid-episode must be refused offline instead (tasks.config.check_grpo_episodes).
 
 Then: exact resume from a cursor (shard level and rollout level, with sampled actions), the batched shard's
@@ -24,10 +24,12 @@ import pytest
 import torch
 
 import tasks.rollout as rollout
-from tasks import resident, update
+from tasks import resident
+from tasks.actor import entries
 from tasks.config import Config, ConfigError
 from tasks.envs.batched import BatchedEnvShard
 from tasks.envs.shard import EnvShard
+from tasks.config import check_config
 
 RUN = "lifecycle"
 N, S, T, C = 8, 2, 4, 2  # envs, shards, chunk steps per rollout, actions per chunk
@@ -146,13 +148,13 @@ def make_config(auto_reset: bool, ignore: bool, L: int, grpo: bool, path: str = 
         a.name, a.group_size = "grpo", 2
     else:  # PPO rows also cover action-level rewards on idle envs (they crashed)
         a.reward_type = a.logprob_type = reward_type or "action_level"
-    return cfg.validate()
+    return check_config(cfg)
 
 
 def run_rollouts(cfg: Config, n: int, cursors=None, weights=None) -> list[list[dict]]:
     """n rollouts of every shard through the path of `cfg`, as the step graphs call the task functions."""
     if weights is None:
-        weights = update.actor_init(cfg, RUN, (3, 2))
+        weights = entries.actor_init(cfg, RUN, (3, 2))
     cursors = list(cursors or [None] * S)
     out = []
     for _ in range(n):
@@ -264,7 +266,7 @@ def test_lifecycle_table(sim, row):
             for j, b, c in zip(*np.nonzero(mask)):
                 executed[s * B + b].append((tr["episode_seed"][j, b], tr["obs"][j, b, 1] + c,
                                             np.clip(tr["actions"][j, b, c], -1, 1)))
-            adv = update.advantages(cfg, tr)  # loss masks (and no crash on idle envs with action-level rewards)
+            adv = entries.advantages(cfg, tr)  # loss masks (and no crash on idle envs with action-level rewards)
             if grpo:  # each env's first episode of the rollout, which starts at chunk step 0
                 assert (ref["t"][n, 0, g] == 0).all()
                 first = ref["first_done"][n, g]
@@ -303,11 +305,11 @@ def test_action_level_update_on_idle_envs(sim):
     """Issue 9.1 (3): action-level rewards and log-probs without auto_reset, envs idle for most of the rollout:
     advantages and the update run, and idle chunk steps stay out of the loss."""
     cfg = make_config(False, False, 3, False)
-    w = update.actor_init(cfg, RUN, (3, 2))
+    w = entries.actor_init(cfg, RUN, (3, 2))
     trajs = run_rollouts(cfg, 1, weights=w)[0]
     assert any((~t["step_mask"].any(-1)).any() for t in trajs)  # there are idle chunk steps
-    advs = [update.advantages(cfg, t) for t in trajs]
-    out = update.actor_update(cfg, RUN, w, *advs)
+    advs = [entries.advantages(cfg, t) for t in trajs]
+    out = entries.actor_update(cfg, RUN, w, *advs)
     assert out["version"] == 1 and np.isfinite(out["metrics"]["train/actor_loss"])
 
 
@@ -411,7 +413,7 @@ def test_rollouts_resumed_from_cursors_equal_the_uninterrupted_ones(sim, auto, f
     every field identical, the sampled actions included (MLP policy; colocated: per-shard RNG streams carried in
     the cursor; disaggregated: draws seeded from the shards' cursors)."""
     cfg = make_config(auto, False, 5, False, path, reward_type="chunk_level")
-    w = update.actor_init(cfg, RUN, (3, 2))
+    w = entries.actor_init(cfg, RUN, (3, 2))
     full = run_rollouts(cfg, 3, weights=w)
     resident.release("")
     first = run_rollouts(cfg, 1, weights=w)[0]
@@ -432,7 +434,7 @@ def test_first_shard_draws_equal_the_former_global_seeding(sim):
     (seed * 100_003 + part * 7_919 + sum of episode counts), then the worker's replica was built, then it drew."""
     from tasks.policies import make_policy
     cfg = make_config(True, True, 11, False, reward_type="chunk_level")
-    w = update.actor_init(cfg, RUN, (3, 2))
+    w = entries.actor_init(cfg, RUN, (3, 2))
     traj = run_rollouts(cfg, 1, weights=w)[0][0]
     torch.manual_seed(cfg.seed * 100_003 + 0 * 7_919 + 0)
     pol = make_policy(cfg.policy, obs_dim=3, action_dim=2, num_values=1, load=False)
@@ -481,9 +483,9 @@ def test_maniskill_shard_resumes_mid_episode_exactly():
     """On the real CPU simulator (deterministic: reset(seed) + the same actions): a shard built from a JSON'd
     cursor taken mid-episode continues bit-identically, across an automatic reset too."""
     pytest.importorskip("mani_skill")
-    from tasks.config import EnvConfig
+    from tasks.envs.maniskill.configuration import ManiSkillEnvConfig
     from tasks.envs import make_shard
-    cfg = EnvConfig(max_episode_steps=12)
+    cfg = ManiSkillEnvConfig(max_episode_steps=12)
     kw = dict(shard=0, num_shards=1, num_envs=2, auto_reset=True, ignore_terminations=True, base_seed=3)
     a = make_shard(cfg, **kw)
     acts = np.random.default_rng(0).uniform(-1, 1, (12, 2, 2, a.action_dim)).astype(np.float32)

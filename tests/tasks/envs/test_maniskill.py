@@ -7,13 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.config import ConfigError, EnvConfig
+from tasks.config import ConfigError
+from tasks.envs.maniskill.configuration import ManiSkillEnvConfig
 from tasks.envs import make_shard
-from tasks.envs.maniskill.adapter import check_config, default_max_episode_steps
+from tasks.envs.maniskill.adapter import default_max_episode_steps
+from tasks.envs.maniskill.checks import check_config
 
 
 def shard(num_envs: int = 2, base_seed: int = 7, **kw):
-    cfg = EnvConfig(env_id="PushCube-v1", **kw)
+    cfg = ManiSkillEnvConfig(env_id="PushCube-v1", **kw)
     return make_shard(cfg, shard=0, num_shards=1, num_envs=num_envs, auto_reset=True, ignore_terminations=False,
                       base_seed=base_seed)
 
@@ -75,12 +77,12 @@ def test_episode_truncates_at_50_steps(rollouts):
 
 def test_check_config_errors():
     with pytest.raises(ConfigError, match="env.env_id='NotAnEnv-v1'.*not a ManiSkill env task"):
-        check_config(EnvConfig(env_id="NotAnEnv-v1"))
+        check_config(ManiSkillEnvConfig(env_id="NotAnEnv-v1"))
     with pytest.raises(ConfigError, match=r"env.obs_mode='pointcloud'"):
-        check_config(EnvConfig(obs_mode="pointcloud"))
+        check_config(ManiSkillEnvConfig(obs_mode="pointcloud"))
     with pytest.raises(ConfigError, match="env.sim_backend"):
-        check_config(EnvConfig(sim_backend="gpu"))
-    check_config(EnvConfig(env_id="PickCube-v1"))  # ships with ManiSkill: no error
+        check_config(ManiSkillEnvConfig(sim_backend="gpu"))
+    check_config(ManiSkillEnvConfig(env_id="PickCube-v1"))  # ships with ManiSkill: no error
 
 
 def test_gpu_simulation_without_sapiens_gpu_physx_library_is_refused_offline(monkeypatch, tmp_path):
@@ -95,12 +97,12 @@ def test_gpu_simulation_without_sapiens_gpu_physx_library_is_refused_offline(mon
     lib, url = physx_gpu_library()
     assert lib.parent.parent == tmp_path / ".sapien" / "physx" and lib.name == "libPhysXGpu_64.so"
     with pytest.raises(ConfigError) as info:
-        check_config(EnvConfig(sim_backend="physx_cuda"))
+        check_config(ManiSkillEnvConfig(sim_backend="physx_cuda"))
     assert info.value.key == "env.sim_backend" and str(lib) in info.value.fix and url in info.value.fix
     assert url.endswith("/linux-so.zip") and "physx_cpu" in info.value.fix
     lib.parent.mkdir(parents=True)
     lib.write_bytes(b"")
-    check_config(EnvConfig(sim_backend="physx_cuda"))
+    check_config(ManiSkillEnvConfig(sim_backend="physx_cuda"))
 
 
 def test_check_config_rejects_env_tasks_that_need_downloads():
@@ -108,7 +110,7 @@ def test_check_config_rejects_env_tasks_that_need_downloads():
     if is_data_source_downloaded("ycb"):
         pytest.skip("YCB assets are downloaded on this machine")
     with pytest.raises(ConfigError, match=r"env.env_id='PickSingleYCB-v1': needs downloaded assets \['ycb'\]"):
-        check_config(EnvConfig(env_id="PickSingleYCB-v1"))
+        check_config(ManiSkillEnvConfig(env_id="PickSingleYCB-v1"))
 
 
 @pytest.mark.slow  # a long cluster run; the default suite's 20-min budget (CI runs `-m slow` as its second job)
@@ -118,7 +120,7 @@ def test_rgb_images_are_rendered_once_per_chunk_step_and_are_deterministic():
     actions = np.random.default_rng(1).uniform(-1, 1, (3, 2, 5, 8)).astype(np.float32)
     runs = []
     for _ in range(2):
-        cfg = EnvConfig(env_id="PushCube-v1", obs_mode="rgb", image_size=32, max_episode_steps=10)
+        cfg = ManiSkillEnvConfig(env_id="PushCube-v1", obs_mode="rgb", image_size=32, max_episode_steps=10)
         sh = make_shard(cfg, shard=0, num_shards=1, num_envs=2, auto_reset=True, ignore_terminations=True,
                         base_seed=3)
         first = sh.current_rgb()
@@ -182,7 +184,7 @@ def test_closing_one_env_leaves_the_others_rendering():
     checked first), also after A's resets with the same seed."""
     from concurrent.futures import ThreadPoolExecutor
     from tasks.envs.maniskill.adapter import ManiSkillEnv
-    cfg = EnvConfig(env_id="PushCube-v1", obs_mode="rgb", image_size=32)
+    cfg = ManiSkillEnvConfig(env_id="PushCube-v1", obs_mode="rgb", image_size=32)
     a = ManiSkillEnv(cfg)
     try:
         a.reset(3)

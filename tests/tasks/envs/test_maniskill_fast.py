@@ -6,14 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.config import EnvConfig
+from tasks.envs.maniskill.configuration import ManiSkillEnvConfig
 from tasks.envs import make_shard
 from tasks.envs.maniskill.adapter import ManiSkillEnv
 
 
 def _pair(env_id: str = "PushCube-v1", **kw):
-    ref = ManiSkillEnv(EnvConfig(env_id=env_id, fast_step=False, **kw))
-    fast = ManiSkillEnv(EnvConfig(env_id=env_id, **kw))
+    ref = ManiSkillEnv(ManiSkillEnvConfig(env_id=env_id, fast_step=False, **kw))
+    fast = ManiSkillEnv(ManiSkillEnvConfig(env_id=env_id, **kw))
     assert ref._fast_step is None and fast._fast_step is not None
     return ref, fast
 
@@ -92,7 +92,7 @@ def test_shards_with_and_without_fast_step_give_the_same_rollout():
     actions = np.random.default_rng(1).uniform(-1, 1, (30, 2, 4, 8)).astype(np.float32)
     results = []
     for fast_step in (False, True):
-        sh = make_shard(EnvConfig(env_id="PushCube-v1", fast_step=fast_step, max_episode_steps=20), shard=0,
+        sh = make_shard(ManiSkillEnvConfig(env_id="PushCube-v1", fast_step=fast_step, max_episode_steps=20), shard=0,
                         num_shards=1, num_envs=2, auto_reset=True, ignore_terminations=False, base_seed=9)
         assert (sh.envs[0]._fast_step is not None) == fast_step
         results.append([sh.chunk_step(a) for a in actions])
@@ -163,7 +163,7 @@ def test_one_part_fast_the_other_maniskills(env_id, control_mode):
                                 dict(env_id="PushCube-v1", control_mode="pd_ee_delta_pose", reward_mode="sparse"),
                                 dict(env_id="PushCube-v1", fast_step=False)])
 def test_no_fast_path_falls_back_to_maniskills_step(kw):
-    env = ManiSkillEnv(EnvConfig(**kw))
+    env = ManiSkillEnv(ManiSkillEnvConfig(**kw))
     assert env._fast_step is None  # nothing tasks.envs.maniskill.fast_step covers, or env.fast_step=false
     env.reset(0)
     obs, r, term, trunc, succ = env.step(np.zeros(env.action_dim, np.float32))

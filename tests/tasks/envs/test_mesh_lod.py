@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.config import ConfigError, EnvConfig
+from tasks.config import ConfigError
+from tasks.envs.maniskill.configuration import ManiSkillEnvConfig
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,7 @@ def _build(urdf: str, root: str) -> str:
 
 def _episode(lod: float, seed: int = 4, steps: int = 12):
     from tasks.envs.maniskill.adapter import ManiSkillEnv
-    env = ManiSkillEnv(EnvConfig(env_id="PushCube-v1", obs_mode="rgb", image_size=32, robot_visual_lod=lod))
+    env = ManiSkillEnv(ManiSkillEnvConfig(env_id="PushCube-v1", obs_mode="rgb", image_size=32, robot_visual_lod=lod))
     rng = np.random.default_rng(0)
     obs, imgs = [np.concatenate([env.reset(seed), np.zeros(4)])], [env.render_rgb()]
     for t in range(steps):
@@ -97,11 +98,13 @@ def test_lod_keeps_the_dynamics_bit_exact_and_the_image_close(monkeypatch, tmp_p
 
 
 def test_robot_visual_lod_is_validated():
+    from tasks.config import Config
+    from tasks.config.checks import check_config  # the family's rules run with every config check
     with pytest.raises(ConfigError, match="env.robot_visual_lod"):
-        EnvConfig(robot_visual_lod=0.0).check()
+        check_config(Config(env=ManiSkillEnvConfig(robot_visual_lod=0.0)))
     with pytest.raises(ConfigError, match="env.robot_visual_lod"):
-        EnvConfig(robot_visual_lod=1.5).check()
-    EnvConfig(robot_visual_lod=0.1).check()
+        check_config(Config(env=ManiSkillEnvConfig(robot_visual_lod=1.5)))
+    check_config(Config(env=ManiSkillEnvConfig(robot_visual_lod=0.1)))
 
 
 def test_robot_visual_lod_refused_where_no_urdf(monkeypatch):

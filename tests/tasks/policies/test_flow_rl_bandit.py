@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tasks.algorithms import normalize_advantages, ppo_actor_loss
-from tasks.config import PolicyConfig
+from tasks.policies.flow_vla.configuration import FlowVLAConfig
 from tasks.policies.flow_vla.model import FlowVLAPolicy
 
 B = 64
@@ -20,7 +20,7 @@ def _bandit(noise_method: str = "flow_noise"):
     """(policy, obs [B], distance()): distance = mean ||ODE action - target|| at a fixed initial noise."""
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    cfg = PolicyConfig(name="flow_vla", num_action_chunks=1, num_denoise_steps=4, noise_method=noise_method,
+    cfg = FlowVLAConfig(name="flow_vla", num_action_chunks=1, num_denoise_steps=4, noise_method=noise_method,
                        noise_level=0.5, max_prompt_len=8)
     pol = FlowVLAPolicy(cfg, obs_dim=3, action_dim=2, num_values=1, image_size=None)
     obs = {"state": torch.zeros(B, 3), "prompt": pol.tokenize(["reach"] * B)}

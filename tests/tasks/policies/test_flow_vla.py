@@ -9,6 +9,7 @@ import torch
 from torch.distributions import Normal
 
 from tasks.config import ConfigError, PolicyConfig
+from tasks.policies.flow_vla.configuration import FlowVLAConfig
 from tasks.policies import check_policy_config, make_policy
 from tasks.policies.flow_vla.model import FlowVLAPolicy, sde_sigmas, time_grid
 
@@ -17,7 +18,7 @@ O, D, C, K, IMG = 5, 3, 4, 4, 16  # D < A = 8 (tiny preset): the slicing is exer
 
 def _cfg(**kw) -> PolicyConfig:
     base = dict(name="flow_vla", preset="tiny", num_action_chunks=C, num_denoise_steps=K, max_prompt_len=12)
-    return PolicyConfig(**{**base, **kw})
+    return FlowVLAConfig(**{**base, **kw})
 
 
 def _policy(image_size=IMG, num_values=1, seed=0, **kw) -> FlowVLAPolicy:

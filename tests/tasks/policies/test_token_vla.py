@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from tasks.algorithms import LOGPROB_TYPES, reduce_logprobs
-from tasks.config import ConfigError, PolicyConfig
+from tasks.config import Config, ConfigError, PolicyConfig, check_config
+from tasks.policies.token_vla.configuration import TokenVLAConfig
 from tasks.policies import check_policy_config, make_policy
 from tasks.policies.token_vla.model import (TokenVLAPolicy, action_stats_from_data, bin_centers, normalized_to_bins,
                                       read_action_stats)
@@ -17,7 +18,7 @@ C, D, O = 2, 3, 5
 
 
 def _cfg(**kw) -> PolicyConfig:
-    return PolicyConfig(**{"name": "token_vla", "num_action_chunks": C, "max_prompt_len": 12, **kw})
+    return TokenVLAConfig(**{"name": "token_vla", "num_action_chunks": C, "max_prompt_len": 12, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -274,4 +275,4 @@ def test_policy_temperature_is_the_sampling_temperature_and_is_checked():
     torch.testing.assert_close(lp_cold, out["logprobs"])  # ratio 1 at the rollout's own temperature
     assert not torch.allclose(lp_hot, lp_cold)
     with pytest.raises(ConfigError, match="policy.temperature"):
-        _cfg(temperature=0.0).check()
+        check_config(Config(policy=_cfg(temperature=0.0)))

@@ -3,10 +3,10 @@ torch.distributed process group (gloo on CPU, nccl on CUDA) that lives across tr
 with the policy sharded by FSDP2 (`torch.distributed.fsdp.fully_shard`).
 
 Batch sizes (RLinf's `actor.global_batch_size` / `actor.micro_batch_size`, its FSDP actor worker's
-`run_training`; `check_batch_sizes` is the offline check):
+`run_training`; `tasks.config.check_batch_sizes` is the offline check):
   batch_size B        samples per training step (chunk steps: rollout.chunk_steps * env.num_envs)
   global_batch_size G samples per optimizer step over all ranks (default B / algorithm.num_minibatches, which makes
-                      one rank the single-process `tasks.update.actor_update`)
+                      one rank the single-process `tasks.actor.entries.actor_update`)
   micro_batch_size M  samples per forward/backward on one rank (default G / R: no accumulation)
   one update epoch = B / G optimizer steps; each rank takes G / R samples of each step's minibatch and runs
   grad_accum = G / (M * R) micro-batches, the last one synchronising gradients (FSDP reduce-scatter).
@@ -23,13 +23,13 @@ explained_variance (not a mean) is the share-weighted mean of the micro-batches'
 on the all-reduced approx_kl, so all ranks stop together (a rank stopping alone would hang the others).
 
 One loop: the epochs, minibatches, critic warm-up, the skip of a step with a non-finite loss (a count all-reduced
-with the metrics) or gradient norm (the global norm), target_kl and the metrics are `tasks.update.run_update`,
+with the metrics) or gradient norm (the global norm), target_kl and the metrics are `tasks.actor.loop.run_update`,
 the function the one-rank update calls as a world of one; this module only adds the process group, FSDP2 and
 `torch.distributed.all_reduce`. Every rank therefore skips the same steps, and none steps alone.
 
 Minibatches: every rank receives all samples (the graph passes every advantages_s* output to every rank), draws
 the same permutation per epoch from `torch.Generator().manual_seed(permutation_seed(cfg, version))` (the one-rank
-update draws the same ones: `tasks.update`'s randomness rule), and takes the contiguous slice [r * G/R, (r+1) * G/R) of each minibatch, then micro-batches in order: a deterministic split.
+update draws the same ones: tasks.actor.loop's randomness rule), and takes the contiguous slice [r * G/R, (r+1) * G/R) of each minibatch, then micro-batches in order: a deterministic split.
 Advantage normalisation is over the whole batch on every rank (identical; no communication).
 
 How the graph uses it (pipelines.graphs, pipelines.runner with `algorithm.num_actor_ranks` > 1):
@@ -44,9 +44,8 @@ How the graph uses it (pipelines.graphs, pipelines.runner with `algorithm.num_ac
   - `master_addr` is rank 0's worker host, `master_port` a free port there (`free_port` run on that worker with
     `client.submit(free_port, workers=[w0], pure=False)`), `generation` 0 at start.
   - Checkpoint: `actor_state_rank(run_id, cfg, group, weights, dims)` on every rank (a collective; one node per rank
-    as above); rank 0 returns {"policy", "optimizer" (FQN-keyed full state,
-    `tasks.optim_state.optimizer_state`: the one-rank update's format too, so a checkpoint moves between 1 and R
-    ranks), "rng_torch", "weight_version"}.
+    as above); rank 0 returns THE actor state (tasks.actor.state: policy, FQN-keyed optimizer, rng, weight_version:
+    the one-rank actor's format too, so a checkpoint moves between 1 and R ranks).
     Restore: `initial_weights(cfg, dims, checkpoint)` gives weights={"version", "state_dict", "optimizer"} for a
     new generation; the group is rebuilt from them.
 
@@ -75,19 +74,19 @@ from datetime import timedelta
 import torch
 
 from tasks import resident, seeding
-from tasks.config import Config, ConfigError
-from tasks.optim_state import load_optimizer_state, optimizer_state
-from tasks.update import (_flatten, behaviour_version, make_optimizer, nonfinite_metrics,  # noqa: F401
-                          permutation_seed, run_update)
+from tasks.actor.loop import behaviour_version, flatten, run_update
+from tasks.actor.nonfinite import nonfinite_metrics
+from tasks.actor.optim import make_optimizer
+from tasks.actor.state import actor_state_dict, load_model_state, load_optimizer_state, model_state
+from tasks.config import Config
 
 DEFAULT_TIMEOUT_S = 300.0  # process-group timeout: how long a rank waits in a collective for a lost peer
 _INITS = 0  # process groups this process has initialised (tests count them)
 
 
 # ---------------------------------------------------------------- batch sizes (offline check)
-# BatchPlan, check_batch_sizes, batch_plan: pure offline checks, defined in tasks.config (which imports nothing
-# else of tasks) and re-exported here
-from tasks.config import BatchPlan, batch_plan, check_batch_sizes  # noqa: E402,F401
+# the batch plan: a pure offline check, defined in tasks.config (which imports nothing else of tasks)
+from tasks.config import batch_plan  # noqa: E402
 
 
 # ---------------------------------------------------------------- the process group
@@ -189,7 +188,7 @@ def _build(cfg: Config, run_id: str, group: dict, weights: dict, dims: tuple[int
     mesh = init_device_mesh(device.type, (world,))
     policy = make_policy(cfg.policy, obs_dim=dims[0], action_dim=dims[1], num_values=num_values(cfg),
                          seed=seeding.model_init_seed(cfg.seed), image_size=image_size(cfg), load=False)
-    policy.load_state_dict(weights["state_dict"])
+    load_model_state(policy, weights["state_dict"])
     policy.to(device)
     units = getattr(policy, "fsdp_units", None)  # optional hook: submodules to shard as their own units (VLA blocks)
     for module in (units() if callable(units) else []):
@@ -197,7 +196,7 @@ def _build(cfg: Config, run_id: str, group: dict, weights: dict, dims: tuple[int
     fully_shard(policy, mesh=mesh)
     register_fsdp_forward_method(policy, "evaluate")  # FSDP2 unshards around forward(); the update calls evaluate()
     opt = make_optimizer(cfg, policy)  # over the sharded (DTensor) parameters
-    if weights.get("optimizer") is not None:  # either format: a checkpoint of 1 rank loads on R ranks
+    if weights.get("optimizer") is not None:  # THE format: a checkpoint of 1 rank loads on R ranks
         load_optimizer_state(policy, opt, weights["optimizer"])
     st = RankState(rank, world, addr, port, int(group["generation"]), device, policy, opt,
                    int(weights["version"]))
@@ -224,7 +223,7 @@ def actor_update_rank(cfg: Config, run_id: str, group: dict, weights: dict, *sam
         group: {rank, world_size, master_addr, master_port, generation[, timeout_s]} (`group_specs`).
         weights: {"version": int, "state_dict": full CPU state dict[, "optimizer": FQN-keyed full optimizer state]};
             the state dicts are only read when the group is (re)built.
-        samples: every shard's advantages output (tasks.update.advantages): fields [T, B_s, ...] as numpy arrays.
+        samples: every shard's advantages output (tasks.actor.entries.advantages): fields [T, B_s, ...] as numpy arrays.
 
     Returns:
         rank 0: {"version": v+1, "state_dict": full CPU state dict (float32 clones), "metrics": {...}};
@@ -236,9 +235,8 @@ def actor_update_rank(cfg: Config, run_id: str, group: dict, weights: dict, *sam
         RuntimeError / ValueError: a stale or inconsistent `group` (_join); torch.distributed errors after
             `timeout_s` when a peer is lost.
     """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     t0 = time.perf_counter()
-    data = _flatten(samples)
+    data = flatten(samples)
     N, D = data["actions"].shape[0], data["actions"].shape[-1]
     st, built = _join(cfg, run_id, group, weights, (data["obs"].shape[-1], D))
     rank, world = st.rank, st.world_size
@@ -247,14 +245,14 @@ def actor_update_rank(cfg: Config, run_id: str, group: dict, weights: dict, *sam
     metrics = run_update(cfg, st.policy, st.optimizer, data, version=int(weights["version"]),
                          behaviour=behaviour_version(weights, samples), plan=plan, rank=rank, world=world, all_reduce=_all_reduce_sum)
     st.version = int(weights["version"]) + 1
-    full = get_model_state_dict(st.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    full = model_state(st.policy)  # a collective: every rank
     metrics.update({"train/actor_rebuilt": float(built and st.generation > 0), **nonfinite_metrics(samples),
                     "train/group_built": float(built), "train/group_generation": float(st.generation),
                     "train/actor_ranks": float(world), "train/grad_accum": float(plan.grad_accum),
                     "train/weight_version": float(st.version), "time/update": time.perf_counter() - t0})
     out = {"version": st.version, "metrics": metrics}
     if rank == 0:
-        out["state_dict"] = {k: v.detach().clone() for k, v in full.items()}
+        out["state_dict"] = full
     else:
         out["rank"] = rank
     return out
@@ -267,12 +265,11 @@ def actor_state_rank(run_id: str, cfg: Config | None = None, group: dict | None 
     With `cfg, group, weights, dims` given, the group is first joined as `actor_update_rank` would (built from
     `weights` when this worker has none of that generation: a checkpoint right after a restore, before any update).
 
-    Returns on rank 0 {"policy": full CPU state dict, "optimizer": FQN-keyed full optimizer state (the format
-    `weights["optimizer"]` takes), "rng_torch": this process's torch RNG state, "weight_version": int};
-    {} on other ranks.
+    Returns on rank 0 THE actor state (tasks.actor.state.actor_state_dict: "policy", "optimizer" (FQN-keyed, the
+    format `weights["optimizer"]` takes), "rng" (this process's RNG streams), "weight_version"), the one-rank
+    actor's format; {} on other ranks.
     Raises RuntimeError when this worker holds no actor group for `run_id` (and none is given to build).
     """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     if group is not None:
         if cfg is None or weights is None or dims is None:
             raise ValueError("actor_state_rank: joining a group needs cfg, weights and dims")
@@ -280,23 +277,16 @@ def actor_state_rank(run_id: str, cfg: Config | None = None, group: dict | None 
     st: RankState | None = resident.get(_key(run_id))
     if st is None or st.policy is None:
         raise RuntimeError(f"no distributed actor for run {run_id} on this worker")
-    model_sd = get_model_state_dict(st.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    optim_sd = optimizer_state(st.policy, st.optimizer)  # names only the parameters that have state
-    if st.rank != 0:
-        return {}
-    return {"policy": model_sd, "optimizer": optim_sd, "rng_torch": torch.get_rng_state(),
-            "weight_version": st.version}
+    return actor_state_dict(st.policy, st.optimizer, st.version, rank=st.rank)  # a collective: every rank
 
 
 def initial_weights(cfg: Config, dims: tuple[int, int], checkpoint: dict | None = None) -> dict:
     """The weights the ranks build their group from (the init graph's node on rank 0's worker; no resident state).
 
-    Fresh: the policy `tasks.update.actor_init` would make (seeded by `cfg.seed`, `policy.model_path` loaded);
+    Fresh: the policy `tasks.actor.entries.actor_init` would make (seeded by `cfg.seed`, `policy.model_path` loaded);
     from a checkpoint written by the ranks (`actor_state_rank`): its policy, optimizer and weight version.
 
     Returns {"version": int, "state_dict": full CPU state dict[, "optimizer": FQN-keyed full optimizer state]}.
-    The optimizer state may be either format (`tasks.optim_state.load_optimizer_state` maps a legacy one-rank,
-    integer-keyed state by position when the group is built).
     """
     from tasks.policies import make_policy
     from tasks.rollout import image_size, num_values
@@ -308,5 +298,5 @@ def initial_weights(cfg: Config, dims: tuple[int, int], checkpoint: dict | None 
     policy = make_policy(cfg.policy, obs_dim=dims[0], action_dim=dims[1], num_values=num_values(cfg),
                          seed=seeding.model_init_seed(cfg.seed), image_size=image_size(cfg), load=True)
     from tasks.demo_index import set_demo_stats
-    set_demo_stats(cfg, policy)  # as tasks.update.actor_init
+    set_demo_stats(cfg, policy)  # as tasks.actor.entries.actor_init
     return {"version": 0, "state_dict": {k: v.detach().clone() for k, v in policy.state_dict().items()}}

@@ -1,0 +1,155 @@
+"""The config families at composition: Hydra composes against the union of every family's keys (so a group file or
+override may name any family's key), then `typed_config` merges the composed values onto the classes the composed
+selectors pick (`policy.name`, `env.simulator`, `cluster.kind`: tasks.config.registry), where a key the family lacks
+is an unknown key, refused naming the family with a did-you-mean (`unknown_family_key`).
+
+In the union schema a key that only some families have defaults to `???` (OmegaConf's MISSING): a composed value
+still `???` there was set by nobody, and `set_values` drops it before the typed merge. A dict key (policy.sizes)
+defaults to its family default instead (so `+policy.sizes.patch_size=4` can add an entry), and is dropped when it
+still holds that default.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+from omegaconf import MISSING
+
+from tasks.config import Config, ConfigError, close_matches, families, family_class
+from tasks.config.registry import DEFAULTS, SELECTORS
+from tasks.config.schema import ClusterConfig, EnvConfig, PolicyConfig
+
+BASES: dict[str, type] = {"policy": PolicyConfig, "env": EnvConfig, "cluster": ClusterConfig}
+_UNION: list[tuple] = []  # [(the registered families, the union Config)]
+_DICT_DEFAULTS: dict[tuple[str, str], dict] = {}  # (section, key) -> a family dict key's default in the union
+
+
+def _union_section(section: str) -> type:
+    """A dataclass with the base's keys (their defaults) and every family's own keys (default `???`)."""
+    base = BASES[section]
+    own = {f.name for f in dataclasses.fields(base)}
+    extra: dict[str, tuple] = {}
+    for cls in families(section).values():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name not in own and f.name not in extra:
+                if typing.get_origin(hints[f.name]) is dict:  # a dict: `+section.key.entry=` must add into it
+                    default = f.default_factory()
+                    _DICT_DEFAULTS[section, f.name] = default
+                    spec = dataclasses.field(default_factory=lambda d=default: dict(d))
+                else:
+                    spec = dataclasses.field(default=MISSING)
+                extra[f.name] = (f.name, hints[f.name], spec)
+    return dataclasses.make_dataclass(f"Any{base.__name__}", list(extra.values()), bases=(base,))
+
+
+def union_schema() -> type:
+    """`Config` whose family sections accept every family's keys: the node Hydra composes against (built again
+    when a family is registered since)."""
+    key = tuple((s, tuple(families(s).items())) for s in SELECTORS)
+    if not _UNION or _UNION[0][0] != key:
+        fields = [(s, _union_section(s)) for s in SELECTORS]
+        _UNION[:] = [(key, dataclasses.make_dataclass(
+            "AnyConfig", [(s, cls, dataclasses.field(default_factory=cls)) for s, cls in fields], bases=(Config,)))]
+    return _UNION[0][1]
+
+
+def set_values(plain: dict) -> dict:
+    """`plain` (a composed config as a container) without the family keys nobody set (still `???`)."""
+    out = dict(plain)
+    for section in SELECTORS:
+        if isinstance(out.get(section), dict):
+            base = {f.name for f in dataclasses.fields(BASES[section])}
+            out[section] = {k: v for k, v in out[section].items()
+                            if k in base or (v != MISSING and _DICT_DEFAULTS.get((section, k), MISSING) != v)}
+    return out
+
+
+def selected(plain: dict) -> dict[str, type]:
+    """section -> the family class `plain`'s selectors pick (the default family where none is given).
+    Raises ConfigError: an unknown family (the selector key, the known names, did-you-mean)."""
+    out = {}
+    for section, key in SELECTORS.items():
+        name = (plain.get(section) or {}).get(key, DEFAULTS[section])
+        out[section] = family_class(section, name)
+    return out
+
+
+def typed_schema(classes: dict[str, type]) -> Config:
+    """A default `Config` with each family section of the class `classes` gives."""
+    return Config(**{section: cls() for section, cls in classes.items()})
+
+
+def unknown_family_key(key: str, value, classes: dict[str, type]) -> ConfigError | None:
+    """The error for `key`, a key of a family section the selected family lacks: the family named, the family
+    keys it may have meant, and the families that have it. None when `key` is not in a family section."""
+    section, _, rest = key.partition(".")
+    if section not in SELECTORS or not rest or "." in rest:
+        return None
+    cls, selector = classes[section], SELECTORS[section]
+    name = next(f.default for f in dataclasses.fields(cls) if f.name == selector)  # its selector's default
+    known = [f.name for f in dataclasses.fields(cls)]
+    have = sorted(n for n, c in families(section).items() if rest in {f.name for f in dataclasses.fields(c)})
+    fix = f"unknown key for {section}.{selector}={name} (the {name} family has no {rest!r})"
+    close = close_matches(rest, known)
+    if close:
+        fix += f"; did you mean {' or '.join(f'{section}.{c}' for c in close)}?"
+    if have:
+        fix += f"; it is a key of {section}.{selector}={'|'.join(have)}" + (
+            f": set {section}.{selector}={have[0]}" if len(have) == 1 else "")
+    return ConfigError(key, value, fix)
+
+
+def family_defaults() -> list[Config]:
+    """`Config()`, then a default Config for each family of each section (where a family key's default lives)."""
+    out = [Config()]
+    for section in SELECTORS:
+        out.extend(Config(**{section: cls()}) for cls in families(section).values())
+    return out
+
+
+def drop_other_family_keys(dcfg, given: dict[str, str], from_command_line, notes: list[str] | None = None):
+    """`dcfg` (a composed config) without the keys a file set for another family than the one the command line
+    selects: where a section's selector (`cluster.kind`, `policy.name`, `env.simulator`) is set on the command line
+    (or by a group file chosen there), a key of that section that a group or experiment FILE set (`given`: key ->
+    where, pipelines.config.given_keys; `from_command_line(where)`) and the selected family lacks while another
+    family has it is reset to unset (`???`, dropped by `set_values`), with one note each: the experiment's settings
+    for the family it chose (e.g. conf=smoke's `cluster.dashboard_address` with `cluster=address`). A key given on
+    the command line is kept, and refused as unknown for the family by `to_config`. `notes` as
+    pipelines.config.check_given (None: printed to stderr). Returns `dcfg` (changed in place)."""
+    import sys
+
+    from omegaconf import OmegaConf
+    for section, selector in SELECTORS.items():
+        if not from_command_line(given.get(f"{section}.{selector}", "")):
+            continue
+        name = OmegaConf.select(dcfg, f"{section}.{selector}")
+        cls = family_class(section, name)
+        have = {f.name for f in dataclasses.fields(cls)}
+        others = {n: {f.name for f in dataclasses.fields(c)} for n, c in families(section).items() if n != name}
+        for key, where in given.items():
+            sec, _, rest = key.partition(".")
+            top = rest.split(".", 1)[0]
+            if sec != section or not rest or top in have or from_command_line(where):
+                continue
+            owners = sorted(n for n, keys in others.items() if top in keys)
+            if not owners:
+                continue
+            value = OmegaConf.select(dcfg, f"{section}.{top}")
+            OmegaConf.update(dcfg, f"{section}.{top}", MISSING, merge=False)
+            line = (f"note: {section}.{top}={value!r} (set in {where}) does nothing with the command line's "
+                    f"{section}.{selector}={name}: it is a key of {section}.{selector}={'|'.join(owners)}")
+            if notes is None:
+                print(line, file=sys.stderr)
+            else:
+                notes.append(line)
+    return dcfg
+
+
+def other_family_keys(plain: dict) -> list[str]:
+    """The dotted keys of `plain` (a saved config as a plain nested dict) in a family section that its selected
+    family lacks: a run config written when every section held every family's keys holds them (they did nothing
+    there); `python -m pipelines.upgrade` drops them. Raises ConfigError for an unknown family."""
+    classes = selected(plain)
+    return [f"{s}.{k}" for s, cls in classes.items() if isinstance(plain.get(s), dict)
+            for k in plain[s] if k not in {f.name for f in dataclasses.fields(cls)}]
