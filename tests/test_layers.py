@@ -1,6 +1,7 @@
 """Layer contracts (pyproject's [tool.importlinter]) and the absence of import cycles between our modules."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +99,34 @@ def test_no_import_cycle():
     g = grimp.build_graph("pipelines", "tasks", "storage", cache_dir=None)
     assert {m.split(".")[0] for m in g.modules} == {"pipelines", "tasks", "storage"}
     assert _cycles(g, set(g.modules)) == []
+
+
+MAX_MODULE_LINES = 500
+# a branch on a family's name in pipelines/: callers ask a component's capabilities instead (README "Layout")
+FAMILY_BRANCH = re.compile(r"""(\.(policy|env|cluster)\.(name|simulator|kind)|algorithm\.name)\s*(==|!=|in)\s*|"""
+                           r"""(==|!=)\s*["'](mlp|flow_vla|token_vla|sft|maniskill|libero|local|address)["']""")
+
+
+def _modules(*packages: str) -> list[Path]:
+    return sorted(p for pkg in packages for p in (ROOT / pkg).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_no_module_over_500_lines():
+    """A module of pipelines/ or tasks/ holds one job: none passes 500 lines (benchmarks/ aside)."""
+    long = {str(p.relative_to(ROOT)): n for p in _modules("pipelines", "tasks")
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
+
+
+def test_no_branch_on_a_family_name_in_pipelines():
+    """No `cfg.policy.name ==`, `env.simulator ==`, `cluster.kind ==`, `algorithm.name == "sft"` (nor a comparison with
+    a family's name) in pipelines/; the pattern itself finds each form (checked on samples)."""
+    for sample in ('if cfg.policy.name == "mlp":', "if c.env.simulator != x:", 'a.algorithm.name == "sft"',
+                   'kind = "x" if k == "address" else "y"', "if cfg.cluster.kind in kinds:"):
+        assert FAMILY_BRANCH.search(sample), sample
+    for sample in ('name = cfg.policy.name', 'family_class("policy", cfg.policy.name)'):
+        assert not FAMILY_BRANCH.search(sample), sample
+    hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in _modules("pipelines")
+            for i, line in enumerate(p.read_text().splitlines(), 1)
+            if FAMILY_BRANCH.search(line) and not line.lstrip().startswith("#")]
+    assert hits == []

@@ -89,12 +89,12 @@ def _sft_samples(path, value=False):
 def _flow_stats(path):
     """set_demo_stats of the tiny flow VLA with normalize_state and normalize_actions: reads obs, actions,
     step_mask (and the index fields) of the behaviour-cloning samples."""
+    from tasks.config import family_class
     from tasks.policies import make_policy
     cfg = _cfg(path)
     cfg.env.obs_mode, cfg.algorithm.name = "state", "sft"
-    p = cfg.policy
-    p.name, p.preset, p.num_action_chunks, p.max_prompt_len = "flow_vla", "tiny", C, 8
-    p.normalize_state = p.normalize_actions = True
+    cfg.policy = p = family_class("policy", "flow_vla")(preset="tiny", num_action_chunks=C, max_prompt_len=8,
+                                                       normalize_state=True, normalize_actions=True)
     assert set_demo_stats(cfg, make_policy(p, obs_dim=O, action_dim=D, seed=0))
 
 
@@ -254,10 +254,10 @@ def test_a_damaged_saved_config_is_refused_not_read_as_defaults(tmp_path, damage
     import yaml
     from omegaconf import OmegaConf
 
-    from pipelines.config import compose, load_saved_config, read_saved_config, to_yaml
+    from pipelines.config import load_config, load_saved_config, read_saved_config, to_yaml
     from storage.rundir import DamagedRunFile, read_resolved_config, write_resolved_config
     from tasks.config import ConfigError
-    text = to_yaml(compose(["conf=smoke"]))
+    text = to_yaml(load_config(["conf=smoke"], components=False)[0])  # what a run saves: its typed config
     path = write_resolved_config(tmp_path, text)
     assert read_resolved_config(path) == text
     assert OmegaConf.to_container(read_saved_config(path)) == yaml.safe_load(text)

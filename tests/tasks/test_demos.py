@@ -7,7 +7,7 @@ import torch
 
 from storage.trajectories import FieldSpec, TrajectoryStore, clear_cache, write_shard
 from tasks import resident
-from tasks.config import Config
+from tasks.config import Config, family_class
 from tasks.demos import sft_index, sft_load
 
 
@@ -166,8 +166,7 @@ def test_value_only_pass_moves_the_value_head_only(tmp_path):
         "episode_id": np.array([[0, 1], [0, 1]], np.int64)})
     cfg = Config()
     cfg.env.obs_mode = "state"
-    p = cfg.policy
-    p.name, p.preset, p.num_action_chunks, p.max_prompt_len = "flow_vla", "tiny", 2, 8
+    cfg.policy = p = family_class("policy", "flow_vla")(preset="tiny", num_action_chunks=2, max_prompt_len=8)
     p.value_detach, p.critic_state, p.value_head = True, True, "last_token"
     cfg.sft.store, cfg.sft.batch_size, cfg.sft.value_coef, cfg.sft.bc_coef = path, 8, 1.0, 0.0
     policy = make_policy(p, obs_dim=3, action_dim=2, seed=0)
@@ -261,8 +260,7 @@ def _sft_cfg(name: str, C: int, store: str) -> Config:
     cfg = Config()
     cfg.env.obs_mode = "state"
     cfg.algorithm.name = "sft"
-    p = cfg.policy
-    p.name, p.preset, p.num_action_chunks, p.max_prompt_len = name, "tiny", C, 8
+    cfg.policy = family_class("policy", name)(preset="tiny", num_action_chunks=C, max_prompt_len=8)
     cfg.sft.store = store
     return cfg
 

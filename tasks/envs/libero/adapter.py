@@ -61,8 +61,8 @@ import numpy as np
 from tasks.envs.libero.checks import check_config, shard_memory_gib as worker_memory_gib  # noqa: F401
 from tasks.envs.libero.goals import goal_of, object_position
 from tasks.envs.libero.reset_states import ResetStates, protocol_episodes, reset_state_for_seed  # noqa: F401
-from tasks.envs.libero.suites import (SUITE_MAX_STEPS, _import_libero, bddl_path, init_states, suite,  # noqa: F401
-                                      task_ids, task_instruction, task_names, trial_counts)
+from tasks.envs.libero.suites import (SUITE_MAX_STEPS, _import_libero, bddl_path, init_states, instruction,  # noqa: F401
+                                      instructions, suite, task_ids, task_instruction, task_names, trial_counts)
 
 if TYPE_CHECKING:
     from tasks.config import EnvConfig
@@ -136,18 +136,6 @@ def eval_task_names(cfg: EnvConfig) -> dict[str, str]:
 def eval_params(cfg: EnvConfig) -> dict:
     """What an external eval's MLflow params record of the env subset it evaluated."""
     return {"env.task_ids": str(list(map(int, task_ids(cfg)))), "env.num_trials": cfg.num_trials}
-
-
-def instruction(cfg: EnvConfig) -> str:
-    """The language instruction of the first selected task of the suite (`task_instruction`)."""
-    return task_instruction(cfg, task_ids(cfg)[0])
-
-
-def instructions(cfg: EnvConfig) -> list[str]:
-    """The instruction table of a LIBERO run: every task of the suite in its standard order, so the `task_id` an
-    env reports (and the store records) is the suite's task id, whatever env.task_ids selects
-    (`task_instruction`: env.instruction_source)."""
-    return [task_instruction(cfg, t) for t in range(suite(cfg.env_id).n_tasks)]
 
 
 def rotate180(img: np.ndarray) -> np.ndarray:
