@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 
 def record(cfg, handle, *, echo=print, lock=None) -> dict:

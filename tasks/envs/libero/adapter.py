@@ -358,9 +358,11 @@ SINGLE_ENV = LiberoEnv  # tasks.envs.make_single_env / make_shard
 def _warm() -> None:
     """Build one env and step it once (numba compiles robosuite's kernels into its cache): scripts/setup.sh."""
     import time
+
+    from tasks.envs.libero.configuration import LiberoEnvConfig
     t0 = time.perf_counter()
-    env = LiberoEnv(EnvConfig(simulator="libero", env_id="libero_spatial", obs_mode="rgb", image_size=32,
-                                    control_mode="OSC_POSE", reward_mode="sparse", sim_backend="cpu", num_steps_wait=1))
+    env = LiberoEnv(LiberoEnvConfig(env_id="libero_spatial", obs_mode="rgb", image_size=32, control_mode="OSC_POSE",
+                                    reward_mode="sparse", sim_backend="cpu", num_steps_wait=1))
     env.reset(0)
     env.step(np.zeros(ACTION_DIM, np.float32))
     env.render_rgb()
