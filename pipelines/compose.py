@@ -18,7 +18,7 @@ from tasks.config import Config, ConfigError, close_matches, did_you_mean
 
 from pipelines.overrides import GROUPS, _expected, _schema_default, _yaml, as_typed, parse_overrides  # noqa: F401
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+from pipelines.families import CONF_DIR  # noqa: F401  (conf/; one definition)
 SCHEMA_NAME = "dagrl_schema"
 
 

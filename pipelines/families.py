@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from pathlib import Path
 
 from omegaconf import MISSING
 
@@ -95,9 +96,41 @@ def unknown_family_key(key: str, value, classes: dict[str, type]) -> ConfigError
     if close:
         fix += f"; did you mean {' or '.join(f'{section}.{c}' for c in close)}?"
     if have:
+        presets = [f for n in have for f in family_presets(section, n)]
         fix += f"; it is a key of {section}.{selector}={'|'.join(have)}" + (
-            f": set {section}.{selector}={have[0]}" if len(have) == 1 else "")
+            f": choose a preset of that family ({', '.join(f'{section}={f}' for f in presets[:4])})" if presets
+            else f": set {section}.{selector}={have[0]}" if len(have) == 1 else "")
     return ConfigError(key, value, fix)
+
+
+def family_presets(section: str, name: str) -> list[str]:
+    """The group files of conf/<section>/ that select family `name` (their `<section>.<selector>`, directly or through
+    a group file they extend), sorted: what a user picks (`policy=mlp`) rather than setting the selector alone,
+    which would keep the other family's keys of the experiment."""
+    import yaml
+    selector, found = SELECTORS[section], {}
+
+    def chosen(path: Path) -> str | None:
+        if path.name in found:
+            return found[path.name]
+        found[path.name] = None  # a cycle of defaults chooses nothing
+        text = path.read_text()
+        data = yaml.safe_load(text) or {}
+        own = data.get(section) if text.lstrip().startswith("# @package _global_") else data
+        value = own.get(selector) if isinstance(own, dict) else None
+        for parent in data.get("defaults", []) if value is None else []:
+            if isinstance(parent, str) and (path.parent / f"{parent}.yaml").is_file():
+                value = chosen(path.parent / f"{parent}.yaml")
+                if value is not None:
+                    break
+        if value is None and isinstance(own, dict) and own:  # sets the section's keys, not its selector
+            value = DEFAULTS[section]
+        found[path.name] = value
+        return value
+    return sorted(p.stem for p in (CONF_DIR / section).glob("*.yaml") if chosen(p) == name)
+
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"  # the project's Hydra tree (pipelines.compose composes it)
 
 
 def family_defaults() -> list[Config]:

@@ -71,12 +71,12 @@ def test_the_embedded_cluster_has_nothing_to_attach_to():
 
 
 def test_an_address_alone_names_the_kind_to_set():
-    """`cluster.address=...` without the kind: one line that says to set cluster.kind=address."""
+    """`cluster.address=...` without the kind: one line that says to choose the address kind (cluster=address)."""
     with pytest.raises(ConfigError) as err:
         load_config(["cluster.address=tcp://10.0.0.1:8786"], components=False, notes=[])
     msg = str(err.value)
     assert err.value.key == "cluster.address" and "\n" not in msg
-    assert msg.endswith("set cluster.kind=address"), msg
+    assert msg.endswith("choose a preset of that family (cluster=address)"), msg
 
 
 @pytest.mark.parametrize("overrides, key", [

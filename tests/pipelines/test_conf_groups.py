@@ -203,3 +203,23 @@ def test_env_x_policy_x_algorithm_composes_from_the_command_line(env, policy, al
         return
     assert want is None, f"{' '.join(overrides)} was not refused on {want}"
     assert (cfg.algorithm.name, cfg.env.obs_mode == "rgb") == (algorithm, env in RGB)
+
+
+def test_the_presets_an_unknown_key_error_offers_select_that_family():
+    """A key of another family is refused with the presets of the family that has it (`pipelines.families.
+    family_presets`): each preset named for a family composes to a config of that family's class, and every family
+    with a conf file has at least one."""
+    from pipelines.config import load_config
+    from pipelines.families import family_presets
+    from tasks.config import families, family_class
+    from tasks.config.registry import SELECTORS
+    for section in SELECTORS:
+        for name in families(section):
+            presets = family_presets(section, name)
+            if section != "cluster" or name in ("local", "address"):
+                assert presets, (section, name)
+            for preset in presets:
+                overrides = (["conf=libero_smoke"] if section == "env" and name == "libero" else
+                             ["cluster.address=tcp://127.0.0.1:8786"] if preset == "address" else [])
+                cfg, _ = load_config([*overrides, f"{section}={preset}"], components=False)
+                assert type(getattr(cfg, section)) is family_class(section, name), (section, preset)
