@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 
 import dask
-import numpy as np
 import pytest
+from tests.pipelines.test_graphs import FakeEnv as GraphsFakeEnv
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = "20260101-000000-keys"
@@ -146,28 +146,13 @@ def _drive(cfg, tmp_path: Path) -> None:
     dask.get(graph, key)
 
 
-class FakeEnv:
-    """A stand-in simulator (obs = [t/10, seed/100, 1], reward = mean action, truncated after 4 steps) for the
-    variants that take the code paths of other keys: the env family's own keys are read by the real one."""
-
-    obs_dim, action_dim = 3, 2
+class FakeEnv(GraphsFakeEnv):
+    """tests/pipelines/test_graphs.py's stand-in simulator (obs = [t/10, seed/100, 1], reward = mean action,
+    truncated after 4 steps), also built with a render size, for the variants that take the code paths of other
+    keys: the env family's own keys are read by the real one."""
 
     def __init__(self, cfg=None, render_size=None):
-        self.t, self.seed = 0, 0
-
-    def _obs(self):
-        return np.array([self.t / 10, self.seed / 100, 1.0], np.float32)
-
-    def reset(self, seed):
-        self.t, self.seed = 0, seed
-        return self._obs()
-
-    def step(self, action):
-        self.t += 1
-        return self._obs(), float(action.mean()), False, self.t >= 4, False
-
-    def close(self):
-        pass
+        super().__init__(cfg)
 
 
 # variants of conf=smoke (mlp policy, ManiSkill env, state observations) that between them take every code path a
