@@ -242,6 +242,10 @@ def with_cluster(cfg, body) -> int:
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             rc = 130
+            # the Ctrl-C may have cut a client call mid-way: distributed's cancel callback for it then fails in the
+            # io loop while the cluster closes, which tornado logs as a ~10-line ERROR (seen under load): noise now
+            import logging
+            logging.getLogger("tornado.application").setLevel(logging.CRITICAL)
         except BaseException:  # a Ctrl-C a library turned into its own error included: `entry` reports it
             with held_signals():
                 handle.close()
