@@ -76,3 +76,38 @@ def test_tiers_are_assigned_selected_and_guarded(tmp_path):
                                           "def test_two():\n    pass\n")
     two = _pytest(tmp_path, "--collect-only")
     assert two.returncode != 0 and "marked ['sim', 'unit']; a test has exactly one tier" in two.stderr + two.stdout
+
+
+def _defined(path: Path, kind: str) -> set[str]:
+    """Names of the test functions (kind "test") or fixtures (kind "fixture") defined in the test file `path`."""
+    import ast
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        is_fixture = any("fixture" in ast.unparse(d) for d in node.decorator_list)
+        if (kind == "fixture") == is_fixture and (kind == "fixture" or node.name.startswith("test")):
+            names.add(node.name)
+    return names
+
+
+def test_every_tiers_entry_names_an_existing_test_or_fixture():
+    """A TIERS entry whose file, test or fixture was renamed or deleted would silently tier nothing (the test it
+    meant falls back to `unit` and the run-time guard catches it only when it runs): every entry must match."""
+    import fnmatch
+
+    from conftest import TIERS  # tests/ is on sys.path (rootdir conftest)
+
+    root = HERE.parent
+    stale = []
+    for entry in TIERS:
+        file, _, pattern = entry.partition("::")
+        path = root / file
+        if not path.is_file():
+            stale.append(f"{entry} (no file {file})")
+        elif pattern.startswith("@"):
+            if pattern[1:] not in _defined(path, "fixture"):
+                stale.append(f"{entry} (no fixture {pattern[1:]} in {file})")
+        elif pattern and not fnmatch.filter(_defined(path, "test"), pattern):
+            stale.append(f"{entry} (no test matches {pattern} in {file})")
+    assert not stale, "stale TIERS entries in tests/conftest.py:\n" + "\n".join(stale)
