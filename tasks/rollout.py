@@ -31,7 +31,7 @@ it, prompts per env by each observation's `task_id`.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -76,15 +76,15 @@ num_values = tj.num_values  # value outputs per chunk step V: C for action-level
 
 
 def env_dims(cfg: Config) -> tuple[int, int]:
-    """(obs_dim, action_dim) of the env task, from a throw-away instance cached per process."""
+    """(obs_dim, action_dim) of the env task, from a throw-away instance cached per process, keyed by the whole
+    env section (any env key may decide the lengths: the controller, LIBERO's object_state, a family's own key)."""
     def probe():
         from tasks.envs import make_single_env
         env = make_single_env(cfg.env)
         dims = (env.obs_dim, env.action_dim)
         env.close()
         return dims
-    dims, _ = resident.get_or_create(f"dims/{cfg.env.simulator}/{cfg.env.env_id}/{cfg.env.obs_mode}/"
-                                     f"{cfg.env.control_mode}", probe)
+    dims, _ = resident.get_or_create(f"dims/{type(cfg.env).__name__}/{sorted(asdict(cfg.env).items())!r}", probe)
     return dims
 
 
