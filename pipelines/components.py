@@ -59,6 +59,8 @@ def check_model_path(cfg: Config) -> None:
     except (OSError, ValueError) as exc:
         raise ConfigError(key, p.model_path, f"its config.json is unreadable ({type(exc).__name__}: {exc}); export "
                                              f"it again or use another checkpoint") from None
+    if "family" not in meta and meta.get("model_type") == p.name:
+        return  # a plain transformers directory of this family (pi0, pi05): the model reads its own config.json
     if meta.get("family") != p.name:
         raise ConfigError(key, p.model_path, f"holds a {meta.get('family')!r} checkpoint; policy.name={p.name}")
     want = cfg.env.image_size if cfg.env.obs_mode == "rgb" else None
@@ -175,12 +177,16 @@ def _check_sft_store(cfg: Config) -> None:
     busy = store_owner(cfg.sft.store, readers=False)  # a recording writes it (record.out or its .partial)
     if busy is not None:
         raise ConfigError("sft.store", cfg.sft.store, busy)
+    from pipelines.upgrade.store import store_refusal
+    old = store_refusal(cfg.sft.store)  # a store of an older format: the upgrade command
+    if old is not None:
+        raise ConfigError("sft.store", cfg.sft.store, old)
     st = TrajectoryStore.open(cfg.sft.store)
     if "teacher_run" in st.attrs and "episode_index" not in st.attrs:  # pipelines.record writes it last
         raise ConfigError("sft.store", cfg.sft.store, "is a recording that did not finish (pipelines.record was "
                                                       "interrupted or failed before writing its episode index); "
                                                       "record again to a new record.out")
-    check_gripper_convention("sft.store", cfg.sft.store, st.attrs.get("gripper_convention"), cfg.env)
+    check_gripper_convention("sft.store", cfg.sft.store, st.attrs["gripper_convention"], cfg.env)
     check_source_env("sft.store", cfg.sft.store, {k: st.attrs.get(k) for k in SOURCE_ENV_KEYS}, cfg.env,
                      made="recorded")
     stored_reward = st.attrs.get("reward_mode")
@@ -201,10 +207,14 @@ def _check_sft_store(cfg: Config) -> None:
                                                       f"policy.num_action_chunks={C}; record with the same C")
     if cfg.env.obs_mode == "rgb":
         rgb = st.fields.get("rgb")
-        if rgb is None or rgb.shape[:2] != (cfg.env.image_size, cfg.env.image_size):
+        from tasks.envs import num_cameras
+        k, size = num_cameras(cfg.env), cfg.env.image_size
+        if rgb is None or tuple(rgb.shape) != ((k, size, size, 3) if k > 1 else (size, size, 3)):
+            have = "no images" if rgb is None else \
+                f"{rgb.shape[-2]} px images of {rgb.shape[0] if len(rgb.shape) == 4 else 1} camera(s)"
             raise ConfigError("sft.store", cfg.sft.store,
-                              f"has {'no images' if rgb is None else f'{rgb.shape[0]} px images'}, the config wants "
-                              f"env.image_size={cfg.env.image_size}")
+                              f"has {have}, the config wants env.image_size={size} with {k} camera(s) "
+                              f"(env.wrist_camera): record with the same settings")
         for w in store_warnings(cfg.env, st.attrs):  # ManiSkill: the arm's visual LOD of the stored images
             import warnings
             warnings.warn(f"sft.store={cfg.sft.store}: {w}", stacklevel=2)

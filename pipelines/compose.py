@@ -18,31 +18,51 @@ from tasks.config import Config, ConfigError, close_matches, did_you_mean
 
 from pipelines.overrides import GROUPS, _expected, _schema_default, _yaml, as_typed, parse_overrides  # noqa: F401
 
+from pipelines import compose_memo as memo
 from pipelines.families import CONF_DIR  # noqa: F401  (conf/; one definition)
 SCHEMA_NAME = "dagrl_schema"
 
 
 def register_schema() -> None:
-    """Register `Config` in Hydra's ConfigStore as `dagrl_schema` (the first entry of conf/config.yaml's defaults)."""
+    """Register `Config` in Hydra's ConfigStore as `dagrl_schema` (the first entry of conf/config.yaml's defaults).
+    Stores again only when the union schema changed (a family registered) or the store's entry was replaced."""
     from hydra.core.config_store import ConfigStore
-    from pipelines.families import union_schema
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=union_schema())  # every family's keys (pipelines.families)
+    from pipelines.families import schema_node, union_schema
+    store, cls, name = ConfigStore.instance(), union_schema(), f"{SCHEMA_NAME}.yaml"
+    if memo.STORED and memo.STORED[0][0] is cls and store.repo.get(name) is memo.STORED[0][1]:
+        return  # Hydra deep-copies the stored node at every load: it is never written
+    # every family's keys (pipelines.families); writable: the frozen sections' nodes are read-only in OmegaConf
+    store.store(name=SCHEMA_NAME, node=schema_node(cls))
+    memo.STORED[:] = [(cls, store.repo[name])]
 
 
 def compose(overrides: Sequence[str] = ()) -> DictConfig:
     """Compose conf/config.yaml with command-line overrides (`conf=NAME`, `a.b=value`, `+new=...`). The composed
-    `experiment` is NAME (conf/conf/NAME.yaml, the default experiment's without `conf=`) unless set.
+    `experiment` is NAME (conf/conf/NAME.yaml, the default experiment's without `conf=`) unless set. Memoised
+    (pipelines.compose_memo): each call returns a fresh DictConfig the caller may edit.
 
     Raises:
         ConfigError: unknown key, wrong type, unknown `conf` name, or an override Hydra cannot parse (named, with
             the quoting that works: `parse_overrides`).
     """
+    import copy
+    from pipelines.families import union_schema
+    key = (str(CONF_DIR), memo.conf_digest(Path(CONF_DIR)), union_schema(), tuple(overrides))
+    return copy.deepcopy(memo.once("composed", key, lambda: _compose(overrides)))
+
+
+def _compose(overrides: Sequence[str]) -> DictConfig:
+    """`compose` without the memo."""
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     typed = as_typed(overrides)  # Hydra's grammar; strings kept as typed (`as_typed`)
+    for group, (choice, who) in group_choices(overrides).items():  # `_NAME.yaml`: an include, never a choice
+        if choice.startswith("_"):
+            raise ConfigError(group, choice, f"conf/{group}/{choice}.yaml is included by other presets, not one to "
+                                             f"choose ({who}); choose one of {choices(group)}")
     register_schema()
     GlobalHydra.instance().clear()
     try:
@@ -56,11 +76,16 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
     return dcfg
 
 
+def choices(group: str) -> list[str]:
+    """The options of config group `group` a user may choose: conf/GROUP/*.yaml, less the includes (`_NAME.yaml`)."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if not p.stem.startswith("_"))
+
+
 def _config_error(exc: Exception, overrides: Sequence[str]) -> ConfigError:
     msg = " ".join(str(exc).split())
     for group in ("conf", *GROUPS):
         if f"in group {group}" in msg or f"Could not find '{group}/" in msg:
-            names = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+            names = choices(group)
             given = next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith(f"{group}=")), None)  # the last wins
             if given is None:  # chosen by the experiment file's defaults list
                 given = msg.split(f"Could not find '{group}/", 1)[-1].split("'", 1)[0] if f"'{group}/" in msg else "?"
@@ -75,7 +100,15 @@ def _config_error(exc: Exception, overrides: Sequence[str]) -> ConfigError:
 
 def schema_keys() -> list[str]:
     """Every dotted key of the schema (`Config`): its leaves and the sections above them ("runner",
-    "env.eval", "env.eval.num_envs", ...), in declaration order."""
+    "env.eval", "env.eval.num_envs", ...), in declaration order. Listed once per union schema (a family
+    registered since makes a new one: pipelines.compose_memo); a new list each call."""
+    from pipelines.families import union_schema
+    cls = union_schema()
+    return list(memo.once("schema_keys", cls, lambda: tuple(_schema_keys(cls))))
+
+
+def _schema_keys(cls: type) -> list[str]:
+    """`schema_keys` of the union schema `cls`, without the memo."""
     out: list[str] = []
 
     def walk(node, prefix: str) -> None:
@@ -85,8 +118,7 @@ def schema_keys() -> list[str]:
             child = node._get_node(name)
             if isinstance(child, DictConfig) and not child._is_none() and not isinstance(_schema_default(key), dict):
                 walk(child, key)
-    from pipelines.families import union_schema
-    walk(OmegaConf.structured(union_schema()), "")
+    walk(OmegaConf.structured(cls), "")
     return out
 
 
@@ -165,14 +197,14 @@ def to_config(dcfg: DictConfig, *, validate: bool = True, saved: bool = False,
     own key names an error below a family key (`+policy.sizes.patch_size=4` with the mlp). Raises ConfigError."""
     from omegaconf.errors import OmegaConfBaseException
 
-    from pipelines.families import selected, set_values, typed_schema, unknown_family_key
+    from pipelines.families import selected, set_values, unknown_family_key
     from tasks.config import check_config
     plain = OmegaConf.to_container(dcfg, resolve=True)
     plain = set_values(plain)
     classes = selected(plain)  # ConfigError for an unknown family
     try:
         # merging a plain container re-checks every key against the schema (also keys added with `+key=`)
-        typed = OmegaConf.merge(OmegaConf.structured(typed_schema(classes)), plain)
+        typed = OmegaConf.merge(_typed_node(classes), plain)  # merge deep-copies the node it writes onto
         cfg: Config = OmegaConf.to_object(typed)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None)
@@ -184,6 +216,13 @@ def to_config(dcfg: DictConfig, *, validate: bool = True, saved: bool = False,
             family = ConfigError(given, _value_for(given, overrides), family.fix)
         raise (family or _from_omegaconf(key, value, detail)) from None
     return check_config(cfg) if validate else cfg
+
+
+def _typed_node(classes: dict[str, type]) -> DictConfig:
+    """`schema_node(typed_schema(classes))`, built once per set of family classes (pipelines.compose_memo). The
+    node is shared: only read, or deep-copied (OmegaConf.merge copies its first argument)."""
+    from pipelines.families import schema_node, typed_schema
+    return memo.once("typed_node", tuple(classes.items()), lambda: schema_node(typed_schema(classes)))
 
 
 def load_saved_config(path, *, validate: bool = True) -> Config:
@@ -250,7 +289,7 @@ def experiment_name(overrides: Sequence[str] = ()) -> str:
         k, _, v = o.lstrip("+").partition("=")
         if k == "conf":
             return v
-    defaults = OmegaConf.load(CONF_DIR / "config.yaml").get("defaults", [])
+    defaults = memo.plain_yaml(CONF_DIR / "config.yaml").get("defaults", [])
     return next(d["conf"] for d in defaults if isinstance(d, (dict, DictConfig)) and "conf" in d)
 
 
@@ -289,7 +328,7 @@ def _file_values(path: Path, package: str) -> dict:
     its header says otherwise: `_package`) and, first, those of the files of the same group its defaults list
     includes (`- NAME`, each under its own package); `defaults` itself is not a key. Values as written (a `???`
     stays the string "???")."""
-    node = OmegaConf.to_container(OmegaConf.load(path))  # plain, unresolved: a `???` value is a key too
+    node = memo.plain_yaml(path)  # plain, unresolved: a `???` value is a key too
     out: dict = {}
     for entry in node.get("defaults", []):
         if isinstance(entry, str) and entry != "_self_":
@@ -317,7 +356,7 @@ def group_choices(overrides: Sequence[str] = ()) -> dict[str, tuple[str, str]]:
     path = CONF_DIR / "conf" / f"{name}.yaml"
     out: dict[str, tuple[str, str]] = {}
     if path.is_file():
-        for entry in OmegaConf.load(path).get("defaults", []):
+        for entry in memo.plain_yaml(path).get("defaults", []):
             gc = _group_choice(entry)
             if gc is not None and gc[1] is not None:
                 out[gc[0]] = (str(gc[1]), f"conf/conf/{name}.yaml")

@@ -165,12 +165,14 @@ def eval_config(src: Source, overrides: list[str]):
 
 def protocol_defaults(cfg, overrides: list[str]):
     """LIBERO's evaluation protocol (module docstring): env.eval.num_episodes = every selected (task, eval init
-    state) pair unless an override sets it; other simulators unchanged. Returns cfg."""
+    state) pair unless an override sets it; other simulators unchanged. Returns cfg, or a copy of it with that key
+    (the config is frozen: tasks.config.replace_key)."""
+    from tasks.config import replace_key
     from tasks.envs import protocol_episodes
     if not any(o.lstrip("+").split("=", 1)[0] == "env.eval.num_episodes" for o in overrides):
         n = protocol_episodes(cfg.env)  # None: the simulator has no protocol of its own
         if n is not None:
-            cfg.env.eval.num_episodes = n
+            cfg = replace_key(cfg, "env.eval.num_episodes", n)
     return cfg
 
 

@@ -41,7 +41,7 @@ def _union_section(section: str) -> type:
                 else:
                     spec = dataclasses.field(default=MISSING)
                 extra[f.name] = (f.name, hints[f.name], spec)
-    return dataclasses.make_dataclass(f"Any{base.__name__}", list(extra.values()), bases=(base,))
+    return dataclasses.make_dataclass(f"Any{base.__name__}", list(extra.values()), bases=(base,), frozen=True)
 
 
 def union_schema() -> type:
@@ -51,8 +51,29 @@ def union_schema() -> type:
     if not _UNION or _UNION[0][0] != key:
         fields = [(s, _union_section(s)) for s in SELECTORS]
         _UNION[:] = [(key, dataclasses.make_dataclass(
-            "AnyConfig", [(s, cls, dataclasses.field(default_factory=cls)) for s, cls in fields], bases=(Config,)))]
+            "AnyConfig", [(s, cls, dataclasses.field(default_factory=cls)) for s, cls in fields], bases=(Config,),
+            frozen=True))]
     return _UNION[0][1]
+
+
+def schema_node(obj):
+    """`OmegaConf.structured(obj)` (a config dataclass or instance) that Hydra and `OmegaConf.merge` can write onto:
+    OmegaConf marks the node of every frozen dataclass read-only, and the schema's sections are frozen
+    (tasks.config.schema), so those flags are cleared here (each node's own; they are then inherited: writable).
+    The types and the closed key sets of the schema stay. Returns a DictConfig."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    def clear(node) -> None:
+        node._set_flag("readonly", None)
+        if node._is_none() or node._is_missing():
+            return
+        for k in (node if isinstance(node, DictConfig) else range(len(node))):
+            child = node._get_node(k)
+            if isinstance(child, (DictConfig, ListConfig)):
+                clear(child)
+    root = OmegaConf.structured(obj)
+    clear(root)
+    return root
 
 
 def set_values(plain: dict) -> dict:

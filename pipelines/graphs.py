@@ -337,8 +337,10 @@ def build_init(cfg: Config, *, run_id: str, placement: Placement, checkpoint_pat
         ckpt = g.add(f"load_checkpoint-{run_id_tag}", load_checkpoint, checkpoint_path, worker=placement.actor_worker)
         deps += (ckpt,)
     if cfg.algorithm.num_actor_ranks == 1:
-        w = g.add(f"actor_init-{run_id_tag}", entries.actor_init, cfg, run_id, dims, ckpt, deps=deps,
-                  worker=placement.actor_worker, resources={"GPU": 1})
+        # its own key as the base of partial weights (tasks.weights): the scheduler keeps this node's future
+        w = g.add(f"actor_init-{run_id_tag}", entries.actor_init, cfg, run_id, dims, ckpt,
+                  weights_mod.KeyName(f"actor_init-{run_id_tag}"), deps=deps, worker=placement.actor_worker,
+                  resources={"GPU": 1})
         return InitGraph(g.graph(), dims, w, w, None)
     full = g.add(f"actor_init-{run_id_tag}", distributed.initial_weights, cfg, dims, ckpt, deps=deps,
                  worker=placement.actor_worker)

@@ -268,7 +268,7 @@ def replay(store_path: Path, *, episode_ids: list[int] | None = None, num_episod
                                            f"{row['skipped']}; pick an episode that starts inside the store")
                 skipped.append({"episode": ep.id, "reason": row["skipped"]})
                 continue
-            with _reading(store, ["task_id", "trial_id"] if "trial_id" in store.fields else [], idx.steps):
+            with _reading(store, ["task_id", "trial_id"], idx.steps):
                 _check_task_trial(store, row, env)
             if ep.id in why:
                 row["picked"] = why[ep.id]
@@ -318,7 +318,7 @@ def _check_task_trial(store, row: dict, env) -> None:
     against the stored ones at the episode's first replayed chunk step; a mismatch (the seed mapped to another
     init state than the run's: other mapping keys) makes the episode not verified. Sets row["task_id"],
     row["trial_id"] (the replayed ones) where the env reports them."""
-    if getattr(env, "trial_id", None) is None or "trial_id" not in store.fields:
+    if getattr(env, "trial_id", None) is None:
         return
     e, t = row["first_step"]["step"], row["first_step"]["t"]
     stored = tuple(int(store.read(f, [e])[0, t, row["env"]]) for f in ("task_id", "trial_id"))

@@ -51,15 +51,20 @@ def open_store(path: Path):
     the env, and whole files behind the fields it reads (`read_fields`) at its complete steps.
 
     Raises:
-        ReplayInputError: not a dagrl store, a field or attribute missing, or a damaged store (the message names
-            the array and chunk file: `storage.trajectories.DamagedStore`).
+        ReplayInputError: not a dagrl store, one of an older format (`pipelines.upgrade.store.store_refusal`: the
+            fix is `python -m pipelines.upgrade`), a field or attribute missing, or a damaged store (the message
+            names the array and chunk file: `storage.trajectories.DamagedStore`).
     """
+    from pipelines.upgrade.store import store_refusal
     from storage.trajectories import DamagedStore, TrajectoryStore
 
     try:
+        old = store_refusal(path)
         store = TrajectoryStore.open(path)
     except (FileNotFoundError, ValueError, KeyError) as exc:
         raise ReplayInputError(f"{exc}") from None
+    if old is not None:
+        raise ReplayInputError(old)
     missing = [f for f in _REQUIRED_FIELDS if f not in store.fields]
     if missing:
         raise ReplayInputError(f"trajectory store {path} lacks fields {missing} needed for replay; it was not "
@@ -77,8 +82,8 @@ def open_store(path: Path):
 
 
 def read_fields(store) -> list[str]:
-    """The fields replay reads: the `replay` fields of tasks.trajectory, and task_id / trial_id where stored."""
-    return [*_REQUIRED_FIELDS, *(f for f in ("task_id", "trial_id") if f in store.fields)]
+    """The fields replay reads: the `replay` fields of tasks.trajectory, and task_id / trial_id."""
+    return [*_REQUIRED_FIELDS, "task_id", "trial_id"]
 
 
 @contextlib.contextmanager

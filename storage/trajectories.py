@@ -14,9 +14,9 @@ Layout of a store at ``path`` (a directory), schema version 2::
 ``B`` the envs, ``S`` the shards. The field names, shapes and meanings of a training run's store are the stored
 fields of ``tasks.trajectory`` (the one spec; README "Trajectory fields").
 
-Schema versions: 2 (this layout) is written; 1 (the same arrays, the per-step group named ``epochs`` and its
-docs calling a training step a rollout "epoch") is read, and a resumed run keeps writing a version-1 store in its
-own layout. Every API takes and returns training steps for both.
+Older formats (schema version 1, a store without the attempt arrays or without ``store_id``) are refused where a
+store is opened (:class:`OldStore`: one line naming the store and ``python -m pipelines.upgrade``, which rewrites it
+once; ``storage.store_upgrade``). Readers and writers see today's layout only.
 
 Attempts (data shown once, and only when whole): a step that is redone (a retry after a lost worker, a rollback
 to a checkpoint, a resume) calls :meth:`TrajectoryStore.reserve` again, which starts a new attempt of the step
@@ -25,7 +25,6 @@ complete (:meth:`TrajectoryStore.complete_steps`, the one reader API: replay, SF
 index) only when ``complete[n]`` is set AND every shard's ``shard_attempt`` equals ``attempt[n]``, so a
 half-rewritten step (shard 0 new, shard 1 old) is never shown. A rollback or resume to step k calls
 :meth:`TrajectoryStore.invalidate_from` (k): steps >= k are not complete until they are redone.
-Stores written before attempts existed (no ``attempt`` array) read as before: ``complete[n]`` alone.
 
 Damage (files lost or garbled after the run wrote them): zarr reads a missing chunk file as the fill value, zeros,
 without a word. Every shard write stores all its chunk files, so a chunk file missing from a written step is damage.
@@ -36,9 +35,9 @@ naming the store, the array, the chunk file with its step and envs, and the fix.
 methods only (never ``zarr.open`` on a store); :meth:`TrajectoryStore.check_files` runs the same check without
 reading (a config check, replay's up-front check).
 
-Identity: a store created by this version carries a random ``store_id`` attribute; :meth:`TrajectoryStore.fingerprint`
-(the id, or the creation time of an older store, plus a digest of the layout, the complete steps with their attempts
-and the caller attributes) tells two recordings at one path apart without reading field data.
+Identity: a store carries a random ``store_id`` attribute; :meth:`TrajectoryStore.fingerprint` (the id plus a digest
+of the layout, the complete steps with their attempts and the caller attributes) tells two recordings at one path
+apart without reading field data.
 
 Concurrency (zarr 3 loses data when two writers touch one chunk, and on concurrent resizes):
 
@@ -67,12 +66,10 @@ import numpy as np
 import zarr
 
 SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # 1: the per-step group is named "epochs"
 
 _RESERVED_ATTRS = ("schema_version", "created_at", "layout", "store_id")
 _FIELDS_GROUP = "fields"
 _STEPS_GROUP = "steps"
-_STEPS_GROUP_V1 = "epochs"
 _COMPLETE = "complete"
 _ATTEMPT = "attempt"
 _SHARD_ATTEMPT = "shard_attempt"
@@ -81,7 +78,8 @@ _STEP_CHUNK = 1024
 _ARRAY_CONFIG = {"write_empty_chunks": True}
 # zarr 3's default compressor for numbers (zstd, level 0) with zstd's content checksum on: a flipped bit in a field's
 # chunk file is a decode error ("Restored data doesn't match checksum") that the verified read names, instead of a
-# value read back silently changed. Stores written before carry their own codecs in their metadata (no checksum).
+# value read back silently changed. A store written before keeps its own codecs in its metadata (no checksum; zarr
+# reads them as they are); `python -m pipelines.upgrade` writes today's when it rewrites a store of an older format.
 _FIELD_COMPRESSORS = (zarr.codecs.ZstdCodec(level=0, checksum=True),)
 
 
@@ -117,6 +115,36 @@ class DamagedStore(ValueError):
     """A trajectory store whose files contradict its own metadata: a field's array metadata missing or unreadable,
     or a chunk file of a complete step missing (zarr would read it as the fill value, silently) or not decodable.
     The message is one line naming the store, the array, the chunk file (step, envs) where known and the fix."""
+
+
+class OldStore(ValueError):
+    """A trajectory store of an older format (module docstring): one line naming the store, what is old and the fix,
+    ``python -m pipelines.upgrade <its run directory, or the store>``."""
+
+
+def upgrade_target(path: str | os.PathLike) -> Path:
+    """What ``python -m pipelines.upgrade`` takes to rewrite the store at ``path``: its run directory when it is a
+    run's store (``<run_dir>/trajectories.zarr`` beside ``config.yaml``), else the store itself (a recording)."""
+    path = Path(path)
+    return path.parent if (path.parent / "config.yaml").is_file() else path
+
+
+def old_store_line(path: str | os.PathLike, what: str) -> str:
+    """The one line a reader of a store of an older format raises (:class:`OldStore`, and the run-level checks of
+    ``pipelines.upgrade.store``): the store, what is old, the fix."""
+    return (f"trajectory store {path} is of an older format ({what}): rewrite it once with "
+            f"`python -m pipelines.upgrade {upgrade_target(path)}`")
+
+
+def old_parts(group: zarr.Group) -> list[str]:
+    """What is of an older format in an opened store group (its schema version read): schema version 1 (the
+    per-step group named ``epochs``), no ``steps/attempt`` / ``steps/shard_attempt``, no ``store_id``; [] when
+    current."""
+    if group.attrs["schema_version"] == 1:
+        return ["schema version 1"]
+    steps = group[_STEPS_GROUP] if _STEPS_GROUP in group else {}
+    out = [f"no {_STEPS_GROUP}/{n} array" for n in (_ATTEMPT, _SHARD_ATTEMPT) if n not in steps]
+    return out + ([] if group.attrs.get("store_id") else ["no store_id attribute"])
 
 
 class StoreGone(FileNotFoundError):
@@ -194,17 +222,15 @@ def _open_group(path: Path, mode: str = "r+") -> zarr.Group:
     version = group.attrs.get("schema_version")
     if version is None or "layout" not in group.attrs:
         raise ValueError(f"{path} is a zarr group but not a dagrl trajectory store (no schema_version/layout attrs)")
-    if version not in READABLE_VERSIONS:
+    if version not in (1, SCHEMA_VERSION):
         raise ValueError(
-            f"trajectory store at {path} has schema_version {version}, this dagrl reads versions "
-            f"{list(READABLE_VERSIONS)}; read it with a matching dagrl version or start a new run directory"
+            f"trajectory store at {path} has schema_version {version}, this dagrl reads version {SCHEMA_VERSION}; "
+            f"read it with a matching dagrl version or start a new run directory"
         )
+    old = old_parts(group)
+    if old:
+        raise OldStore(old_store_line(path, ", ".join(old)))
     return group
-
-
-def _steps_group(group: zarr.Group) -> str:
-    """Name of the per-step group of an opened store: ``steps`` (schema 2), ``epochs`` (schema 1)."""
-    return _STEPS_GROUP_V1 if group.attrs["schema_version"] == 1 else _STEPS_GROUP
 
 
 class TrajectoryStore:
@@ -213,7 +239,7 @@ class TrajectoryStore:
     def __init__(self, path: str | os.PathLike, group: zarr.Group):
         self._path = Path(path)
         self._group = group
-        self._steps = _steps_group(group)  # "steps", or "epochs" in a schema-1 store
+        self._steps = _STEPS_GROUP
         attrs = group.attrs.asdict()
         layout = attrs["layout"]
         self._T = int(layout["T"])
@@ -267,7 +293,6 @@ class TrajectoryStore:
             missing = {k: v for k, v in attrs.items() if k not in group.attrs}
             if missing:
                 group.attrs.update(missing)
-            _ensure_attempt_arrays(group, num_envs // shard_size)
             return cls(path, group)
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             raise ValueError(f"{path} exists and is not an empty directory nor a trajectory store; pick another path")
@@ -293,7 +318,9 @@ class TrajectoryStore:
             )
         eg = group.create_group(_STEPS_GROUP)
         eg.create_array(_COMPLETE, shape=(0,), chunks=(_STEP_CHUNK,), dtype="bool", fill_value=False)
-        _ensure_attempt_arrays(group, num_envs // shard_size)
+        eg.create_array(_ATTEMPT, shape=(0,), chunks=(_STEP_CHUNK,), dtype="int64", fill_value=0)
+        eg.create_array(_SHARD_ATTEMPT, shape=(0, num_envs // shard_size), chunks=(1, 1), dtype="int64",
+                        fill_value=-1, config=_ARRAY_CONFIG)
         return cls(path, group)
 
     @classmethod
@@ -367,8 +394,6 @@ class TrajectoryStore:
                 if arr.shape[0] < need:
                     arr.resize((need, *arr.shape[1:]))  # zarr 3: updates this handle's shape too
         arrays[-1][step] = False  # first: a reader never sees the step complete mid-attempt
-        if not self._has_attempts():
-            return 1
         att = self._step_array(_ATTEMPT)
         new = int(att[step]) + 1
         att[step] = new
@@ -387,9 +412,7 @@ class TrajectoryStore:
         return self._growing
 
     def attempt(self, step: int) -> int:
-        """The latest attempt id of ``step`` (0: never reserved; 1 for stores written before attempts existed)."""
-        if not self._has_attempts():
-            return 1
+        """The latest attempt id of ``step`` (0: never reserved)."""
         return int(self._step_array(_ATTEMPT)[int(step)])
 
     def invalidate_from(self, step: int) -> list[int]:
@@ -412,8 +435,6 @@ class TrajectoryStore:
     def shards_written(self, step: int) -> np.ndarray:
         """Bool ``[S]``: whether each shard has written the latest attempt of ``step``."""
         step = int(step)
-        if not self._has_attempts():
-            return np.ones(self.num_shards, bool)
         return self._step_array(_SHARD_ATTEMPT)[step] == self._step_array(_ATTEMPT)[step]
 
     def mark_complete(self, step: int, **per_step_scalars: Any) -> None:
@@ -466,7 +487,7 @@ class TrajectoryStore:
         """Steps whose latest attempt is whole: ``complete[n]`` set and every shard wrote ``attempt[n]``.
         int64 ``[n]``, ascending. The one list every reader of a store's data should use."""
         done = self._step_array(_COMPLETE)[:]
-        if self._has_attempts() and done.any():
+        if done.any():
             whole = (self._step_array(_SHARD_ATTEMPT)[:] == self._step_array(_ATTEMPT)[:][:, None]).all(axis=1)
             done &= whole[:done.shape[0]]
         return np.flatnonzero(done).astype(np.int64)
@@ -573,8 +594,7 @@ class TrajectoryStore:
 
     def fingerprint(self) -> str:
         """The identity of the data a reader of this store gets, without reading field data: one line
-        ``store <store_id[:12]> (created <created_at>), <k> complete steps, digest <sha256[:16]>`` (a store
-        written before ``store_id`` existed: ``store created <created_at>, ...``). The digest covers the store id,
+        ``store <store_id[:12]> (created <created_at>), <k> complete steps, digest <sha256[:16]>``. The digest covers the store id,
         the creation time, the layout, the complete steps with their attempt ids and the caller attributes (a
         recording's episode index among them): a store re-recorded at the same path, a step added, redone or
         invalidated, gives another fingerprint; the same files copied elsewhere give the same one.
@@ -584,18 +604,15 @@ class TrajectoryStore:
         """
         attrs = self.attrs
         done = self._complete_for_check()
-        attempts = (self._step_array(_ATTEMPT)[:][done].tolist() if self._has_attempts() and len(done)
-                    else [1] * len(done))
+        attempts = self._step_array(_ATTEMPT)[:][done].tolist() if len(done) else []
         user = {k: v for k, v in attrs.items() if k not in _RESERVED_ATTRS}
         blob = json.dumps({"store_id": attrs.get("store_id"), "created_at": attrs.get("created_at"),
                            "schema_version": attrs.get("schema_version"), "layout": attrs.get("layout"),
                            "complete": [int(n) for n in done], "attempts": attempts, "attrs": user},
                           sort_keys=True, default=str)
         digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
-        sid = attrs.get("store_id")
-        who = f"store {str(sid)[:12]} (created {attrs.get('created_at')})" if sid else \
-            f"store created {attrs.get('created_at')}"
-        return f"{who}, {len(done)} complete steps, digest {digest}"
+        return (f"store {str(attrs['store_id'])[:12]} (created {attrs.get('created_at')}), {len(done)} complete "
+                f"steps, digest {digest}")
 
     def _complete_for_check(self) -> np.ndarray:
         """:meth:`complete_steps`, a damaged step bookkeeping raised as DamagedStore."""
@@ -667,28 +684,9 @@ class TrajectoryStore:
     def _step_array(self, name: str) -> zarr.Array:
         return self._group[f"{self._steps}/{name}"]
 
-    def _has_attempts(self) -> bool:
-        return _ATTEMPT in self._group[self._steps]
-
     def __repr__(self) -> str:
         return (f"TrajectoryStore({str(self._path)!r}, N={self.num_steps}, T={self._T}, B={self._num_envs}, "
                 f"shard_size={self._shard_size}, fields={sorted(self._fields)})")
-
-
-def _ensure_attempt_arrays(group: zarr.Group, num_shards: int) -> None:
-    """Add ``steps/attempt`` and ``steps/shard_attempt`` to a store (new, or written before attempts existed:
-    its complete steps count as attempt 1 written by every shard). Driver only."""
-    eg = group[_steps_group(group)]
-    E = int(eg[_COMPLETE].shape[0])
-    if _ATTEMPT not in eg:
-        att = eg.create_array(_ATTEMPT, shape=(E,), chunks=(_STEP_CHUNK,), dtype="int64", fill_value=0)
-        if E:
-            att[:] = 1
-    if _SHARD_ATTEMPT not in eg:
-        sa = eg.create_array(_SHARD_ATTEMPT, shape=(E, num_shards), chunks=(1, 1), dtype="int64", fill_value=-1,
-                             config=_ARRAY_CONFIG)
-        if E:
-            sa[:] = 1
 
 
 # ---- worker side -----------------------------------------------------------------------------------------
@@ -700,8 +698,8 @@ class _Opened:
     shard_size: int
     fields: dict[str, FieldSpec]
     arrays: dict[str, zarr.Array]
-    attempt: zarr.Array | None = None  # steps/attempt (None: a store written before attempts existed)
-    shard_attempt: zarr.Array | None = None
+    attempt: zarr.Array  # steps/attempt
+    shard_attempt: zarr.Array  # steps/shard_attempt
 
 
 _CACHE: dict[str, _Opened] = {}
@@ -713,10 +711,9 @@ def _open_for_write(path: str) -> _Opened:
     layout = group.attrs["layout"]
     fields = {name: FieldSpec.from_json(d) for name, d in layout["fields"].items()}
     arrays = {name: group[f"{_FIELDS_GROUP}/{name}"].with_config(_ARRAY_CONFIG) for name in fields}
-    eg = group[_steps_group(group)]
-    att = eg[_ATTEMPT] if _ATTEMPT in eg else None
-    sha = eg[_SHARD_ATTEMPT].with_config(_ARRAY_CONFIG) if _SHARD_ATTEMPT in eg else None
-    E = min([a.shape[0] for a in arrays.values()] + [a.shape[0] for a in (att, sha) if a is not None] or [0])
+    eg = group[_STEPS_GROUP]
+    att, sha = eg[_ATTEMPT], eg[_SHARD_ATTEMPT].with_config(_ARRAY_CONFIG)
+    E = min([a.shape[0] for a in arrays.values()] + [att.shape[0], sha.shape[0]])
     return _Opened(E, int(layout["T"]), int(layout["num_envs"]), int(layout["shard_size"]), fields, arrays, att, sha)
 
 
@@ -767,15 +764,14 @@ def write_shard(path: str, *, step: int, shard: int, data: Mapping[str, np.ndarr
         if value.dtype != np.dtype(spec.dtype):
             raise ValueError(f"field {name!r}: expected dtype {spec.dtype}, got {value.dtype}")
         arrays[name] = value
-    if attempt is None and opened.attempt is not None:
+    if attempt is None:
         attempt = int(opened.attempt[step])
     lo, hi = shard * opened.shard_size, (shard + 1) * opened.shard_size
     nbytes = 0
     for name, value in arrays.items():
         opened.arrays[name][step, :, lo:hi] = value
         nbytes += value.nbytes
-    if opened.shard_attempt is not None:  # last: the shard counts as written only once its data is
-        opened.shard_attempt[step, shard] = int(attempt)
+    opened.shard_attempt[step, shard] = int(attempt)  # last: the shard counts as written only once its data is
     return {"bytes": nbytes, "seconds": time.perf_counter() - t0}
 
 

@@ -23,7 +23,7 @@ from tasks.config import Config
 from tasks.device import autocast, to_device
 from tasks.envs import make_shard
 from tasks.policies import make_policy
-from tasks.prompts import instruction, instructions, policy_obs
+from tasks.prompts import instructions, policy_obs
 from tasks.rollout import num_values
 
 
@@ -189,7 +189,7 @@ def _dataset(cfg: Config) -> dict[str, np.ndarray]:
         st = TrajectoryStore.open(store_path)
         rows = sft_index(store_path, only_success and not value)
         out = {}
-        for k in SFT_FIELDS:  # task_id: each sample's prompt (stores since issue 12)
+        for k in SFT_FIELDS:  # rgb: image stores only
             if k in st.fields:
                 out[k] = gather(st, k, rows)
         if value:
@@ -246,15 +246,13 @@ def sft_update(cfg: Config, run_id: str, weights: dict, *batch_lists: list[dict]
     policy, opt = actor.policy, actor.optimizer
     dev = next(policy.parameters()).device
     policy.train()
-    # a sample's prompt: the instruction table at its stored task_id; a store written before task_id was recorded
-    # holds one task's episodes: the (first selected) task's instruction, as before
-    table, legacy = instructions(cfg), instruction(cfg)
+    table = instructions(cfg)  # a sample's prompt: the instruction table at its stored task_id
     losses, norms, vlosses = [], [], []
     skipped = 0
     with update_rng(cfg, int(weights["version"]), 0, dev):  # the loss's draws: a function of (seed, version)
         for b in batches:
             obs = policy_obs(policy, b["obs"], b["rgb"] if "rgb" in b and cfg.env.obs_mode == "rgb" else None,
-                             table if "task_id" in b else legacy, b.get("task_id"))
+                             table, b["task_id"])
             obs, actions = to_device(obs, dev), torch.from_numpy(b["actions"]).to(dev)
             if "returns" in b:  # value warm start: BC on the selected samples, value regression on all
                 bc = torch.from_numpy(b["bc"]).to(dev)

@@ -263,6 +263,11 @@ class DamagedEvalRecord(ValueError):
     naming the file, what is wrong and the fix."""
 
 
+class OldEvalRecord(DamagedEvalRecord):
+    """An eval record of an older format: no `eval_layout` (written before 2026-12-04). The message is one line naming
+    the file and the fix, `python -m pipelines.upgrade RUN_DIR` (which adds the layout of the run's config)."""
+
+
 def _eval_files(run_dir, split: str) -> dict[int, Path]:
     """{step: path} of the eval record files of a run's split (by name only, nothing read), ascending steps."""
     d = _evals_dir(run_dir, split)
@@ -276,11 +281,13 @@ def read_evals(run_dir, split: str = "eval", upto: int | None = None) -> dict[in
     """Every eval record of a run's split ({step: record}, ascending steps; `upto`: those of steps <= upto only,
     the others not opened), each checked to be whole: a JSON
     object whose "step" is the step of its name and that holds "summary" and "episodes" (a record dropped silently
-    would move a run's baseline, best or regression check to another eval).
+    would move a run's baseline, best or regression check to another eval), and of today's format (its
+    `eval_layout`).
 
     Raises:
         DamagedEvalRecord: a record file unreadable, not valid JSON (e.g. truncated) or not a whole record (names
             the file and the fix: restore it, or move it aside to drop that eval).
+        OldEvalRecord: a record without `eval_layout` (names the file and `python -m pipelines.upgrade RUN_DIR`).
     """
     found: dict[int, dict] = {}
     for step, f in _eval_files(run_dir, split).items():
@@ -297,6 +304,9 @@ def read_evals(run_dir, split: str = "eval", upto: int | None = None) -> dict[in
             raise DamagedEvalRecord(f"eval record {f} is damaged ({why}); eval records are written whole, so it was "
                                     f"cut or changed since: restore it from a copy, or move it aside (mv {f} "
                                     f"{f}.damaged) and that eval is no longer counted") from None
+        if "eval_layout" not in rec:
+            raise OldEvalRecord(f"eval record {f} is of an older format (no eval_layout): rewrite its run once with "
+                                f"`python -m pipelines.upgrade {Path(run_dir)}`")
         found[step] = rec
     return found
 
@@ -361,13 +371,13 @@ def pick_baseline(run_evals: Mapping[int, Mapping], start: Mapping | None) -> tu
         ("run", 0) when the run evaluated its start (step 0: runner.val_at_start); else ("start", None) when
         `start` played exactly the run's episodes with the same `eval_seed` and `eval_layout` (then the
         deterministic eval of the same weights on the same episodes is the same eval: measured, 200 of 200 episodes
-        identical, issue 11; records without a layout, written before 2026-12-04, pair only with each other); else
+        identical, issue 11); else
         ("run", first step) once the run has two evals; else None (nothing to pair with yet)."""
     if 0 in run_evals:
         return "run", 0
     if start is not None and run_evals:
         first = run_evals[min(run_evals)]
-        if (start.get("eval_seed") == first.get("eval_seed") and start.get("eval_layout") == first.get("eval_layout")
+        if (start["eval_seed"] == first["eval_seed"] and start["eval_layout"] == first["eval_layout"]
                 and set(map(str, start.get("episodes", {}))) == set(map(str, first.get("episodes", {})))):
             return "start", None
     if len(run_evals) > 1:

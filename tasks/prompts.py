@@ -36,12 +36,26 @@ def prompt_tokens(policy: torch.nn.Module, prompts, task_id=None, batch: int | N
     return tokens[idx]
 
 
+CAMERA_KEYS = ("rgb", "wrist_rgb")  # the policy's obs keys of an env's cameras, in the env's camera order
+
+
 def policy_obs(policy: torch.nn.Module, state, rgb, prompts, task_id=None) -> dict[str, torch.Tensor]:
-    """The policy's observation dict from arrays or tensors: state f32 [B, O], rgb u8 [B, H, W, 3] or None;
-    prompts: the instruction table (or one string), task_id int [B] into it (None: 0 for every sample)."""
+    """The policy's observation dict from arrays or tensors: state f32 [B, O], rgb u8 [B, H, W, 3] (one camera)
+    or [B, K, H, W, 3] (K cameras: LIBERO's env.wrist_camera; camera k becomes obs[CAMERA_KEYS[k]], each
+    [B, H, W, 3]) or None; prompts: the instruction table (or one string), task_id int [B] into it (None: 0 for
+    every sample).
+
+    Raises ValueError for more cameras than CAMERA_KEYS names."""
     obs = {"state": torch.as_tensor(state)}
     if rgb is not None:
-        obs["rgb"] = torch.as_tensor(rgb)
+        rgb = torch.as_tensor(rgb)
+        if rgb.dim() == 5:  # [B, K, H, W, 3] -> K x [B, H, W, 3]
+            if rgb.shape[1] > len(CAMERA_KEYS):
+                raise ValueError(f"{rgb.shape[1]} cameras per observation; the policies' obs name "
+                                 f"{len(CAMERA_KEYS)} ({list(CAMERA_KEYS)})")
+            obs.update({CAMERA_KEYS[k]: rgb[:, k] for k in range(rgb.shape[1])})
+        else:
+            obs["rgb"] = rgb
     tok = prompt_tokens(policy, prompts, task_id, len(state))
     if tok is not None:
         obs["prompt"] = tok

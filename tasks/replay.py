@@ -17,14 +17,14 @@ def env_config_from_store(attrs: dict, run_env: dict):
     """The env config (its family's class) that rebuilds the store's env: ids and modes from the store attrs,
     backend and flags from the run's saved env section, then what the family adds (`tasks.envs.config_from_store`:
     ManiSkill the robot's visual LOD of the images, so replay videos show the arm as the run rendered it; LIBERO
-    the seed -> init state mapping). Stores written before the `simulator` attr are ManiSkill's."""
+    the seed -> init state mapping)."""
     from tasks.envs import config_from_store
     common = dict(env_id=attrs["env_id"], obs_mode=attrs["obs_mode"], control_mode=attrs["control_mode"],
                   reward_mode=attrs["reward_mode"], sim_backend=run_env.get("sim_backend", "physx_cpu"),
                   max_episode_steps=attrs.get("max_episode_steps"),
                   ignore_terminations=bool(run_env.get("ignore_terminations", False)),
                   auto_reset=bool(run_env.get("auto_reset", True)))
-    return config_from_store(attrs.get("simulator", "maniskill"), attrs, run_env, common)
+    return config_from_store(attrs["simulator"], attrs, run_env, common)
 
 
 def _max_abs(a: np.ndarray, b: np.ndarray) -> float:

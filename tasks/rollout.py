@@ -58,6 +58,7 @@ class Replica:
     version: int = -1
     dtype: str = "float32"  # policy.dtype: float32 | bfloat16 (autocast)
     last_sync: dict | None = None  # the last get_replica's weight load: {"seconds", "bytes"} (0, 0: none)
+    base_key: str | None = None  # the key of the full weights whose frozen tensors it holds (tasks.weights.load_into)
     moved_s: float = 0.0  # seconds moving the module between devices since the last `take_moved` (offload)
 
     def take_moved(self) -> float:
@@ -92,8 +93,10 @@ def get_replica(cfg: Config, run_id: str, weights: dict, obs_dim: int, action_di
     """The resident policy replica of this worker on `policy.device`, loaded with `weights` (versioned weights
     or a handle, tasks.weights): a load, and for a handle a fetch, only when the version changed. Sets
     `last_sync` to the load's {"seconds" (fetch + load_state_dict), "bytes" (of the state dict)}, zeros without
-    a load; moves an offloaded replica back onto its device first."""
-    from tasks.weights import fetch, state_dict_nbytes
+    a load; moves an offloaded replica back onto its device first. Partial weights (only the trainable tensors)
+    load on top of the base weights, which are loaded first when the replica does not hold them
+    (tasks.weights.load_into)."""
+    from tasks.weights import load_into
     dev = policy_device(cfg)
     rep, _ = resident.get_or_create(f"{run_id}/policy", lambda: Replica(
         make_policy(cfg.policy, obs_dim=obs_dim, action_dim=action_dim, num_values=num_values(cfg),
@@ -105,11 +108,10 @@ def get_replica(cfg: Config, run_id: str, weights: dict, obs_dim: int, action_di
     rep.last_sync = {"seconds": 0.0, "bytes": 0}
     if rep.version != weights["version"]:
         t0 = time.perf_counter()
-        sd = fetch(weights)
-        rep.module.load_state_dict(sd)
+        nbytes, rep.base_key = load_into(rep.module, weights, rep.base_key)
         rep.module.eval()
         rep.version = weights["version"]
-        rep.last_sync = {"seconds": time.perf_counter() - t0, "bytes": state_dict_nbytes(sd)}
+        rep.last_sync = {"seconds": time.perf_counter() - t0, "bytes": nbytes}
     return rep
 
 

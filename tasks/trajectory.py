@@ -41,13 +41,16 @@ class Dims:
     num_values: int  # V: C for action-level rewards, else 1
     image_size: int | None  # H (= W) with obs_mode=rgb; None: no rgb field
     action_level: bool = False  # reward_type=action_level: advantages / returns per action
+    num_cameras: int = 1  # K camera images per observation (tasks.envs.num_cameras); K > 1: rgb is [K, H, H, 3]
 
     @classmethod
     def from_config(cls, cfg, obs_dim: int, action_dim: int) -> Dims:
         """Dims of a config (`tasks.config.Config`) and its env task's (obs_dim, action_dim)."""
+        from tasks.envs import num_cameras as env_num_cameras
         return cls(obs_dim=int(obs_dim), action_dim=int(action_dim), num_action_chunks=cfg.policy.num_action_chunks,
                    num_values=num_values(cfg), image_size=cfg.env.image_size if cfg.env.obs_mode == "rgb" else None,
-                   action_level=cfg.algorithm.reward_type == "action_level")
+                   action_level=cfg.algorithm.reward_type == "action_level",
+                   num_cameras=max(env_num_cameras(cfg.env), 1))
 
 
 def num_values(cfg) -> int:
@@ -96,12 +99,21 @@ def _scalar(d: Dims) -> tuple[int, ...]:
     return ()
 
 
+def _image_shape(d: Dims) -> tuple[int, ...] | None:
+    """(H, H, 3) with one camera, (K, H, H, 3) with K > 1, None without images."""
+    if d.image_size is None:
+        return None
+    one = (d.image_size, d.image_size, 3)
+    return (d.num_cameras, *one) if d.num_cameras > 1 else one
+
+
 FIELDS: tuple[Field, ...] = (
     Field("obs", "O", lambda d: (d.obs_dim,), "float32", "observation",
           "observation the chunk was chosen from (state vector)", stored=True, update=True, replay=True,
           recorded=True),
-    Field("rgb", "H, H, 3", lambda d: None if d.image_size is None else (d.image_size, d.image_size, 3), "uint8",
-          "observation", "camera image of the same observation (pixels, 0-255)", stored=True, update=True,
+    Field("rgb", "[K,] H, H, 3", _image_shape, "uint8", "observation",
+          "camera image of the same observation (pixels, 0-255); with K > 1 cameras (LIBERO's env.wrist_camera) "
+          "[K, H, H, 3], cameras in the order of tasks.prompts.CAMERA_KEYS", stored=True, update=True,
           recorded=True, when="env.obs_mode=rgb"),
     Field("task_id", "", _scalar, "int64", "observation",
           "task of the observation: its index in the run's instruction table (`tasks.envs.instructions`; the "

@@ -23,6 +23,15 @@ Why not a Dask public API: `benchmarks/weight_transfer.py` measures the custom p
 (same speed, but a managed copy of the full weights on every replica worker) and a driver scatter (2-4x slower,
 the weights through the driver); see its docstring for the numbers.
 
+Partial weights (only the trainable tensors): when the actor's policy has frozen parameters (LoRA, `policy.freeze`)
+and says what an update can change (the policy capability `sync_state()` -> the trainable tensors, None when nothing
+is frozen; `load_sync_state(state)` loads them into a replica), an update's output is
+`{"version", "state_dict": <trainable tensors>, "partial": True, "base_key"}`: `base_key` is the Dask key of the run's
+initial full weights (the init graph's `actor_init`, which the runner's scheduler keeps alive for the run). A replica
+(`load_into`) loads the base when its key differs from the one it holds (a first load, a re-initialised actor), then
+the partial state on top; frozen tensors never change, so base + the newest partial state equal the actor's full
+weights. Initial weights, eval weights (the average), checkpoints and exports stay full.
+
 Accounting: `get_replica` (tasks.rollout) times each load (fetch + `load_state_dict`) and counts its bytes
 (`state_dict_nbytes`); rollout nodes report them as `weight_sync` = {"seconds", "bytes"} and the step's metrics
 hold `time/weight_sync` (the slowest worker's load, s) and `system/weight_sync_mb` (MB loaded into replicas in the
@@ -77,15 +86,60 @@ def fetch(weights: dict, timeout_s: float = 120.0) -> dict:
         return weights["state_dict"]
     from distributed import get_worker
     try:
-        worker = get_worker()
+        get_worker()
     except ValueError:
         raise RuntimeError(f"weights handle of {weights['key']!r}: handles resolve inside Dask worker tasks only; "
                            f"pass {{'version', 'state_dict'}} when calling rollout tasks directly") from None
-    key = weights["key"]
+    return fetch_key(weights["key"], timeout_s)["state_dict"]
+
+
+def fetch_key(key: str, timeout_s: float = 120.0) -> dict:
+    """The versioned weights held under Dask key `key` (this worker's memory when it holds them, else pulled worker
+    to worker); inside a Dask worker task only.
+
+    Raises:
+        RuntimeError: called outside a Dask worker task, or no worker holds the key within `timeout_s`.
+    """
+    from distributed import get_worker
+    try:
+        worker = get_worker()
+    except ValueError:
+        raise RuntimeError(f"weights {key!r}: keys resolve inside Dask worker tasks only") from None
     if key in worker.data:  # the actor's own worker (colocated replica, policy_infer): no transfer
-        return worker.data[key]["state_dict"]
+        return worker.data[key]
     from distributed.utils import sync
-    return sync(worker.loop, _pull, worker, key, timeout_s)["state_dict"]
+    return sync(worker.loop, _pull, worker, key, timeout_s)
+
+
+def partial(version, state_dict: dict, base_key: str) -> dict:
+    """Partial versioned weights (module docstring): the trainable tensors `state_dict` of weight version
+    `version`, to be loaded on top of the full weights held under Dask key `base_key`."""
+    return {"version": version, "state_dict": state_dict, "partial": True, "base_key": base_key}
+
+
+def load_into(module: torch.nn.Module, weights: dict, held_base: str | None) -> tuple[int, str | None]:
+    """Load versioned weights (or a handle of them) into a replica's `module`, which holds the base weights of key
+    `held_base` (None: none known). Full weights: `load_state_dict` (strict). Partial weights: the base first when
+    `held_base` differs from `weights["base_key"]`, then `module.load_sync_state(state)`.
+    Returns (bytes loaded: the state dicts' tensors, the base key the module now holds: a full load from a handle
+    holds its own key, from a plain dict None).
+
+    Raises:
+        RuntimeError: as `fetch` (a handle's holder lost); torch's on a state dict that does not fit.
+        KeyError / ValueError: a partial state that is not the module's (its `load_sync_state`).
+    """
+    sd = fetch(weights)
+    nbytes = state_dict_nbytes(sd)
+    if not weights.get("partial"):
+        module.load_state_dict(sd)
+        return nbytes, weights.get("key") if is_handle(weights) else None
+    base = weights["base_key"]
+    if held_base != base:
+        full = fetch_key(base)["state_dict"]
+        module.load_state_dict(full)
+        nbytes += state_dict_nbytes(full)
+    module.load_sync_state(sd)
+    return nbytes, base
 
 
 async def _pull(worker, key: str, timeout_s: float):

@@ -108,6 +108,7 @@ TIERS: dict[str, str] = {
     "tests/test_vla_recipe.py": "cluster",
     "tests/pipelines/test_actor_ranks.py": "cluster",
     "tests/pipelines/test_libero_eval.py": "cluster",
+    "tests/pipelines/test_libero_pi0.py": "cluster",
     "tests/pipelines/test_recovery_async.py": "cluster",
     # the tests of a file that start a cluster or a real run
     "tests/pipelines/test_async.py::test_smoke_run_with_max_staleness_one": "cluster",
@@ -151,6 +152,7 @@ TIERS: dict[str, str] = {
     "tests/tasks/envs/test_mesh_lod.py::test_lod_keeps_the_dynamics_bit_exact_and_the_image_close": "sim",
     "tests/tasks/envs/test_libero.py::@env": "sim",
     "tests/tasks/envs/test_libero.py::@object_env": "sim",
+    "tests/tasks/envs/test_libero_wrist.py::@wrist_env": "sim",
     "tests/tasks/envs/test_libero.py::test_libero_object_golden_frame": "sim",
 }
 
@@ -280,6 +282,8 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     _probe["on"] = bool(config.getoption("--tiers-probe"))
     _install_watch()
+    config.addinivalue_line("markers", "real_mlflow_schema: a new MLflow store's schema is built by MLflow's "
+                                       "migrations, not copied (tests/conftest.py, `_mlflow_schema_template`)")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -358,3 +362,63 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "failed"
         report.longrepr = (f"tier: this test is `{tier}` ({why}) but started {'; '.join(started)}: mark it "
                            f"`{need}` (a mark, or TIERS in tests/conftest.py)")
+
+
+# ----- one MLflow schema per session (the unit tier's time, README "Tests") -----
+#
+# MLflow builds a new sqlite store's schema with its initial tables and ~40 alembic migrations
+# (`mlflow.store.db.utils._initialize_tables`): ~1-2 s of CPU and a few hundred fsyncs (5-8 s under load) for every
+# store a test creates. In this process the first build is real and kept as a file (a session temporary); every
+# later one copies that file into the new database with sqlite's backup API, logging MLflow's two INFO lines as the
+# real one does. The copy is MLflow's own schema at MLflow's head revision and nothing else: the Default experiment
+# and the artifact root are then made by MLflow (SqlAlchemyStore creates them on a store that lacks them), for the
+# new store's path. `tests/test_mlflow_schema_template.py` checks that a copied store equals a built one. Processes
+# a test starts build their schema for real; a test marked `real_mlflow_schema` (or one that runs before anything
+# imported `mlflow.store.db.utils`) builds it for real too.
+
+_SCHEMA_TEMPLATE: dict = {}  # "path": the file whose schema a real `_initialize_tables` built, "real": that function
+
+
+def _copy_schema_template(engine) -> None:
+    """`_initialize_tables(engine)` for a sqlite file database: the kept schema copied in (built at the first
+    call, by the real function)."""
+    import logging
+    import sqlite3
+    import tempfile
+    from pathlib import Path
+
+    import sqlalchemy
+    real = _SCHEMA_TEMPLATE["real"]
+    if engine.dialect.name != "sqlite" or not engine.url.database or engine.url.database == ":memory:":
+        return real(engine)
+    if "path" not in _SCHEMA_TEMPLATE:
+        path = Path(tempfile.mkdtemp(prefix="dagrl-tests-mlflow-schema-")) / "schema.db"
+        built = sqlalchemy.create_engine(f"sqlite:///{path}")
+        real(built)
+        built.dispose()
+        _SCHEMA_TEMPLATE["path"] = path
+    log = logging.getLogger("mlflow.store.db.utils")  # what the real function logs
+    log.info("Creating initial MLflow database tables...")
+    log.info("Updating database tables")
+    src = sqlite3.connect(_SCHEMA_TEMPLATE["path"])
+    raw = engine.raw_connection()
+    try:
+        src.backup(raw.driver_connection)
+    finally:
+        raw.close()
+        src.close()
+
+
+@pytest.fixture(autouse=True)
+def _mlflow_schema_template(request):
+    """In this test, a new MLflow sqlite store gets the session's kept schema (the section above), unless the test
+    is marked `real_mlflow_schema` or `mlflow.store.db.utils` is not imported yet."""
+    import sys
+    utils = sys.modules.get("mlflow.store.db.utils")
+    if utils is None or request.node.get_closest_marker("real_mlflow_schema"):
+        yield
+        return
+    _SCHEMA_TEMPLATE.setdefault("real", utils._initialize_tables)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(utils, "_initialize_tables", _copy_schema_template)
+        yield

@@ -85,11 +85,18 @@ def test_cycle_finder_finds_a_cycle():
     assert _cycles(G(), {"a", "b", "c", "d"}) == [["a", "b", "c"]]
 
 
-def test_config_imports_nothing_else_of_tasks():
+def test_config_imports_nothing_else_of_tasks_but_the_estimator_specs():
+    """tasks.config reads one module of tasks besides its own, the estimator specs beside the estimators' math, and
+    that module imports nothing of ours; importing either imports no torch (tasks/algorithms/__init__.py is lazy)."""
     import grimp
-    g = grimp.build_graph("tasks", cache_dir=None)
+    g = grimp.build_graph("tasks", "pipelines", "storage", cache_dir=None)
     package = {"tasks.config", *g.find_descendants("tasks.config")}  # tasks.config is a package now
-    assert {m for p in package for m in g.find_modules_directly_imported_by(p) if m.startswith("tasks")} <= package
+    outside = {m for p in package for m in g.find_modules_directly_imported_by(p) if m.startswith("tasks")} - package
+    assert outside == {"tasks.algorithms.specs"}
+    assert not g.find_modules_directly_imported_by("tasks.algorithms.specs")
+    code = "import sys, tasks.algorithms.specs, tasks.config; print(sorted(m for m in sys.modules if m == 'torch'))"
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
 
 
 def test_no_import_cycle():

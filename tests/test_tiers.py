@@ -96,7 +96,11 @@ def test_every_tiers_entry_names_an_existing_test_or_fixture():
     meant falls back to `unit` and the run-time guard catches it only when it runs): every entry must match."""
     import fnmatch
 
-    from conftest import TIERS  # tests/ is on sys.path (rootdir conftest)
+    import importlib.util  # by path: `import conftest` may pick up a nested tests/**/conftest.py
+    spec = importlib.util.spec_from_file_location("_tiers_conftest", HERE / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    TIERS = module.TIERS
 
     root = HERE.parent
     stale = []

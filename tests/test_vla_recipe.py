@@ -82,7 +82,7 @@ def test_an_interrupted_recording_leaves_no_store_at_its_output_and_is_refused_a
     record.out (before: a half-written store there, which sft.store took); the partial store is refused as
     sft.store naming the fix; the same command again replaces the partial store and completes."""
     from pipelines.config import check_sft_store
-    from tasks.config import Config, ConfigError
+    from tasks.config import Config, ConfigError, replace_key
     _, _, _, teacher = recipe
     out = tmp_path / "demos.zarr"
     argv = ["conf=pushcube_record", f"run_root={tmp_path}", f"record.teacher={teacher}", f"record.out={out}",
@@ -97,8 +97,7 @@ def test_an_interrupted_recording_leaves_no_store_at_its_output_and_is_refused_a
     assert record_cli.main(argv) == 130
     partial = record_cli.partial_path(out)
     assert not out.exists() and TrajectoryStore.open(partial).complete_steps().tolist() == [0]
-    cfg = Config()
-    cfg.sft.store = str(partial)
+    cfg = replace_key(Config(), "sft.store", str(partial))
     with pytest.raises(ConfigError, match="is a recording that did not finish .* record again"):
         check_sft_store(cfg)
     monkeypatch.setattr(TrajectoryStore, "mark_complete", real)

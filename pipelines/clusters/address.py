@@ -22,7 +22,7 @@ from tasks.config.schema import ClusterConfig
 
 
 @register_family("cluster", "address", checks=(check_cluster, check_address))
-@dataclass
+@dataclass(frozen=True)
 class AddressClusterConfig(ClusterConfig):
     """`cluster` with `kind: address` (conf/cluster/address.yaml): the scheduler to connect to."""
 

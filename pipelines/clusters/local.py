@@ -27,7 +27,7 @@ from tasks.config.schema import ClusterConfig
 
 
 @register_family("cluster", "local", checks=(check_cluster, check_local))
-@dataclass
+@dataclass(frozen=True)
 class LocalClusterConfig(ClusterConfig):
     """`cluster` with `kind: local`: the embedded cluster's processes (conf/cluster/local.yaml)."""
 

@@ -83,6 +83,7 @@ class Scheduler:
         self.group: dict | None = None  # R > 1: {"master_addr", "master_port"} of the current generation
         self.actor_weights = None  # what the ranks take as weights: the init's (to build from), then {"version"}
         self.weights = None  # a Future of the newest versioned weights (what rollouts and evals take)
+        self.base_weights = None  # a Future of the init's full weights: the base of partial weights (tasks.weights)
         self.dims: tuple | None = None  # (obs_dim, action_dim), from the init graph
         self.stopping = False  # submit nothing more (the run is done; steps in flight drain)
         self.peak_rss = 0
@@ -120,6 +121,7 @@ class Scheduler:
         if self.ranks == 1:
             dims_f, w_f = self.client.get(init.graph, [init.dims, init.weights], sync=False)
             self.weights, self.dims = w_f, tuple(self._result([dims_f], "the init graph")[0])
+            self.base_weights = w_f  # kept for the run: replicas load it once under partial updates
             return
         dims_f, w_f, full_f, port_f = self.client.get(
             init.graph, [init.dims, init.weights, init.actor_weights, init.port], sync=False)

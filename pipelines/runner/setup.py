@@ -140,6 +140,7 @@ def resolve_resume(cfg: Config) -> Resume:
         raise ConfigError("runner.resume", resume, f"{run_dir} has no complete checkpoint to resume from")
     _check_intact(resume, run_dir, ckpt_path)
     state = RunState(**load_checkpoint(ckpt_path, keys=("run",))["run"]["runner"])
+    _check_formats(resume, run_dir, ckpt_path, state)
     _check_eval_records(resume, run_dir, state.step)
     state.inputs = _check_inputs(cfg, state)
     if len(state.cursors) != cfg.env.num_shards:
@@ -158,6 +159,25 @@ def resolve_resume(cfg: Config) -> Resume:
                           f"python -m pipelines.eval {ckpt_path}")
     params, changed = run_params(cfg, state.mlflow_run_id, tracking_uri(cfg))
     return Resume(state, Path(ckpt_path), params, changed)
+
+
+def _check_formats(resume: str, run_dir: Path, ckpt_path: Path, state: RunState) -> None:
+    """On resume: the env shard cursors of the checkpoint and the run's trajectory store are of today's format.
+
+    Raises:
+        ConfigError(runner.resume): one of an older format; one line naming the file and `python -m
+            pipelines.upgrade RUN_DIR` (the checkpoint and config formats are checked where they are read)."""
+    from pipelines.compose import refusal
+    from pipelines.upgrade.store import STORE_DIR, store_refusal
+    from tasks.envs.shard import is_cursor
+    old = [s for s, c in enumerate(state.cursors) if c is not None and not is_cursor(c)]
+    if old:
+        raise ConfigError("runner.resume", resume, refusal(ckpt_path / "meta.json",
+                                                           f"env shard cursors of shards {old}"))
+    if (run_dir / STORE_DIR / "zarr.json").is_file():
+        line = store_refusal(run_dir / STORE_DIR)
+        if line is not None:
+            raise ConfigError("runner.resume", resume, line)
 
 
 def _final_eval_recorded(run_dir: Path, step: int) -> bool:
@@ -221,7 +241,8 @@ def _check_eval_records(resume: str, run_dir: Path, step: int) -> None:
     superseded and removed) before anything starts: its baseline, best and regression decisions read them.
 
     Raises:
-        ConfigError: (runner.resume) a record is damaged; the message names the file and the fix.
+        ConfigError: (runner.resume) a record is damaged, or of an older format (no eval_layout); the message
+            names the file and the fix.
     """
     from tasks.evalstats import DamagedEvalRecord, read_evals
     try:

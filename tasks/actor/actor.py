@@ -27,12 +27,24 @@ class Actor:
     optimizer: torch.optim.Optimizer
     version: int = 0
     ema: dict | None = None
+    base_key: str | None = None  # Dask key of the run's initial full weights (tasks.weights' partial weights)
 
     def weights(self) -> dict:
         """Versioned weights for rollout replicas: {"version": int, "state_dict": CPU tensors} (copied off the
         actor's device, so replicas and checkpoints never hold references into it)."""
         return {"version": self.version,
                 "state_dict": {k: v.detach().to("cpu", copy=True) for k, v in self.policy.state_dict().items()}}
+
+    def sync_weights(self) -> dict:
+        """What an update hands the rollout replicas: partial weights (tasks.weights.partial: the trainable tensors
+        on top of the full weights under `base_key`) when the policy ships only part of its state (its
+        `sync_state()` capability returns a dict: frozen parameters) and the base's key is known; else `weights()`."""
+        sync_state = getattr(self.policy, "sync_state", None)
+        part = sync_state() if sync_state is not None and self.base_key is not None else None
+        if part is None:
+            return self.weights()
+        from tasks.weights import partial
+        return partial(self.version, part, self.base_key)
 
     def eval_weights(self) -> dict:
         """The weights evals and exports use: the average {"version": "ema:<v>", "state_dict": copies} when kept

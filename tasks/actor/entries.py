@@ -55,12 +55,14 @@ def _passthrough(traj: dict) -> dict:
     return {k: traj[k] for k in traj if k in tj.PASSTHROUGH or k == tj.Meta.WEIGHT_VERSION or tj.is_extra(k)}
 
 
-def actor_init(cfg: Config, run_id: str, dims: tuple[int, int], checkpoint: dict | None = None) -> dict:
+def actor_init(cfg: Config, run_id: str, dims: tuple[int, int], checkpoint: dict | None = None,
+               base_key=None) -> dict:
     """Create the resident actor for env dims (obs_dim, action_dim): fresh (seeded by `cfg.seed`) or from a
     loaded checkpoint (THE state format, tasks.actor.state: `policy`, `optimizer`, `rng`[, `policy_ema`], plus
     `run.weight_version`), continuing the process's RNG streams where the checkpoint's process left them (exact
     resume: the actor's worker also draws the disaggregated policy_infer's exploration noise). Returns its
-    versioned weights."""
+    versioned weights (full). `base_key`: the Dask key (tasks.weights.KeyName or str) this node's output is held
+    under: the actor's updates then hand out partial weights on top of it (`Actor.sync_weights`); None: full."""
     torch.manual_seed(seeding.model_init_seed(cfg.seed))
     actor = build_actor(cfg, *dims, load=checkpoint is None)  # a checkpoint overrides policy.model_path
     if checkpoint is None:
@@ -74,6 +76,7 @@ def actor_init(cfg: Config, run_id: str, dims: tuple[int, int], checkpoint: dict
     # the average continues from the checkpoint's; a checkpoint without one (a run resumed with ema_decay > 0 is
     # refused when its params differ: this is a new run starting from another run's checkpoint) starts it here
     ema_start(cfg, actor, (checkpoint or {}).get("policy_ema"))
+    actor.base_key = getattr(base_key, "key", base_key)
     resident.put(f"{run_id}/actor", actor)
     return actor.weights()
 
@@ -134,7 +137,13 @@ def actor_update(cfg: Config, run_id: str, weights: dict, *samples: dict) -> dic
 
     def rebuild() -> Actor:
         actor = build_actor(cfg, data["obs"].shape[-1], D, load=False)
-        load_model_state(actor.policy, weights["state_dict"])
+        if weights.get("partial"):  # the base's full weights, then the trainable tensors (tasks.weights)
+            from tasks.weights import fetch_key
+            load_model_state(actor.policy, fetch_key(weights["base_key"])["state_dict"])
+            actor.policy.load_sync_state(weights["state_dict"])
+            actor.base_key = weights["base_key"]
+        else:
+            load_model_state(actor.policy, weights["state_dict"])
         actor.version = weights["version"]
         return actor
 
@@ -149,7 +158,7 @@ def actor_update(cfg: Config, run_id: str, weights: dict, *samples: dict) -> dic
     actor.version = weights["version"] + 1
     metrics.update({"train/actor_rebuilt": rebuilt, "train/weight_version": float(actor.version),
                     "time/update": time.perf_counter() - t0, **nonfinite_metrics(samples)})
-    out = actor.weights()
+    out = actor.sync_weights()  # partial when the policy has frozen parameters (tasks.weights)
     out["metrics"] = metrics
     return out
 

@@ -1,8 +1,9 @@
 """Advantage estimators as registry objects: `algorithm.name` selects one, callers ask it, never the name.
 
 An estimator is a class registered with ``@register_estimator(name)`` (verl's ``@register_adv_est`` style). Its
-``spec`` (``tasks.config.EstimatorSpec``, declared in ``tasks.config.ESTIMATORS`` under the same name, because the
-offline checks read it and tasks/config.py imports nothing else of tasks) says what it needs and how it normalises:
+``spec`` (``tasks.algorithms.specs.EstimatorSpec``, declared in ``tasks.algorithms.specs.ESTIMATORS`` under the same
+name: plain data beside this module, which the offline checks of tasks.config read) says what it needs and how it
+normalises:
 
 =======  ======  ======  ==============  =============  =====================================================
 name     critic  groups  whole episodes  normalisation  advantages
@@ -44,7 +45,7 @@ One signature for every estimator, on one env shard's rollout (groups never stra
              "stats": {metric name: float} for logging}
 
 An unknown or duplicate name is a ValueError listing the known names, as is a name without a spec in
-``tasks.config.ESTIMATORS``.
+``tasks.algorithms.specs.ESTIMATORS``.
 """
 
 from __future__ import annotations
@@ -56,8 +57,9 @@ from tasks.algorithms.advantages import from_action_level, gae, to_action_level
 from tasks.algorithms.granularity import aggregate_rewards
 from tasks.algorithms.grpo import grpo_advantages
 from tasks.algorithms.rloo import rloo_advantages
-from tasks.config import ESTIMATORS as SPECS
-from tasks.config import AlgorithmConfig, EstimatorSpec
+from tasks.algorithms.specs import ESTIMATORS as SPECS
+from tasks.algorithms.specs import EstimatorSpec
+from tasks.config import AlgorithmConfig
 
 __all__ = ["Estimator", "register_estimator", "get_estimator", "estimator_names", "GAEEstimator", "GRPOEstimator",
            "RLOOEstimator"]
@@ -83,11 +85,11 @@ _ESTIMATORS: dict[str, Estimator] = {}
 
 def register_estimator(name: str):
     """Class decorator: register an instance of the decorated ``Estimator`` subclass under ``name``, with the spec
-    ``tasks.config.ESTIMATORS[name]``.
+    ``tasks.algorithms.specs.ESTIMATORS[name]``.
 
     Raises:
-        ValueError: ``name`` is already registered, or has no spec in tasks.config.ESTIMATORS (both list the
-            known names).
+        ValueError: ``name`` is already registered, or has no spec in tasks.algorithms.specs.ESTIMATORS (both list
+            the known names).
     """
 
     def decorator(cls: type[Estimator]) -> type[Estimator]:
@@ -95,8 +97,8 @@ def register_estimator(name: str):
             raise ValueError(f"advantage estimator {name!r} is already registered; known: {sorted(_ESTIMATORS)}; "
                              f"pick another name")
         if name not in SPECS:
-            raise ValueError(f"advantage estimator {name!r} has no EstimatorSpec in tasks.config.ESTIMATORS (known: "
-                             f"{sorted(SPECS)}); declare what it needs and how it normalises there first")
+            raise ValueError(f"advantage estimator {name!r} has no EstimatorSpec in tasks.algorithms.specs.ESTIMATORS "
+                             f"(known: {sorted(SPECS)}); declare what it needs and how it normalises there first")
         cls.spec = SPECS[name]
         _ESTIMATORS[name] = cls()
         return cls

@@ -33,6 +33,8 @@ MODULES: dict[str, dict[str, str]] = {
         "mlp": "tasks.policies.mlp.configuration",
         "flow_vla": "tasks.policies.flow_vla.configuration",
         "token_vla": "tasks.policies.token_vla.configuration",
+        "pi0": "tasks.policies.pi0.configuration",
+        "pi05": "tasks.policies.pi05.configuration",
     },
     "env": {
         "maniskill": "tasks.envs.maniskill.configuration",
@@ -59,11 +61,12 @@ def register_family(section: str, name: str, *, checks: Iterable[Callable] | Non
     "cluster"), with its rules `checks` (functions `check(cfg: Config) -> None` raising ConfigError, run once per
     validation by `tasks.config.checks.check_config`, after the sections' own rules).
 
-    The class must be a dataclass whose selector field (`SELECTORS[section]`) defaults to `name`.
+    The class must be a frozen dataclass (`@dataclass(frozen=True)`, as every config section: a built config is
+    never changed in place, tasks.config.schema) whose selector field (`SELECTORS[section]`) defaults to `name`.
 
     Raises:
-        ValueError: an unknown section, a class that is no dataclass or whose selector default is not `name`, or
-            `name` registered already with another class.
+        ValueError: an unknown section, a class that is no dataclass, is not frozen or whose selector default is not
+            `name`, or `name` registered already with another class.
     """
     _section(section)
 
@@ -71,6 +74,9 @@ def register_family(section: str, name: str, *, checks: Iterable[Callable] | Non
         key = SELECTORS[section]
         if not dataclasses.is_dataclass(cls):
             raise ValueError(f"{section} family {name!r}: {cls.__name__} is not a dataclass")
+        if not cls.__dataclass_params__.frozen:
+            raise ValueError(f"{section} family {name!r}: {cls.__name__} must be @dataclass(frozen=True) (config "
+                             f"sections are frozen)")
         fields = {f.name: f for f in dataclasses.fields(cls)}
         if key not in fields or fields[key].default != name:
             raise ValueError(f"{section} family {name!r}: {cls.__name__}.{key} must default to {name!r}")

@@ -8,16 +8,24 @@ and runs `tasks.config.checks.check_config` once. A section with families holds 
 has (`PolicyConfig`, `EnvConfig`, `ClusterConfig`); each family's class, in its folder, adds its own. Derived values
 (`shard_size`, `batch_size`, `minibatch_size`) are properties computed here and nowhere else.
 
-Not frozen: tests and a few callers set values on a built config (86 assignments in tests alone); the sections are
-plain data all the same (no methods but derived values and `EvalConfig.split`).
-This module imports nothing of dagrl but tasks.config (pyproject's import-linter contract).
+Frozen: a built config is never changed in place (assigning to a field raises dataclasses.FrozenInstanceError); a
+config that differs in some keys is a new one (`tasks.config.edit.replace_key(cfg, "algorithm.lr", 1e-3)`, or a
+composition with overrides). Every family class is frozen too (a dataclass cannot mix frozen and not across
+inheritance): `@register_family(...)` over `@dataclass(frozen=True)`. A `__post_init__` that must set a field of a
+frozen class does it with `object.__setattr__(self, name, value)`, inside that class's own `__post_init__` only
+(the one place a frozen object is still being built). No methods but derived values and `EvalConfig.split`. A
+section holding a list or dict (`runner.profile_steps`, `policy.hidden_sizes`, ...) cannot be hashed: nothing
+relies on a config's hash.
+This module imports nothing of dagrl but tasks.config and tasks.algorithms.specs (the estimator specs: plain data
+beside the estimators' math; pyproject's import-linter contract).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from typing import ClassVar, Optional
 
-from tasks.config.algorithms import EstimatorSpec, estimator_spec
+from tasks.algorithms.specs import ALGORITHMS, ESTIMATORS, EstimatorSpec
+from tasks.config.errors import ConfigError
 from tasks.config.registry import default_class
 
 # policy.device / policy.dtype values (tasks.device re-exports them; it computes with them)
@@ -27,7 +35,17 @@ ACTOR_LOSSES = ("ppo", "filtered_bc")  # algorithm.actor_loss (tasks.update.mini
 SEED_LIMIT = 2**31  # seeds are < 2^31: reset seeds add episode offsets and must stay unsigned 32-bit (numpy, SAPIEN)
 
 
-@dataclass
+def estimator_spec(name: str) -> EstimatorSpec:
+    """The spec of `algorithm.name` = `name` (tasks.algorithms.specs.ALGORITHMS: the estimators' and SFT's).
+    Raises ConfigError (key algorithm.name) listing the known names."""
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise ConfigError("algorithm.name", name, f"known: {[*ESTIMATORS, 'sft']} ('sft': behaviour cloning from "
+                                                  f"sft.store, no estimator)") from None
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     """Evaluation on separate env instances with fixed seeds and deterministic actions."""
 
@@ -54,7 +72,7 @@ class EvalConfig:
         return replace(self, num_episodes=self.val_episodes, seed=self.val_seed, val_episodes=0)
 
 
-@dataclass
+@dataclass(frozen=True)
 class EnvConfig:
     """Simulator and env task: the keys every env family has. `num_envs` training envs are split into `num_shards`
     env shards. `simulator` selects the family (tasks/envs/<simulator>/configuration.py adds its own keys)."""
@@ -79,7 +97,7 @@ class EnvConfig:
         return self.num_envs // self.num_shards
 
 
-@dataclass
+@dataclass(frozen=True)
 class PolicyConfig:
     """Policy family: the keys every family has. `name` selects the family (tasks/policies/<name>/configuration.py
     adds its own keys; `model` there names its nn.Module). `num_action_chunks` C actions are predicted per call."""
@@ -92,9 +110,12 @@ class PolicyConfig:
     dtype: str = "float32"  # float32 | bfloat16 (autocast on CUDA; needs policy.device=cuda)
     # the family's nn.Module as "module:Class" (tasks.policies.policy_class imports it)
     model: ClassVar[str] = ""
+    # camera images the family reads per observation ("rgb", then "wrist_rgb"; tasks.prompts.CAMERA_KEYS): an env
+    # giving more (LIBERO's env.wrist_camera) is refused for it (tasks.envs.libero.checks)
+    cameras: ClassVar[int] = 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class AlgorithmConfig:
     """PPO with GAE (ManiSkill's PPO baseline defaults for state-based tasks)."""
 
@@ -155,12 +176,12 @@ class AlgorithmConfig:
 
     @property
     def spec(self) -> EstimatorSpec:
-        """What `name` is (tasks.config.algorithms.ALGORITHMS: an estimator's spec, or SFT's: no estimator, no
+        """What `name` is (tasks.algorithms.specs.ALGORITHMS: an estimator's spec, or SFT's: no estimator, no
         rollout). Raises ConfigError for an unknown name."""
         return estimator_spec(self.name)
 
 
-@dataclass
+@dataclass(frozen=True)
 class RolloutConfig:
     """One rollout per training step: `chunk_steps` policy calls per env (T)."""
 
@@ -174,7 +195,7 @@ class RolloutConfig:
     # so only with algorithm.actor_loss=filtered_bc
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunnerConfig:
     max_steps: int = 1000
     max_env_steps: Optional[int] = None
@@ -220,7 +241,7 @@ class RunnerConfig:
     profile_update_step: Optional[int] = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class SecurityConfig:
     """`cluster.security`: Dask's TLS settings (`distributed.Security`), for the client of an existing scheduler
     (`cluster.kind=address`, `cluster.address=tls://HOST:PORT`) and for the embedded cluster. Files are PEM paths; a key may sit in its
@@ -248,7 +269,7 @@ class SecurityConfig:
     temporary: bool = False  # the embedded cluster only: a per-run self-signed certificate (needs `cryptography`)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ClusterConfig:
     """Where the workers come from: the keys every cluster kind has. `kind` selects the kind (local: the embedded
     cluster; address: an existing scheduler), whose class in pipelines/clusters/<kind>.py adds its own keys."""
@@ -267,6 +288,10 @@ class ClusterConfig:
     # placed with env (inference runs inside env_step), else refused (the placement checks).
     component_placement: dict[str, str] = field(default_factory=lambda: {"actor": "", "env": "", "rollout": ""})
     num_gpus: Optional[int] = None  # devices; None: the CUDA devices, on CPU-only machines num_gpu_workers logical ones
+    # memory of one GPU (GiB, 2^30 bytes; an H100 80 GB card: ~79): a policy family with an offline memory plan (pi0,
+    # pi05: weights, grads, optimizer, activations per micro-batch per GPU) is refused when it needs more, with the
+    # fix. None: not checked
+    gpu_memory_gib: Optional[float] = None
     COMPONENTS: ClassVar[tuple[str, ...]] = ("actor", "env", "rollout")
     WORKERS_HERE: ClassVar[bool] = True  # the kind's workers run on this machine (policy.device=cuda needs CUDA here)
 
@@ -277,18 +302,18 @@ class ClusterConfig:
         return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrackingConfig:
     uri: Optional[str] = None  # None: sqlite:///<run_root>/mlflow.db
     experiment: Optional[str] = None  # None: the config's `experiment`
 
 
-@dataclass
+@dataclass(frozen=True)
 class StorageConfig:
     save_trajectories: bool = True
 
 
-@dataclass
+@dataclass(frozen=True)
 class SFTConfig:
     """Behaviour cloning from a trajectory store (algorithm.name=sft): chunk steps of the selected episodes."""
 
@@ -304,7 +329,7 @@ class SFTConfig:
     # value-only pass that leaves the loaded policy's weights as they are (e.g. a new critic on an SFT checkpoint)
 
 
-@dataclass
+@dataclass(frozen=True)
 class RecordConfig:
     """pipelines.record: run a trained teacher policy with rgb observations and store its episodes."""
 
@@ -319,7 +344,7 @@ class RecordConfig:
     action_noise: float = 0.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class Config:
     """The whole config. Checked by `tasks.config.checks.check_config` (once, by `pipelines.compose.load_config`)."""
 

@@ -69,7 +69,8 @@ def check_components(cfg) -> None:
 
 
 GRIPPER_CONVENTIONS = ("open_positive", "close_positive")  # +1 on the last action dim opens / closes the gripper
-# stores and checkpoints written before the convention was recorded are ManiSkill's
+# hf/ exports written before the convention was recorded are ManiSkill's (a trajectory store always carries it: an
+# older one lacking it is refused until `python -m pipelines.upgrade` adds its simulator's)
 LEGACY_GRIPPER_CONVENTION = "open_positive"
 
 
@@ -81,8 +82,8 @@ def gripper_convention(cfg: EnvConfig) -> str:
 
 def check_gripper_convention(key: str, value, recorded: str | None, cfg: EnvConfig) -> None:
     """Refuse a policy checkpoint or demo store of the other gripper polarity than cfg's simulator (a policy
-    trained on ManiSkill would close LIBERO's gripper where it meant to open it). `recorded` None: written before
-    the convention was recorded, i.e. LEGACY_GRIPPER_CONVENTION. Raises ConfigError(key, value, fix)."""
+    trained on ManiSkill would close LIBERO's gripper where it meant to open it). `recorded` None: an hf/ export
+    written before the convention was recorded, i.e. LEGACY_GRIPPER_CONVENTION. Raises ConfigError(key, value, fix)."""
     have, want = recorded or LEGACY_GRIPPER_CONVENTION, gripper_convention(cfg)
     if have != want:
         raise ConfigError(key, value, f"was made with gripper convention {have!r}, env.simulator={cfg.simulator} "
@@ -128,6 +129,16 @@ def state_dim(cfg: EnvConfig) -> int | None:
     or 14 with env.object_state), else None (ManiSkill: the env task's own state, known once an env is built)."""
     fn = _hook(cfg, "obs_dim")
     return fn(cfg) if fn else None
+
+
+def num_cameras(cfg: EnvConfig) -> int:
+    """Camera images per observation of cfg's env (hook `num_cameras(cfg)`; LIBERO: 2 with env.wrist_camera);
+    default 1 with obs_mode=rgb, 0 without images. With K > 1 the env's images are uint8 [K, H, W, 3] per env
+    (cameras in the order of tasks.prompts.CAMERA_KEYS), one camera's are [H, W, 3]."""
+    if cfg.obs_mode != "rgb":
+        return 0
+    fn = _hook(cfg, "num_cameras")
+    return int(fn(cfg)) if fn else 1
 
 
 def action_dim(cfg: EnvConfig) -> int | None:

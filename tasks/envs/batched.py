@@ -24,7 +24,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from tasks.envs.shard import ChunkResult, EnvShard
+from tasks.envs.shard import ChunkResult, EnvShard, is_cursor
 
 
 class BatchedEnv(Protocol):
@@ -104,15 +104,14 @@ class BatchedEnvShard(EnvShard):
         """EnvShard.load_state_dict, except that episodes restart from reset (accumulators zeroed; a warning
         names the envs whose episode had progressed). The batched shard keeps no action log (`actions` of its
         cursor are empty lists)."""
-        started = cursor is not None and "seed" in cursor and (cursor.get("parts") or [{}])[0].get("started")
-        progressed = [self.env_offset + b for b, n in enumerate(cursor.get("episode_len", [])) if n] \
-            if started else []
+        started = cursor is not None and is_cursor(cursor) and cursor["parts"][0]["started"]  # else refused below
+        progressed = [self.env_offset + b for b, n in enumerate(cursor["episode_len"]) if n] if started else []
         if progressed:
             warnings.warn(f"BatchedEnvShard: GPU simulation cannot re-simulate open episodes exactly; the episodes "
                           f"of global envs {progressed} restart from their reset (same seeds)", RuntimeWarning,
                           stacklevel=2)
         super().load_state_dict(cursor)
-        if not self.needs_reset and cursor is not None and "active" in cursor:
+        if not self.needs_reset and cursor is not None:
             self.active[:] = cursor["active"]
             self.ep_return[:], self.ep_len[:], self.success_once[:] = 0.0, 0, False
 

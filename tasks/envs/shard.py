@@ -29,8 +29,9 @@ in it so far, its `return` / `episode_len` / `success_once` accumulators; per sh
 group after `join_cursors`) `started`, `chunk_steps` (the shard's life) and `rng` (the torch RNG state of its
 policy calls, `policy_rng`, as lists of ints). Loading re-simulates every env's episode (reset(seed) + the same
 actions; ManiSkill's CPU simulation is bit-identical for that, checked in tests/tasks/envs/test_lifecycle.py),
-rendering only the final frame, so a shard built from a cursor continues EXACTLY. A cursor holding only
-`episode_count` (the old format) starts fresh episodes at those counts. A simulator without that determinism
+rendering only the final frame, so a shard built from a cursor continues EXACTLY (`is_cursor`: today's format; a
+checkpoint holding the older `{"episode_count"}` one is refused on resume until `python -m pipelines.upgrade`
+rewrites it). A simulator without that determinism
 would silently continue from a drifted state: its shard must override `_restore_episodes`, as BatchedEnvShard
 (GPU physics) does by restarting open episodes from their reset (same seeds; a warning names the envs).
 
@@ -86,7 +87,8 @@ class SingleEnv(Protocol):
     def close(self) -> None: ...
 
     # optional, for obs_mode=rgb: image_shape (H, W, 3) (None without images) and
-    # render_rgb() -> uint8 [H, W, 3] of the current state; instruction: str (the env task's prompt);
+    # render_rgb() -> uint8 [H, W, 3] of the current state (K cameras: image_shape (K, H, W, 3), render_rgb()
+    # [K, H, W, 3]; tasks.envs.num_cameras); instruction: str (the env task's prompt);
     # for videos (tasks.video): an instance made with render_size=S has render_frame() -> uint8 [S, S, 3]
 
 
@@ -128,11 +130,17 @@ class ChunkResult:
     trial_id: np.ndarray | None = None
 
 
+def is_cursor(cursor) -> bool:
+    """Whether `cursor` is a shard cursor of today's format (`EnvShard.state_dict`): a dict with every per-env
+    field (CURSOR_ENV_FIELDS) and a non-empty `parts` list of dicts with CURSOR_PART_FIELDS."""
+    parts = cursor.get("parts") if isinstance(cursor, dict) else None
+    return (isinstance(parts, list) and bool(parts) and all(f in cursor for f in CURSOR_ENV_FIELDS)
+            and all(isinstance(p, dict) and all(f in p for f in CURSOR_PART_FIELDS) for p in parts))
+
+
 def join_cursors(cursors: Sequence[dict]) -> dict:
     """One shard's cursor from its stage groups' cursors (in env order): per-env lists concatenated, `parts`
-    listed. Old-format cursors (episode_count only) join to an old-format cursor."""
-    if any(set(c) == {"episode_count"} for c in cursors):
-        return {"episode_count": [k for c in cursors for k in c["episode_count"]]}
+    listed."""
     out = {f: [v for c in cursors for v in c[f]] for f in CURSOR_ENV_FIELDS}
     out["parts"] = [p for c in cursors for p in c["parts"]]
     return out
@@ -313,23 +321,29 @@ class EnvShard:
 
     def load_state_dict(self, cursor: dict | None) -> None:
         """Continue from a cursor (`state_dict` of a shard of the same envs): every env's episode is re-simulated
-        (reset(seed) + its actions; the final frame rendered), accumulators and RNG state restored. A cursor
-        with only `episode_count` (or None) starts fresh episodes at those counts at the next begin_rollout.
-        Raises ValueError for a cursor of another number of envs or action dim."""
+        (reset(seed) + its actions; the final frame rendered), accumulators and RNG state restored; one whose shard
+        had not started (`started` False) starts fresh episodes at its counts at the next begin_rollout. None: a
+        fresh shard (counts 0). Raises ValueError for a cursor not of today's format (`is_cursor`), of another
+        number of envs or action dim."""
         if cursor is None:
-            cursor = {"episode_count": [0] * self.num_envs}
+            self.episode_count = np.zeros(self.num_envs, np.int64)
+            self.active[:] = False
+            self.chunk_steps, self.rollout_step, self.needs_reset = 0, 0, True
+            return
+        if not is_cursor(cursor):
+            raise ValueError(f"not an env shard cursor of today's format (keys {sorted(cursor)}): a checkpoint of an "
+                             f"older format; rewrite its run once with `python -m pipelines.upgrade RUN_DIR`")
         counts = np.asarray(cursor["episode_count"], np.int64)
         if counts.shape != (self.num_envs,):
             raise ValueError(f"cursor has {counts.shape} episode counts, the shard {self.num_envs} envs")
         self.episode_count = counts.copy()
         self.active[:] = False
-        parts = cursor.get("parts")
-        part = parts[0] if parts else {}
-        self.chunk_steps = int(part.get("chunk_steps", 0))
+        part = cursor["parts"][0]
+        self.chunk_steps = int(part["chunk_steps"])
         self.rollout_step = 0
-        if part.get("rng") is not None:
+        if part["rng"] is not None:
             self.rng_state, self.rng_fresh = rng_from_lists(part["rng"]), False
-        if "seed" not in cursor or not part.get("started", False):
+        if not part["started"]:
             self.needs_reset = True
             return
         self.seed[:] = cursor["seed"]

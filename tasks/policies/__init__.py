@@ -3,6 +3,8 @@
 Observations are a dict of batched tensors (every key optional except "state"):
   "state"  float32 [B, O]        the env's flat state vector
   "rgb"    uint8   [B, H, W, 3]  one camera image (env.obs_mode=rgb), H = W = env.image_size
+  "wrist_rgb" uint8 [B, H, W, 3] the second camera (LIBERO's env.wrist_camera; families whose config has
+                                 `cameras` = 2 read it: pi0, pi05; tasks.prompts.policy_obs splits the env's images)
   "prompt" int64   [B, L]        instruction tokens from `policy.tokenize(texts)` (VLAs; `needs_prompt` True)
 
 Every policy is an `nn.Module` with:

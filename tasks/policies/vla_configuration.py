@@ -10,7 +10,7 @@ from tasks.config.schema import Config, PolicyConfig
 VALUE_HEADS = ("mean_token", "first_token", "last_token")
 
 
-@dataclass
+@dataclass(frozen=True)
 class VLAConfig(PolicyConfig):
     """A vision-language-action policy: a preset of model sizes, the prompt, the state input and the value head."""
 

@@ -21,10 +21,13 @@ def _outcomes(succ, base=1_000_000):
                               "episode_len": 50} for i, s in enumerate(succ)])
 
 
+EXTRA = {"eval_seed": 1_000_000, "eval_layout": {"num_envs": 10, "num_shards": 1, "device": "cpu"}}  # the runner's
+
+
 def _records(tmp_path, name, evals: dict[int, list[int]]):
     d = tmp_path / name
     for step, succ in evals.items():
-        write_eval(d, step, _outcomes(succ))
+        write_eval(d, step, _outcomes(succ), EXTRA)
     from tasks.evalstats import read_evals
     return read_evals(d)
 
@@ -76,7 +79,7 @@ def test_summarize_pairs_with_the_sft_eval_without_a_step0_eval(recipe, tmp_path
     assert (nostep["gain_last"]["vs"], nostep["gain_last"]["vs_step"]) == ("rl", 6)
     # other episodes (another eval seed base): not paired with the SFT eval
     d = tmp_path / "sft_other"
-    write_eval(d, 30, _outcomes(S0, base=2_000_000))
+    write_eval(d, 30, _outcomes(S0, base=2_000_000), EXTRA)
     from tasks.evalstats import read_evals
     assert recipe.summarize("A", 1, read_evals(d), rl, {}, sft_step=30)["gain_last"]["vs"] == "rl"
     assert recipe.model_step(["x", "policy.model_path=/r/sft/checkpoints/global_step_30/hf"]) == 30
@@ -89,7 +92,7 @@ def test_summarize_picks_the_best_step_on_the_validation_split(recipe, tmp_path)
     rl = _records(tmp_path, "rl", {0: S0, 4: S4, 8: S8})
     d = tmp_path / "rl_val"
     for step, succ in {0: [1] * 5 + [0] * 5, 4: [1] * 6 + [0] * 4, 8: [1] * 8 + [0] * 2}.items():
-        write_eval(d, step, _outcomes(succ, base=2_000_000), split="val")
+        write_eval(d, step, _outcomes(succ, base=2_000_000), EXTRA, split="val")
     from tasks.evalstats import read_evals
     val = read_evals(d, "val")
     row = recipe.summarize("A", 1, {}, rl, {}, val_evals=val)
@@ -164,7 +167,7 @@ class FakeCLI:
             return 1
         evals = {30: S0} if stage == "sft" else {0: S0, 4: S4 if seed == 1 else S8}
         for step, succ in evals.items():
-            write_eval(run_dir, step, _outcomes(succ))
+            write_eval(run_dir, step, _outcomes(succ), EXTRA)
         if stage == "sft":
             (run_dir / "checkpoints" / "global_step_30" / "hf").mkdir()
         return 0

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from tasks.config import Config
+from tasks.config import Config, replace_key
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def test_actor_threads_follow_the_cluster_rule(tp, monkeypatch):
     assert tp.actor_threads(cfg) == 1  # 2 cores - 2 env workers, at least 1
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     assert tp.actor_threads(cfg) == 14
-    cfg.cluster.actor_threads = 2
+    cfg = replace_key(cfg, "cluster.actor_threads", 2)
     assert tp.actor_threads(cfg) == 2
 
 

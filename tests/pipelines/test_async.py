@@ -16,7 +16,7 @@ import tasks.envs
 from pipelines import graphs
 from tasks import resident
 from tasks.actor import entries
-from tasks.config import Config, ConfigError
+from tasks.config import Config, ConfigError, replace_key, replace_keys
 from tests.pipelines.test_graphs import PLACEMENT, RUN_A, FakeEnv, small_config
 from tasks.config import check_config
 
@@ -130,8 +130,10 @@ def test_two_pipeline_stages_keep_the_bookkeeping_of_one():
 def test_pipeline_stages_resume_from_a_shard_cursor():
     """A stage group re-created from the shard's cursor continues its envs' seed sequences."""
     cfg = small_config(inference="disaggregated", pipeline_stage_num=2)
+    from pipelines.upgrade.checkpoints import full_cursor
     from tasks.rollout import get_shard
-    sh = get_shard(cfg, RUN_A, 1, {"episode_count": [5, 7]}, stage=1)
+    cursor = full_cursor({"episode_count": [5, 7]})  # a shard's cursor at those counts, not started (no open episode)
+    sh = get_shard(cfg, RUN_A, 1, cursor, stage=1)
     assert sh.num_envs == 1 and sh.env_offset == 3 and sh.episode_count.tolist() == [7]
     assert sh.seed_fn(3, 7) == 3 + 7 * 4
 
@@ -142,27 +144,21 @@ def test_pipeline_stages_resume_from_a_shard_cursor():
     (dict(pipeline_stage_num=0), "rollout.pipeline_stage_num", ">= 1"),
 ])
 def test_pipeline_stage_checks(overrides, key, words):
-    cfg = Config()
-    cfg.env.num_envs, cfg.env.num_shards = 4, 2
-    cfg.rollout.inference = "disaggregated"
-    for k, v in overrides.items():
-        setattr(cfg.rollout, k, v)
+    cfg = replace_keys(Config(), {"env.num_envs": 4, "env.num_shards": 2, "rollout.inference": "disaggregated",
+                                  **{f"rollout.{k}": v for k, v in overrides.items()}})
     with pytest.raises(ConfigError, match=words) as err:
         check_config(cfg)
     assert err.value.key == key
 
 
 def test_staleness_checks():
-    cfg = Config()
-    cfg.runner.max_staleness = -1
+    cfg = replace_key(Config(), "runner.max_staleness", -1)
     with pytest.raises(ConfigError, match=">= 0"):
         check_config(cfg)
-    cfg = Config()
-    cfg.runner.max_staleness, cfg.algorithm.num_actor_ranks = 1, 2
+    cfg = replace_keys(Config(), {"runner.max_staleness": 1, "algorithm.num_actor_ranks": 2})
     with pytest.raises(ConfigError, match="one-rank update"):
         check_config(cfg)
-    cfg = Config()
-    cfg.runner.max_staleness = 2
+    cfg = replace_key(Config(), "runner.max_staleness", 2)
     assert check_config(cfg).runner.max_staleness == 2
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.config import Config, ConfigError, SecurityConfig, family_checks, family_class
+from tasks.config import Config, ConfigError, SecurityConfig, family_checks, family_class, replace_keys
 
 
 @pytest.fixture(scope="module")
@@ -26,11 +26,9 @@ def pem(tmp_path_factory) -> dict[str, str]:
 
 def _cfg(address=None, **security) -> Config:
     """A config of the embedded cluster (`address` None) or of an existing scheduler at `address`."""
-    cfg = Config()
     extra = {} if address is None else {"kind": "address", "address": address}
-    cfg.cluster = family_class("cluster", extra.get("kind", "local"))(security=SecurityConfig(**security),
-                                                                       **extra)
-    return cfg
+    return Config(cluster=family_class("cluster", extra.get("kind", "local"))(security=SecurityConfig(**security),
+                                                                              **extra))
 
 
 def _check(cfg: Config) -> None:
@@ -53,7 +51,7 @@ def test_embedded_cluster_binds_to_127_0_0_1_unless_configured():
     assert sorted(workers) == ["env-0", "env-1", "gpu-0"]
     assert {w["options"]["host"] for w in workers.values()} == {"127.0.0.1"}
     assert "security" not in sched["options"] and all("protocol" not in w["options"] for w in workers.values())
-    cfg.cluster.host, cfg.cluster.dashboard_address = "0.0.0.0", ":8787"
+    cfg = replace_keys(cfg, {"cluster.host": "0.0.0.0", "cluster.dashboard_address": ":8787"})
     sched, workers = cluster_specs(cfg, [("gpu-0", None)])
     assert (sched["options"]["host"], sched["options"]["dashboard_address"]) == ("0.0.0.0", ":8787")
     assert {w["options"]["host"] for w in workers.values()} == {"0.0.0.0"}

@@ -12,7 +12,7 @@ import pytest
 
 import pipelines.clusters as pc
 from pipelines.config import load_config
-from tasks.config import Config, ConfigError, families, family_class, register_family
+from tasks.config import Config, ConfigError, families, family_class, register_family, replace_key, replace_keys
 from tasks.config.schema import ClusterConfig
 
 INTERFACE = ("start", "check_machine", "devices", "env_served", "rejoin", "describe", "attach")
@@ -46,8 +46,7 @@ def test_each_kind_has_its_own_keys_only():
 def test_what_each_kind_knows_before_it_starts():
     """Offline: the local kind counts this machine's devices (CUDA, else its logical GPU workers) and which device
     each env worker serves (j mod n); an existing cluster's are known once connected."""
-    local = Config()
-    local.cluster.num_env_workers, local.cluster.num_gpu_workers = 3, 2
+    local = replace_keys(Config(), {"cluster.num_env_workers": 3, "cluster.num_gpu_workers": 2})
     kind = pc.kind_of(local)
     assert kind.devices(local, 0) == (2, "cluster.num_gpu_workers=2, no CUDA device")
     assert kind.devices(local, 4)[0] == 4
@@ -60,7 +59,7 @@ def test_what_each_kind_knows_before_it_starts():
     assert kind.rejoin(remote) == (1, 200.0)
     assert pc.describe_cluster(remote) == "tcp://10.0.0.1:8786"
     assert pc.num_devices(remote, 4) == (None, "")
-    remote.cluster.num_gpus = 3
+    remote = replace_key(remote, "cluster.num_gpus", 3)
     assert pc.num_devices(remote, 4) == (3, "cluster.num_gpus=3")
     assert (remote.cluster.env_workers, local.cluster.env_workers) == (None, 3)
 
@@ -117,7 +116,7 @@ FAKE = "fake_kind_of_test_clusters"
 STARTED: list[str] = []
 
 
-@dataclass
+@dataclass(frozen=True)
 class FakeClusterConfig(ClusterConfig):
     """A kind with three GPU workers and one env worker per device, known offline."""
 

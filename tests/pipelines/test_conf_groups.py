@@ -60,7 +60,21 @@ def _set_keys(group: str, name: str) -> set[str]:
 # ----- the algorithm groups work with every policy family -----
 
 ALGORITHMS = _stems("algorithm")
-POLICIES = [p for p in _stems("policy") if "policy.name" in _set_keys("policy", p)]  # vla_finetune names none
+POLICIES = [p for p in _stems("policy") if "policy.name" in _set_keys("policy", p)]  # _vla_finetune names none
+
+
+def test_an_include_file_names_no_family_and_cannot_be_chosen(tmp_path, capsys):
+    """A group file whose name starts with "_" is an include of other presets: it selects no family (so choosing it
+    alone would run the default family with another family's update settings) and `GROUP=_NAME` is refused in one
+    line listing the group's real choices; every other policy file selects a family."""
+    from pipelines.compose import choices, compose
+    includes = [p for p in _stems("policy") if p.startswith("_")]
+    assert includes and all("policy.name" not in _set_keys("policy", p) for p in includes)
+    assert sorted(POLICIES) == choices("policy")
+    for name in includes:
+        with pytest.raises(ConfigError, match=r"included by other presets.*choose one of") as err:
+            compose([f"policy={name}"])
+        assert err.value.key == "policy" and all(c in str(err.value) for c in choices("policy"))
 
 
 def test_the_algorithm_groups_are_the_estimators_and_sft():
@@ -150,10 +164,13 @@ def _critic(policy: str) -> bool:
 
 def _refusal(env: str, policy: str, algorithm: str) -> str | None:
     """The key a combination is refused on, derived from what each part is: the mlp reads only the state vector (an
-    rgb env would render images for nothing); a value head that no loss trains (critic-free GRPO; SFT without
-    sft.value_coef, which none of these commands sets) is refused."""
+    rgb env would render images for nothing), pi0 / pi05 need camera images (a state-only env); a value head that no
+    loss trains (critic-free GRPO; SFT without sft.value_coef, which none of these commands sets) is refused."""
     if policy == "mlp" and env in RGB:
         return "policy.name"
+    if OmegaConf.select(OmegaConf.load(CONF / "policy" / f"{policy}.yaml"), "policy.name") in ("pi0", "pi05") \
+            and env not in RGB:  # transformers' pi0 / pi0.5 read camera images only
+        return "env.obs_mode"
     if algorithm in ("grpo", "sft") and _critic(policy):
         return "policy.value_head"
     return None
@@ -220,6 +237,7 @@ def test_the_presets_an_unknown_key_error_offers_select_that_family():
                 assert presets, (section, name)
             for preset in presets:
                 overrides = (["conf=libero_smoke"] if section == "env" and name == "libero" else
-                             ["cluster.address=tcp://127.0.0.1:8786"] if preset == "address" else [])
+                             ["cluster.address=tcp://127.0.0.1:8786"] if preset == "address" else
+                             ["env=pushcube_vla"] if name in ("pi0", "pi05") else [])  # they read images
                 cfg, _ = load_config([*overrides, f"{section}={preset}"], components=False)
                 assert type(getattr(cfg, section)) is family_class(section, name), (section, preset)

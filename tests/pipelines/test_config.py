@@ -16,7 +16,16 @@ from tasks.config import Config, ConfigError
 REPO = Path(__file__).resolve().parents[2]
 GRPO, PPO_VLA, SFT = "conf=pushcube_flow_grpo", "conf=pushcube_flow_ppo", "conf=pushcube_flow_sft"
 NO_SFT = "policy.model_path=null"  # the RL experiments require policy.model_path (a random init, explicitly)
-NEEDS_SFT_CHECKPOINT = ("pushcube_flow_grpo", "pushcube_flow_ppo", "pushcube_token_grpo", "libero_flow_grpo")  # RL from an SFT run
+def _families_with(key: str) -> str:
+    """The policy families that have `key`, as the unknown-key error names them ("a|b|c", sorted)."""
+    import dataclasses
+
+    from tasks.config.registry import families
+    return "|".join(sorted(n for n, c in families("policy").items() if key in {f.name for f in dataclasses.fields(c)}))
+
+
+NEEDS_SFT_CHECKPOINT = ("pushcube_flow_grpo", "pushcube_flow_ppo", "pushcube_token_grpo", "libero_flow_grpo",
+                        "libero_pi0_ppo", "libero_pi05_ppo", "pushcube_pi0_grpo")  # RL from an SFT run (the pi0 / pi05 ones: a checkpoint)
 
 
 @pytest.fixture(autouse=True)
@@ -261,19 +270,23 @@ def test_run_refuses_a_record_conf_and_prints_help(capsys):
 def _fake_sft_store(path: Path, C: int = 5, image: int = 32, gripper_convention: str | None = None,
                     obs_dim: int = 3) -> Path:
     """A one-step trajectory store with what `check_sft_store` reads: C-action chunks, rgb images, an obs_dim-D
-    state, a success (`gripper_convention`: the attr a recording writes; None: none, i.e. ManiSkill's)."""
+    state, a success, task_id 0 / trial_id -1, and the `simulator` and `gripper_convention` attrs a recording
+    writes (`gripper_convention` None: ManiSkill's store; "close_positive": a LIBERO one)."""
     import numpy as np
 
     from storage.trajectories import FieldSpec, TrajectoryStore, write_shard
     fields = {"obs": FieldSpec((obs_dim,), "float32"), "rgb": FieldSpec((image, image, 3), "uint8"),
+              "task_id": FieldSpec((), "int64"), "trial_id": FieldSpec((), "int64"),
               "actions": FieldSpec((C, 8), "float32"), "rewards": FieldSpec((C,), "float32"),
               "step_mask": FieldSpec((C,), "bool"), "terminated": FieldSpec((), "bool"),
               "truncated": FieldSpec((), "bool"), "success": FieldSpec((), "bool"),
               "episode_id": FieldSpec((), "int64"), "episode_seed": FieldSpec((), "int64")}
+    sim = "libero" if gripper_convention == "close_positive" else "maniskill"
     st = TrajectoryStore.create(path, fields=fields, T=2, num_envs=2, shard_size=2,
-                                attrs={"gripper_convention": gripper_convention} if gripper_convention else None)
+                                attrs={"simulator": sim, "gripper_convention": gripper_convention or "open_positive"})
     st.reserve(0)
     data = {k: np.zeros((2, 2, *f.shape), f.dtype) for k, f in fields.items()}
+    data["trial_id"][:] = -1
     data["step_mask"][:] = True
     data["success"][1] = data["truncated"][1] = True
     data["episode_id"][:] = [0, 1]
@@ -471,7 +484,7 @@ def test_the_sft_memory_estimate_is_what_a_data_worker_loads(tmp_path):
         resident.release("sft_data/")
     st = TrajectoryStore.open(path)
     M = len(data["actions"])
-    assert M == 4 and set(data) == {"obs", "rgb", "actions", "bc", "returns"}  # 2 chunk steps x 2 envs, all executed
+    assert M == 4 and set(data) == {"obs", "rgb", "task_id", "actions", "bc", "returns"}  # 2 chunk steps x 2 envs
     one_step = st.T * st.num_envs * 32 * 32 * 3  # the rgb field of one step, the largest
     assert sft_dataset_bytes(str(path), M) == sum(v.nbytes for v in data.values()) + one_step
 
@@ -505,9 +518,9 @@ INERT = [
     (["policy.normalize_actions=true"], "policy.normalize_actions", "unknown key for policy.name=mlp"),
     ([SFT, "sft.store={store}", "policy.name=token_vla", "policy.normalize_actions=true"], "policy.normalize_actions",
      "policy.name=flow_vla"),
-    (["policy.preset=pi0"], "policy.preset", "a key of policy.name=flow_vla|token_vla"),
+    (["policy.preset=pi0"], "policy.preset", f"a key of policy.name={_families_with('preset')}:"),
     (["+policy.sizes.patch_size=4"], "policy.sizes.patch_size", "unknown key for policy.name=mlp"),
-    (["policy.value_head=first_token"], "policy.value_head", "a key of policy.name=flow_vla|token_vla"),
+    (["policy.value_head=first_token"], "policy.value_head", f"a key of policy.name={_families_with('value_head')}:"),
     ([PPO_VLA, NO_SFT, "policy.hidden_sizes=[8]"], "policy.hidden_sizes", "unknown key for policy.name=flow_vla"),
     ([PPO_VLA, NO_SFT, "policy.init_logstd=-1"], "policy.init_logstd", "a key of policy.name=mlp"),
     ([PPO_VLA, NO_SFT, "policy.noise_level=0.3"], "policy.noise_level", "flow_sde"),

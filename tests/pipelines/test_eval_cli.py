@@ -140,3 +140,20 @@ def test_eval_of_a_run_with_a_validation_split_plays_the_eval_only(smoke_run, tm
     OmegaConf.save(saved, tmp_path / "run" / "config.yaml")
     cfg = eval_config(SimpleNamespace(hf=None, run_dir=tmp_path / "run"), ["env.eval.seed=2000000"])
     assert cfg.env.eval.seed == 2_000_000 and cfg.env.eval.val_episodes == 0
+
+
+def test_the_protocols_episode_count_is_a_changed_copy_of_the_config(monkeypatch):
+    """`protocol_defaults`: a simulator with an evaluation protocol (LIBERO: every (task, init state) pair) sets
+    env.eval.num_episodes on a copy (the config is frozen), unless an override gives it; without a protocol the
+    config comes back as it is. Offline, a stand-in for the simulator's count."""
+    import tasks.envs
+    from pipelines.eval import protocol_defaults
+    from tasks.config import Config
+    cfg = Config()
+    n = cfg.env.eval.num_episodes + 7
+    monkeypatch.setattr(tasks.envs, "protocol_episodes", lambda env: n)
+    out = protocol_defaults(cfg, [])
+    assert out.env.eval.num_episodes == n and cfg.env.eval.num_episodes == n - 7
+    assert protocol_defaults(cfg, ["env.eval.num_episodes=3"]) is cfg
+    monkeypatch.setattr(tasks.envs, "protocol_episodes", lambda env: None)
+    assert protocol_defaults(cfg, []) is cfg

@@ -62,7 +62,8 @@ def test_a_running_runs_writers_do_not_recreate_its_removed_run_dir(tmp_path, wr
             save_checkpoint(run, 3, {"run": {"step": 3}}, create_run_dir=False)
         elif writer == "eval":
             write_eval(run, 3, {"1": {"success_once": True, "success_at_end": True, "return": 1.0,
-                                      "episode_len": 5}}, split="val", create_run_dir=False)
+                                      "episode_len": 5}}, {"eval_layout": {"num_envs": 1, "num_shards": 1, "device": "cpu"}},
+                       split="val", create_run_dir=False)
         else:
             make_dir_in(run, "perf")
     assert _everything(tmp_path) == before and not run.exists()
@@ -165,7 +166,8 @@ def test_resume_of_a_run_complete_at_max_steps_is_one_line_exit_2(tmp_path, caps
     ckpt = save_checkpoint(run_dir, 3, {"run": {"runner": asdict(state), "experiment": "smoke"}})
     argv = ["conf=smoke", f"run_root={tmp_path}", "runner.max_steps=3", f"runner.resume={state.run_id}"]
     assert resolve_resume(load_config(argv)[0]).state.step == 3  # no final eval yet: allowed
-    write_eval(run_dir, 3, {"1": {"success_once": True, "success_at_end": False, "return": 1.0, "episode_len": 5}})
+    write_eval(run_dir, 3, {"1": {"success_once": True, "success_at_end": False, "return": 1.0, "episode_len": 5}},
+               {"eval_layout": {"num_envs": 1, "num_shards": 1, "device": "cpu"}})
     before = _everything(tmp_path)
     capsys.readouterr()
     assert run.main(argv) == 2

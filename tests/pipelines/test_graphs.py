@@ -17,7 +17,7 @@ from pipelines.runner import trajectory_fields
 from storage.trajectories import TrajectoryStore
 from tasks import resident, rollout
 from tasks.actor import entries
-from tasks.config import Config
+from tasks.config import Config, replace_key, replace_keys
 from tasks.config import check_config
 
 RUN_A, RUN_B = "20260101-120000-a1b2", "20260101-120000-c3d4"
@@ -33,13 +33,11 @@ def clean_resident():
 
 
 def small_config(**rollout_kw) -> Config:
-    cfg = Config()
-    cfg.env.num_envs, cfg.env.num_shards = 4, 2
-    cfg.rollout.chunk_steps, cfg.rollout.chunk_steps_per_node = 6, 2
-    for k, v in rollout_kw.items():
-        setattr(cfg.rollout, k, v)
-    cfg.policy.hidden_sizes = [16, 16]
-    cfg.algorithm.num_minibatches, cfg.algorithm.update_epochs = 2, 2
+    cfg = replace_keys(Config(), {"env.num_envs": 4, "env.num_shards": 2, "rollout.chunk_steps": 6,
+                                  "rollout.chunk_steps_per_node": 2,
+                                  **{f"rollout.{k}": v for k, v in rollout_kw.items()},
+                                  "policy.hidden_sizes": [16, 16], "algorithm.num_minibatches": 2,
+                                  "algorithm.update_epochs": 2})
     return check_config(cfg)
 
 
@@ -232,8 +230,7 @@ def test_step_graph_runs_with_the_synchronous_scheduler(monkeypatch, tmp_path):
 
 def test_init_and_eval_graphs_run_with_the_synchronous_scheduler(monkeypatch):
     monkeypatch.setattr(tasks.envs, "make_single_env", lambda cfg: FakeEnv(cfg))
-    cfg = small_config()
-    cfg.env.eval.num_envs, cfg.env.eval.num_episodes = 2, 3
+    cfg = replace_keys(small_config(), {"env.eval.num_envs": 2, "env.eval.num_episodes": 3})
     init = graphs.build_init(cfg, run_id=RUN_B, placement=PLACEMENT, checkpoint_path=None)
     graph, dims_key, w_key = init.graph, init.dims, init.weights
     assert resident.keys() == []
@@ -265,8 +262,8 @@ def test_eval_graph_films_the_first_episodes(monkeypatch, tmp_path):
     episode_len + 1 frames, the replay's return equal to the eval's (same seed, same actions)."""
     import imageio.v2 as imageio
     monkeypatch.setattr(tasks.envs, "make_single_env", lambda cfg, render_size=None: RenderFakeEnv(cfg, render_size))
-    cfg = small_config()
-    cfg.env.eval.num_envs, cfg.env.eval.num_episodes, cfg.runner.eval_videos, cfg.runner.eval_video_size = 2, 3, 2, 64
+    cfg = replace_keys(small_config(), {"env.eval.num_envs": 2, "env.eval.num_episodes": 3, "runner.eval_videos": 2,
+                                        "runner.eval_video_size": 64})
     weights = entries.actor_init(cfg, RUN_B, (FakeEnv.obs_dim, FakeEnv.action_dim))
     (tmp_path / "videos").mkdir()  # the driver makes it (the runner, pipelines.eval); the node never does
     graph, keys = graphs.build_eval(cfg, run_id=RUN_B, step=7, weights=weights, placement=PLACEMENT,
@@ -335,9 +332,8 @@ def test_disaggregated_rollout_matches_colocated(monkeypatch):
 def test_action_level_rewards_train_through_the_step_graph(monkeypatch):
     """reward_type=action_level with C=2: per-action GAE ([T, B, C] advantages) and an update with finite losses."""
     monkeypatch.setattr(tasks.envs, "make_single_env", lambda cfg: FakeEnv(cfg))
-    cfg = small_config()
-    cfg.policy.num_action_chunks = 2
-    cfg.algorithm.reward_type, cfg.algorithm.logprob_type = "action_level", "action_level"
+    cfg = replace_keys(small_config(), {"policy.num_action_chunks": 2, "algorithm.reward_type": "action_level",
+                                        "algorithm.logprob_type": "action_level"})
     check_config(cfg)
     weights = entries.actor_init(cfg, RUN_A, (FakeEnv.obs_dim, FakeEnv.action_dim))
     sg = graphs.build_train_step(cfg, run_id=RUN_A, step=0, weights=weights, cursors=[None, None],
@@ -376,8 +372,7 @@ def test_offload_step_logs_the_actor_memory_around_the_move(monkeypatch):
     cpu -> cpu no-ops, and the metrics say so: the actor's bytes on its device are the parameters plus Adam's two
     moments (and the gradients), before and after alike."""
     monkeypatch.setattr(tasks.envs, "make_single_env", lambda cfg: FakeEnv(cfg))
-    cfg = small_config()
-    cfg.algorithm.offload = True
+    cfg = replace_key(small_config(), "algorithm.offload", True)
     check_config(cfg)
     weights = entries.actor_init(cfg, RUN_A, (FakeEnv.obs_dim, FakeEnv.action_dim))
     sg = graphs.build_train_step(cfg, run_id=RUN_A, step=0, weights=weights, cursors=[None, None],

@@ -74,12 +74,11 @@ def test_resume_compares_the_recorded_fingerprints(tmp_path):
     """`_check_inputs` (resolve_resume): the same data passes (and a checkpoint without fingerprints adopts
     today's); other weights at policy.model_path are refused naming the key, both fingerprints and the fix."""
     from pipelines.runner.setup import RunState, _check_inputs, input_fingerprints
-    from tasks.config import Config, ConfigError
-    cfg = Config()
+    from tasks.config import Config, ConfigError, replace_key
     hf = tmp_path / "hf"
     hf.mkdir()
     (hf / "w.bin").write_bytes(b"\x01" * 100)
-    cfg.policy.model_path = str(hf)
+    cfg = replace_key(Config(), "policy.model_path", str(hf))
     now = input_fingerprints(cfg)
     assert list(now) == ["policy.model_path"]
     assert _check_inputs(cfg, RunState(run_id="r", inputs=dict(now))) == now

@@ -16,21 +16,18 @@ from pipelines.clusters import (PlacementError, check_graph, check_placement, pa
                                 plan_placement)
 from pipelines.clusters.checks import check_local
 from pipelines.clusters.local import _worker_env, gpu_worker_specs
-from tasks.config import Config, ConfigError, check_config, family_class
+from tasks.config import Config, ConfigError, check_config, family_class, replace_key, replace_keys
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = "cluster.component_placement.actor"
 
 
 def config(placement: dict | None = None, *, num_shards: int = 2, kind: str = "local", **cluster) -> Config:
-    cfg = Config()
-    cfg.cluster = family_class("cluster", kind)()
-    cfg.env.num_envs, cfg.env.num_shards = 8, num_shards
-    cfg.rollout.chunk_steps, cfg.rollout.chunk_steps_per_node = 4, 2
-    cfg.algorithm.num_minibatches = 2
-    cfg.cluster.component_placement.update(placement or {})
-    for k, v in cluster.items():
-        setattr(cfg.cluster, k, v)
+    cfg = replace_key(Config(), "cluster", family_class("cluster", kind)())
+    cfg = replace_keys(cfg, {"env.num_envs": 8, "env.num_shards": num_shards, "rollout.chunk_steps": 4,
+                             "rollout.chunk_steps_per_node": 2, "algorithm.num_minibatches": 2,
+                             "cluster.component_placement": {**cfg.cluster.component_placement, **(placement or {})},
+                             **{f"cluster.{k}": v for k, v in cluster.items()}})
     return check_config(cfg)
 
 
@@ -149,7 +146,7 @@ def test_four_gpus_on_a_one_gpu_cluster_is_rejected_offline():
         gpu_worker_specs(cfg, 0)
     # a remote cluster of unknown size: syntax only, the numbers once connected
     remote = config({"actor": "0-3"}, kind="address", address="tcp://10.0.0.1:8786")
-    remote.algorithm.num_actor_ranks = 4  # (4 actor devices with one rank would leave 3 idle: refused, below)
+    remote = replace_key(remote, "algorithm.num_actor_ranks", 4)  # (4 actor devices with one rank would leave 3 idle: refused, below)
     assert check_placement(remote, cuda_count=0) is None
     with pytest.raises(ConfigError, match="runs backwards"):
         check_placement(config({"actor": "3-0"}, kind="address", address="tcp://10.0.0.1:8786"), cuda_count=0)
@@ -210,8 +207,7 @@ def test_a_resource_no_worker_has_is_rejected():
 
 def test_num_minibatches_not_dividing_the_batch_names_the_numbers():
     """Checked in tasks/config.py (`Config.validate`); tests/pipelines/test_config.py has it through Hydra too."""
-    cfg = Config()
-    cfg.algorithm.num_minibatches = 7
+    cfg = replace_key(Config(), "algorithm.num_minibatches", 7)
     with pytest.raises(ConfigError) as err:
         check_config(cfg)
     assert str(err.value) == ("algorithm.num_minibatches=7: must divide the batch of rollout.chunk_steps*env.num_envs="
@@ -297,7 +293,7 @@ def test_graphs_built_on_a_planned_placement_pass_the_resource_check():
     cfg = config()
     p = plan_placement(cfg, cluster)
     for inference in ("colocated", "disaggregated"):
-        cfg.rollout.inference = inference
+        cfg = replace_key(cfg, "rollout.inference", inference)
         sg = graphs.build_train_step(cfg, run_id="r", step=0, weights={"version": 0}, cursors=[None, None],
                                      placement=p, store_path=None, dims=(3, 2))
         check_graph(sg.graph, cluster)
@@ -324,8 +320,7 @@ def test_embedded_cluster_starts_one_gpu_worker_per_cuda_device():
 # ----- the multi-rank actor (algorithm.num_actor_ranks > 1) -----
 
 def _ranks_config(placement: dict | None = None, ranks: int = 2, **cluster) -> Config:
-    cfg = config(placement, **cluster)
-    cfg.algorithm.num_actor_ranks = ranks
+    cfg = replace_key(config(placement, **cluster), "algorithm.num_actor_ranks", ranks)
     return check_config(cfg)
 
 
@@ -400,8 +395,8 @@ def _infer_workers(sg) -> dict[str, str]:
     ({}, 1, {"": 0}),  # default: with the actor
 ])
 def test_disaggregated_policy_infer_runs_on_the_placed_rollout_workers(spec, p, expect):
-    cfg = config(spec, num_gpu_workers=3)
-    cfg.rollout.inference, cfg.rollout.pipeline_stage_num = "disaggregated", p
+    cfg = replace_keys(config(spec, num_gpu_workers=3), {"rollout.inference": "disaggregated",
+                                                         "rollout.pipeline_stage_num": p})
     cluster = info(2, 3)
     check_placement(cfg, cuda_count=0)  # offline: accepted
     pl = plan_placement(cfg, cluster)
@@ -424,9 +419,7 @@ def test_disaggregated_policy_infer_runs_on_the_placed_rollout_workers(spec, p, 
     ({"actor": "0-1"}, {}, "cluster.component_placement.actor", "algorithm.num_actor_ranks=1 uses 1"),
 ])
 def test_placement_entries_that_do_nothing_are_refused_offline(spec, setup, key, words):
-    cfg = config(spec, num_gpu_workers=3)
-    for k, v in setup.items():
-        setattr(cfg.rollout, k, v)
+    cfg = replace_keys(config(spec, num_gpu_workers=3), {f"rollout.{k}": v for k, v in setup.items()})
     with pytest.raises(PlacementError) as err:
         check_placement(cfg, cuda_count=0)
     assert err.value.key == key and words in err.value.fix, str(err.value)
@@ -450,10 +443,10 @@ def test_actor_worker_threads_and_wait_policy(monkeypatch):
         env = workers["gpu-0"]["options"]["env"]
         assert (env["OMP_NUM_THREADS"], env["OMP_WAIT_POLICY"]) == (str(want), "PASSIVE"), cores
         assert {workers[f"env-{i}"]["options"]["env"]["OMP_NUM_THREADS"] for i in range(2)} == {"1"}
-    cfg.cluster.actor_threads = 2
+    cfg = replace_key(cfg, "cluster.actor_threads", 2)
     _, workers = cluster_specs(cfg, [("gpu-0", None), ("gpu-1", None)])
     assert {workers[g]["options"]["env"]["OMP_NUM_THREADS"] for g in ("gpu-0", "gpu-1")} == {"2"}
-    cfg.cluster.actor_threads = 0
+    cfg = replace_key(cfg, "cluster.actor_threads", 0)
     with pytest.raises(ConfigError, match="cluster.actor_threads"):
         check_local(cfg)
 

@@ -9,15 +9,14 @@ from omegaconf import OmegaConf
 from pipelines.config import load_saved_config, to_yaml
 from pipelines.upgrade import main as upgrade_main
 from storage.rundir import write_resolved_config
-from tasks.config import Config, ConfigError
+from tasks.config import Config, ConfigError, replace_key, replace_keys
 
 
 def _saved_before(tmp_path, name: str, adv_type: str):
     """A run's resolved config.yaml as written before the removal: today's keys plus algorithm.adv_type."""
-    cfg = Config()
-    cfg.algorithm.name = name
+    cfg = replace_key(Config(), "algorithm.name", name)
     if name == "grpo":
-        cfg.algorithm.group_size, cfg.env.auto_reset = 2, False
+        cfg = replace_keys(cfg, {"algorithm.group_size": 2, "env.auto_reset": False})
     d = OmegaConf.to_container(OmegaConf.create(to_yaml(cfg)))
     d["algorithm"]["adv_type"] = adv_type
     write_resolved_config(tmp_path, OmegaConf.to_yaml(OmegaConf.create(d)))
@@ -61,6 +60,6 @@ def test_resume_of_a_run_whose_params_have_adv_type(tmp_path):
         client.log_param(run.info.run_id, k, v)
     params, changed = run_params(cfg, run.info.run_id, uri)
     assert "algorithm.adv_type" not in params and changed == {}
-    cfg.algorithm.gamma = 0.5
+    cfg = replace_key(cfg, "algorithm.gamma", 0.5)
     with pytest.raises(ConfigError, match=r"algorithm.gamma='0.5': differs from the resumed run \('0.8'\)"):
         run_params(cfg, run.info.run_id, uri)

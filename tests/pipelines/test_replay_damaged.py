@@ -53,9 +53,10 @@ def no_simulator(monkeypatch):
 def _store(path, steps=N):
     """A run-like store: `steps` complete steps, one never-ending episode per env (id g, seed g: partial)."""
     dims = trajectory.Dims(obs_dim=O, action_dim=D, num_action_chunks=1, num_values=1, image_size=None)
-    fields = trajectory.zarr_schema(dims, trajectory.REPLAY_FIELDS)
+    fields = trajectory.zarr_schema(dims, (*trajectory.REPLAY_FIELDS, "task_id", "trial_id"))
     st = TrajectoryStore.create(path, fields=fields, T=T, num_envs=B, shard_size=S,
                                 attrs={"env_id": "PushCube-v1", "simulator": "maniskill", "obs_mode": "state",
+                                       "gripper_convention": "open_positive",
                                        "control_mode": "pd_joint_delta_pos", "reward_mode": "normalized_dense",
                                        "base_seed": 0})
     rng = np.random.default_rng(0)
@@ -68,6 +69,8 @@ def _store(path, steps=N):
                 shape = (T, S, *spec.shape)
                 if name in ("episode_id", "episode_seed"):
                     data[name] = np.broadcast_to(envs, (T, S)).astype(spec.dtype)
+                elif name in ("task_id", "trial_id"):  # ManiSkill's one task, no trials
+                    data[name] = np.full(shape, 0 if name == "task_id" else -1, spec.dtype)
                 elif name == "step_mask":
                     data[name] = np.ones(shape, bool)
                 elif spec.dtype == "bool":

@@ -153,14 +153,23 @@ FLOW_GRPO = ["conf=pushcube_flow_grpo", "policy.model_path=null", "env.obs_mode=
              "runner.val_check_interval=1", "algorithm.num_minibatches=2"]
 
 
-@pytest.mark.slow  # 78 s: kept out of the default suite's 20 min since the compose test joined it (exact resume stays
-# in the default suite for the mlp PPO and the 2-rank actor)
-def test_flow_vla_grpo_resume_is_exact(tmp_path):
+# transformers' pi0 / pi05 (tiny presets: images, 32 px) through the same GRPO recipe and checks; pi0 with LoRA, so
+# the resume also covers adapter-only weight sync (replicas of the resumed run load the restored base once)
+PI0_GRPO = ["conf=pushcube_pi0_grpo", "policy.model_path=null", "env.image_size=32",
+            *[o for o in FLOW_GRPO[1:] if o != "env.obs_mode=state"]]
+RESUME_FAMILIES = {"flow_vla": FLOW_GRPO, "pi0": [*PI0_GRPO, "policy.lora_rank=4"],
+                   "pi05": [*PI0_GRPO, "policy=pi05_tiny", "policy.noise_method=flow_sde"]}
+
+
+@pytest.mark.slow  # 78 s (flow_vla): kept out of the default suite's 20 min since the compose test joined it (exact
+# resume stays in the default suite for the mlp PPO and the 2-rank actor); pi0 62 s, pi05 54 s (measured)
+@pytest.mark.parametrize("family", list(RESUME_FAMILIES))
+def test_flow_vla_grpo_resume_is_exact(tmp_path, family):
     """The tiny flow VLA (state obs) with GRPO (groups of 2 sharing reset seeds, one 10-step episode per rollout:
     5-action chunks x 2 chunk steps), flow-noise sampling, the flow-matching update's own draws: 2 steps vs 1 +
-    resume to 2. (Disaggregated inference's draws on resume: tests/tasks/envs/test_lifecycle.py::
-    test_rollouts_resumed_from_cursors_equal_the_uninterrupted_ones.)"""
-    mu = resume_matches_uninterrupted(tmp_path, FLOW_GRPO, k=1, n=2)
+    resume to 2; the same for pi0 (LoRA) and pi05 (Flow-SDE) on images. (Disaggregated inference's draws on
+    resume: tests/tasks/envs/test_lifecycle.py::test_rollouts_resumed_from_cursors_equal_the_uninterrupted_ones.)"""
+    mu = resume_matches_uninterrupted(tmp_path, RESUME_FAMILIES[family], k=1, n=2)
     assert sorted(mu["train/weight_version"]) == [1, 2]
 
 

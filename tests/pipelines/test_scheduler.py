@@ -10,7 +10,7 @@ from pipelines import graphs
 from pipelines.clusters import Placement
 from pipelines.runner import trajectory_fields
 from storage.trajectories import TrajectoryStore
-from tasks.config import Config
+from tasks.config import Config, replace_keys
 from tasks.config import check_config
 
 PLACEMENT = Placement(shard_workers=["tcp://10.0.0.1:4001", "tcp://10.0.0.2:4002"],
@@ -18,11 +18,9 @@ PLACEMENT = Placement(shard_workers=["tcp://10.0.0.1:4001", "tcp://10.0.0.2:4002
 
 
 def _cfg() -> Config:
-    cfg = Config()
-    cfg.env.num_envs, cfg.env.num_shards = 4, 2
-    cfg.rollout.chunk_steps, cfg.rollout.chunk_steps_per_node = 6, 2
-    cfg.policy.hidden_sizes = [16, 16]
-    cfg.algorithm.num_minibatches, cfg.algorithm.update_epochs = 2, 2
+    cfg = replace_keys(Config(), {"env.num_envs": 4, "env.num_shards": 2, "rollout.chunk_steps": 6,
+                                  "rollout.chunk_steps_per_node": 2, "policy.hidden_sizes": [16, 16],
+                                  "algorithm.num_minibatches": 2, "algorithm.update_epochs": 2})
     return check_config(cfg)
 
 

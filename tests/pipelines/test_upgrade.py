@@ -74,14 +74,14 @@ def make_old_format(run_dir: Path, adv_type: str = "gae") -> None:
 
 # ----- one process: a run directory with one checkpoint of the MLP actor -----------------------------------------
 def _cfg():
-    from tasks.config import Config
-    cfg = Config()
-    cfg.rollout.chunk_steps, cfg.env.num_envs, cfg.env.num_shards = T, B, 1
-    cfg.policy.hidden_sizes, cfg.policy.num_action_chunks = [8, 8], C
-    cfg.algorithm.update_epochs, cfg.algorithm.num_minibatches, cfg.algorithm.target_kl = 2, 2, None
-    cfg.algorithm.critic_warmup_steps = 0
-    cfg.algorithm.lr_scale = {"critic": 2.0}  # two param groups: the position rule must follow them
-    return cfg
+    from tasks.config import Config, replace_keys
+    return replace_keys(Config(), {
+        "rollout.chunk_steps": T, "env.num_envs": B, "env.num_shards": 1,
+        "policy.hidden_sizes": [8, 8], "policy.num_action_chunks": C,
+        "algorithm.update_epochs": 2, "algorithm.num_minibatches": 2, "algorithm.target_kl": None,
+        "algorithm.critic_warmup_steps": 0,
+        "algorithm.lr_scale": {"critic": 2.0},  # two param groups: the position rule must follow them
+    })
 
 
 def _traj(seed: int) -> dict:
@@ -214,16 +214,35 @@ def test_an_upgraded_old_run_resumes_step_for_step(tmp_path):
     format, refused, upgraded, and resumed to 2 steps; its metrics and final state equal the uninterrupted run's."""
     from tests.pipelines.test_resume import TINY, resume_matches_uninterrupted
 
+    from storage.trajectories import OldStore, TrajectoryStore
+    from tasks.evalstats import OldEvalRecord, read_evals
+
     def downgrade_then_upgrade(handle):
         (run_dir,) = {p.parent for p in (tmp_path / "p").rglob("config.yaml") if (p.parent / "checkpoints").is_dir()}
         make_old_format(run_dir)
+        _make_old_store(run_dir / "trajectories.zarr")  # and the store and eval records (their older layouts)
+        for f in (run_dir / "evals").rglob("step_*.json"):
+            f.write_text(json.dumps({k: v for k, v in json.loads(f.read_text()).items() if k != "eval_layout"}))
         with pytest.raises(OldFormat, match="python -m pipelines.upgrade"):
             load_checkpoint(latest_checkpoint(run_dir), keys=("run",))
+        with pytest.raises(OldStore, match="python -m pipelines.upgrade"):
+            TrajectoryStore.open(run_dir / "trajectories.zarr")
+        with pytest.raises(OldEvalRecord, match="python -m pipelines.upgrade"):
+            read_evals(run_dir)
         assert upgrade_main([str(run_dir)]) == 0
 
     mu = resume_matches_uninterrupted(tmp_path, ["conf=smoke", "policy.hidden_sizes=[32,32]", *TINY], k=1, n=2,
                                       before_resume=downgrade_then_upgrade)
     assert sorted(mu["train/weight_version"]) == [1, 2]
+    # the upgraded store, resumed into, holds what the uninterrupted run's store holds (step 0 copied by the
+    # upgrade, step 1 written into it by the resumed run)
+    (u,), (p,) = ([TrajectoryStore.open(z) for z in (tmp_path / d).rglob("trajectories.zarr")
+                   if "upgrade-backup" not in str(z)] for d in "up")  # the old store is kept in the backup
+    assert u.complete_steps().tolist() == p.complete_steps().tolist() == [0, 1]
+    assert u.fields == p.fields and {k: v for k, v in u.attrs.items() if k not in ("run_id", "created_at", "store_id")} \
+        == {k: v for k, v in p.attrs.items() if k not in ("run_id", "created_at", "store_id")}
+    for name in u.fields:
+        np.testing.assert_array_equal(u.read(name, [0, 1]), p.read(name, [0, 1]), err_msg=name)
 
 
 def test_upgrade_beside_a_live_driver_is_refused_and_changes_nothing(old_run, capsys):
@@ -241,3 +260,195 @@ def test_upgrade_beside_a_live_driver_is_refused_and_changes_nothing(old_run, ca
         assert _listing(run_dir) == before
     finally:
         _stop(holder)
+
+
+# ----- the run's trajectory store and env shard cursors ----------------------------------------------------------
+def _current_store(path: Path, steps: int = 2) -> dict:
+    """A store as `pipelines.run` writes it (tasks.trajectory's stored fields, the run attrs of a ManiSkill run,
+    task_id 0 / trial_id -1 as the shard reports them for ManiSkill), `steps` complete steps and a half-written
+    one. Returns {field: [N, T, B, ...]} of what was written (the half-written step's unwritten shard: None)."""
+    from storage.trajectories import TrajectoryStore, clear_cache, write_shard
+    from tasks import trajectory
+    dims = trajectory.Dims(obs_dim=O, action_dim=D, num_action_chunks=C, num_values=1, image_size=None)
+    fields = trajectory.zarr_schema(dims)
+    st = TrajectoryStore.create(path, fields=fields, T=T, num_envs=2 * B, shard_size=B, attrs={
+        "run_id": RUN, "env_id": "PushCube-v1", "simulator": "maniskill", "obs_mode": "state",
+        "control_mode": "pd_joint_delta_pos", "reward_mode": "normalized_dense", "base_seed": 0,
+        "gripper_convention": "open_positive"})
+    r, written = np.random.default_rng(7), {}
+    for n in range(steps + 1):
+        a = st.reserve(n)
+        for s in range(2 if n < steps else 1):
+            d = {k: (r.standard_normal((T, B, *f.shape)) * 3).astype(f.dtype) for k, f in fields.items()}
+            d["task_id"][:], d["trial_id"][:] = 0, -1
+            write_shard(str(path), step=n, shard=s, data=d, attempt=a)
+            written[(n, s)] = d
+        if n < steps:
+            st.mark_complete(n, weight_version=n + 1)
+    clear_cache()
+    return written
+
+
+def _make_old_store(path: Path) -> None:
+    """The store in the oldest layout dagrl wrote, by hand: schema version 1 (per-step group `epochs`), no attempt
+    arrays, no store_id, no simulator / gripper_convention attrs, no task_id / trial_id fields."""
+    import shutil
+
+    import zarr
+    g = zarr.open_group(str(path), mode="r+")
+    for name in ("attempt", "shard_attempt"):
+        del g["steps"][name]
+    for name in ("task_id", "trial_id"):
+        del g["fields"][name]
+    layout = g.attrs["layout"]
+    layout["fields"] = {k: v for k, v in layout["fields"].items() if k not in ("task_id", "trial_id")}
+    attrs = {k: v for k, v in g.attrs.asdict().items() if k not in ("store_id", "simulator", "gripper_convention")}
+    g.attrs.clear()
+    g.attrs.update({**attrs, "layout": layout, "schema_version": 1})
+    shutil.move(path / "steps", path / "epochs")
+
+
+def _old_cursor_checkpoint(run_dir: Path, counts: list[int]) -> Path:
+    """A checkpoint (today's format otherwise) whose runner state holds the older cursor {"episode_count"}."""
+    from storage.checkpoints import save_checkpoint
+    return save_checkpoint(run_dir, 2, {"run": {"weight_version": 2, "runner": {
+        "run_id": RUN, "step": 2, "cursors": [{"episode_count": counts}, None]}}})
+
+
+def _old_evals(run_dir: Path, cfg) -> dict:
+    """Eval records (eval at steps 0, 2; val at 2) as the runner writes them for `cfg`, then without `eval_layout`
+    (the format before 2026-12-04). Returns {(split, step): the record as written}."""
+    from tasks.evalstats import _eval_files, episode_outcomes, eval_layout, write_eval
+    out = {}
+    for split, step in (("eval", 0), ("eval", 2), ("val", 2)):
+        outcomes = episode_outcomes([{"seed": 1000 + i, "success_once": i % 2 == 0, "success_at_end": i == 0,
+                                      "return": float(i), "episode_len": 5 + i} for i in range(4)])
+        path = write_eval(run_dir, step, outcomes, {"run_id": RUN, "eval_seed": 1000,
+                                                    "eval_layout": eval_layout(cfg)}, split=split)
+        out[(split, step)] = json.loads(path.read_text())
+    for split in ("eval", "val"):
+        for f in _eval_files(run_dir, split).values():
+            rec = json.loads(f.read_text())
+            del rec["eval_layout"]
+            f.write_text(json.dumps(rec, indent=0))
+    return out
+
+
+@pytest.fixture
+def old_store_run(tmp_path):
+    """(run dir with an old store, a checkpoint with an old cursor and eval records without their layout, what the
+    current writers wrote: store data, counts, eval records)."""
+    from pipelines.config import to_yaml
+    from storage.rundir import write_resolved_config
+    from tasks.config import Config
+    run_dir = tmp_path / "smoke" / "run-2"
+    write_resolved_config(run_dir, to_yaml(Config()))
+    written = _current_store(run_dir / "trajectories.zarr")
+    counts = [3, 5]
+    _old_cursor_checkpoint(run_dir, counts)
+    _make_old_store(run_dir / "trajectories.zarr")
+    evals = _old_evals(run_dir, Config())
+    return run_dir, written, counts, evals
+
+
+def test_an_old_store_and_old_cursors_are_refused_then_upgraded_to_what_the_writer_writes(old_store_run, capsys):
+    from pipelines.runner.setup import RunState, _check_formats
+    from pipelines.upgrade.store import store_refusal
+    from storage.trajectories import OldStore, TrajectoryStore
+    from tasks.config import ConfigError
+    from tasks.envs.shard import EnvShard, is_cursor
+    from tasks.evalstats import OldEvalRecord, read_evals
+    from tests.pipelines.test_graphs import FakeEnv
+    run_dir, written, counts, evals = old_store_run
+    store = run_dir / "trajectories.zarr"
+    fix = f"`python -m pipelines.upgrade {run_dir}`"
+    # refused: the store where it is opened, the cursors and the store on resume; one line each, naming the file
+    with pytest.raises(OldStore) as exc:
+        TrajectoryStore.open(store)
+    assert "\n" not in str(exc.value) and str(store) in str(exc.value) and fix in str(exc.value)
+    ckpt = latest_checkpoint(run_dir)
+    state = RunState(**load_checkpoint(ckpt, keys=("run",))["run"]["runner"])
+    with pytest.raises(ConfigError) as exc:
+        _check_formats("latest", run_dir, ckpt, state)
+    assert str(ckpt / "meta.json") in str(exc.value) and "cursors of shards [0]" in str(exc.value)
+    assert fix in str(exc.value)
+    with pytest.raises(ValueError, match="older format"):
+        EnvShard([FakeEnv(), FakeEnv()], env_offset=0, num_envs_total=4, base_seed=0, auto_reset=True,
+                 ignore_terminations=False).load_state_dict(state.cursors[0])
+    for split in ("eval", "val"):
+        with pytest.raises(OldEvalRecord) as exc:
+            read_evals(run_dir, split)
+        assert "\n" not in str(exc.value) and "no eval_layout" in str(exc.value) and fix in str(exc.value)
+    # upgraded: one line per rewritten file (the checkpoint, the store); a second upgrade finds nothing to do
+    capsys.readouterr()
+    assert upgrade_main([str(run_dir)]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 5 and str(ckpt) in out[0] and "older cursors of shards [0]" in out[0]
+    assert all("no eval_layout" in line for line in out[1:4])
+    assert str(store) in out[4] and "schema version 1" in out[4] and "no task_id field" in out[4]
+    # the eval records: what the runner writes (its layout is the run config's)
+    for split in ("eval", "val"):
+        assert read_evals(run_dir, split) == {step: rec for (sp, step), rec in evals.items() if sp == split}
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    assert upgrade_main([str(run_dir)]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+    # read: the cursor is what a shard that has not started, at those counts, writes (no RNG state drawn yet)
+    state = RunState(**load_checkpoint(latest_checkpoint(run_dir), keys=("run",))["run"]["runner"])
+    _check_formats("latest", run_dir, latest_checkpoint(run_dir), state)
+    fresh = EnvShard([FakeEnv(), FakeEnv()], env_offset=0, num_envs_total=4, base_seed=0, auto_reset=True,
+                     ignore_terminations=False, episode_count=counts)
+    assert is_cursor(state.cursors[0]) and state.cursors[0] == fresh.state_dict() and state.cursors[1] is None
+    fresh.load_state_dict(state.cursors[0])  # what the older reader did: fresh episodes at those counts
+    assert fresh.needs_reset and fresh.episode_count.tolist() == counts and fresh.rng_state is None
+    # the store: today's reader takes it, with every value the current writer wrote (task_id 0, trial_id -1)
+    assert store_refusal(store) is None
+    st = TrajectoryStore.open(store)
+    assert st.attrs["simulator"] == "maniskill" and st.attrs["gripper_convention"] == "open_positive"
+    assert st.complete_steps().tolist() == [0, 1] and st.step_scalar("weight_version").tolist() == [1, 2, -1]
+    assert [st.attempt(n) for n in range(3)] == [1, 1, 1] and st.shards_written(2).tolist() == [True, False]
+    for (n, s), d in written.items():
+        for name, want in d.items():
+            if n < 2:
+                got = st.read(name, [n])[0][:, s * B:(s + 1) * B]
+            else:  # the half-written step: not complete, so read around the verified reader
+                import zarr
+                got = zarr.open_group(str(store), mode="r")[f"fields/{name}"][n, :, s * B:(s + 1) * B]
+            np.testing.assert_array_equal(got, want, err_msg=f"{name} step {n} shard {s}")
+    assert (next(run_dir.glob("upgrade-backup-*")) / "trajectories.zarr" / "epochs").is_dir()  # the old one kept
+
+
+def test_a_store_whose_trials_cannot_be_recovered_is_not_upgraded(old_store_run, capsys):
+    """A LIBERO store without trial_id: the init state of each episode was not recorded; nothing is guessed."""
+    import zarr
+    run_dir = old_store_run[0]
+    zarr.open_group(str(run_dir / "trajectories.zarr"), mode="r+").attrs["simulator"] = "libero"
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    assert upgrade_main([str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no trial_id field" in err and "re-record it" in err
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+    assert not list(run_dir.glob("upgrade-backup-*")) and not list(run_dir.glob(".upgrade-*"))
+
+
+def test_upgrade_of_a_store_beside_a_live_owner_is_refused_and_changes_nothing(old_store_run, tmp_path, capsys):
+    """Its run's live driver (the run's owner lock), or for a recording outside a run a live recording (the store's
+    lock): refused in one line naming the holder, every file left as it was."""
+    import shutil
+
+    from tests.storage.test_locks import _holder, _listing, _stop
+    run_dir = old_store_run[0]
+    record = tmp_path / "demos.zarr"
+    shutil.copytree(run_dir / "trajectories.zarr", record)
+    for kind, path, target in (("run", run_dir, run_dir), ("write", record, record)):
+        holder = _holder(kind, path)
+        try:
+            before = _listing(target)
+            assert upgrade_main([str(target)]) == 2
+            err = capsys.readouterr().err.strip()
+            assert "\n" not in err and f"pid {holder.pid}" in err, err
+            assert _listing(target) == before
+        finally:
+            _stop(holder)
+    assert upgrade_main([str(record)]) == 0  # the recording, once its owner is gone
+    assert f"{record} rewritten" in capsys.readouterr().out

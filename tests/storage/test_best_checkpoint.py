@@ -171,20 +171,23 @@ def test_runner_regression_warning_and_tag(tmp_path):
     assert "vs the start checkpoint's eval (run 20261201-1 step 30)" in said[1]
 
 
+LAYOUT = {"num_envs": 2, "num_shards": 1, "device": "cpu"}  # an eval layout (tasks.evalstats.eval_layout)
+
+
 def _sft_run(root, step, outcomes, eval_seed=1_000_000):
     """A finished SFT run dir with an hf export at `step` and its eval record; returns the hf path."""
     from tasks.evalstats import write_eval
     run = root / "sft" / "20261201-0000-sft1"
     hf = run / "checkpoints" / f"global_step_{step}" / "hf"
     hf.mkdir(parents=True)
-    write_eval(run, step, outcomes, {"run_id": run.name, "eval_seed": eval_seed})
+    write_eval(run, step, outcomes, {"run_id": run.name, "eval_seed": eval_seed, "eval_layout": LAYOUT})
     return hf
 
 
 def test_runner_baseline_is_step0_else_the_start_checkpoints_eval_else_the_first(tmp_path):
     """tasks.evalstats.baseline (pick_baseline's rule with the start checkpoint's eval, start_checkpoint_eval): the
     rule of the eval gains (and of benchmarks/recipe.py's table)."""
-    from tasks.evalstats import baseline, start_checkpoint_eval, write_eval
+    from tasks.evalstats import OldEvalRecord, baseline, start_checkpoint_eval, write_eval
     sft = _outcomes([1] * 20 + [0] * 28)
     hf = _sft_run(tmp_path, 30, sft)
     now = _outcomes([1] * 30 + [0] * 18)
@@ -192,7 +195,7 @@ def test_runner_baseline_is_step0_else_the_start_checkpoints_eval_else_the_first
     def base(model_path, step, run_evals):  # what the runner's eval at `step` pairs with (policy.model_path)
         return baseline(run_evals, start_checkpoint_eval(str(model_path)), step)
 
-    rec = lambda o, seed=1_000_000: {"eval_seed": seed, "episodes": o}  # noqa: E731
+    rec = lambda o, seed=1_000_000: {"eval_seed": seed, "eval_layout": LAYOUT, "episodes": o}  # noqa: E731
     # val_at_start=false: the first eval (step 6) pairs with the SFT run's eval of the checkpoint it started from
     before, label = base(hf, 6, {6: rec(now)})
     assert before == sft and label == "run 20261201-0000-sft1 step 30"
@@ -209,12 +212,13 @@ def test_runner_baseline_is_step0_else_the_start_checkpoints_eval_else_the_first
     assert base(hf, 12, {6: rec(other, 2_000_000), 12: rec(other, 2_000_000)}) == (other, 6)
     assert base(hf, 6, {6: rec(now, 7)}) is None  # same seeds, another eval_seed: refused
     # the same episodes in another eval layout (eval envs / shards): the ODE's noise draws differ: not the same eval
-    lay = lambda o, n: {**rec(o), "eval_layout": {"num_envs": 2, "num_shards": n}}  # noqa: E731
-    assert base(hf, 6, {6: lay(now, 2)}) is None  # the SFT record has no layout (before 12-04)
-    write_eval(hf.parent.parent.parent, 30, sft, {"run_id": "sft1", "eval_seed": 1_000_000,
-                                                  "eval_layout": {"num_envs": 2, "num_shards": 1}})
+    lay = lambda o, n: {**rec(o), "eval_layout": {**LAYOUT, "num_shards": n}}  # noqa: E731
     assert base(hf, 6, {6: lay(now, 2)}) is None
     assert base(hf, 6, {6: lay(now, 1)}) == (sft, label)
+    # an SFT record without a layout (written before 2026-12-04) is refused, naming the upgrade of its run
+    write_eval(hf.parent.parent.parent, 30, sft, {"run_id": "sft1", "eval_seed": 1_000_000})
+    with pytest.raises(OldEvalRecord, match=r"no eval_layout.*python -m pipelines.upgrade"):
+        base(hf, 6, {6: lay(now, 1)})
     # no model_path, or one that is not a run's checkpoint
     assert base(None, 6, {6: rec(now)}) is None
     assert base(tmp_path / "exported_hf", 6, {6: rec(now)}) is None
@@ -224,7 +228,7 @@ def test_runner_best_unmarked_and_one_timeline(tmp_path):
     from tasks.evalstats import read_evals, write_eval
     for s in (0, 4, 8):
         _save(tmp_path, s)
-        write_eval(tmp_path, s, _outcomes([1, 0]))
+        write_eval(tmp_path, s, _outcomes([1, 0]), {"eval_layout": LAYOUT})
     ctx = _context(tmp_path, 8, best_step=8, best=0.5)
     assert _best_unmarked(ctx)  # a new best at this step, not marked yet
     mark_best(tmp_path, 8, 0.5)
@@ -248,8 +252,8 @@ def test_runner_with_a_validation_split_marks_the_validation_best(tmp_path):
     from tasks.evalstats import read_evals, write_eval
     for s in (0, 4, 8):
         _save(tmp_path, s)
-        write_eval(tmp_path, s, _outcomes([1, 0]))
-        write_eval(tmp_path, s, _outcomes([1, 1], base=2_000_000), split="val")
+        write_eval(tmp_path, s, _outcomes([1, 0]), {"eval_layout": LAYOUT})
+        write_eval(tmp_path, s, _outcomes([1, 1], base=2_000_000), {"eval_layout": LAYOUT}, split="val")
     # the eval's best is step 8 (0.9), the validation's step 4 (0.7): only the validation's marks best
     ctx = _context(tmp_path, 8, best_step=8, best=0.9, val=True)
     ctx.state.best_val_step, ctx.state.best_val_success_once = 4, 0.7

@@ -273,7 +273,27 @@ def test_invalidate_from_drops_the_steps_after_the_restored_step(tmp_path, resto
     assert store.complete_steps().tolist() == [0, 1, 2]
 
 
-def test_a_store_written_before_attempts_existed_reads_as_before(tmp_path):
+def _refused_then_upgraded(path, capsys=None):
+    """The store at `path` is refused by today's reader in one line naming it and the upgrade command (the store
+    itself: it is no run's); `python -m pipelines.upgrade` rewrites it (0) and a second upgrade finds nothing."""
+    from pipelines.upgrade import main as upgrade_main
+    from storage.trajectories import OldStore
+    clear_cache()
+    with pytest.raises(OldStore) as exc:
+        TrajectoryStore.open(path)
+    msg = str(exc.value)
+    assert "\n" not in msg and f"trajectory store {path} is of an older format" in msg
+    assert f"`python -m pipelines.upgrade {path}`" in msg
+    assert upgrade_main([str(path)]) == 0
+    assert upgrade_main([str(path)]) == 0  # once: nothing left to do
+    clear_cache()
+    return msg
+
+
+def test_a_store_written_before_attempts_existed_is_refused_then_upgraded(tmp_path, capsys):
+    """Attempt arrays and store_id dropped (what dagrl wrote before them): refused; upgraded, today's reader shows
+    the same complete steps and data, every allocated step at attempt 1 (its one reservation) with every shard on
+    it, and a redo of a step is attempt 2, as the writer would have it."""
     import zarr
     path = tmp_path / "traj"
     store = _make(path)
@@ -281,15 +301,31 @@ def test_a_store_written_before_attempts_existed_reads_as_before(tmp_path):
     store.reserve(0)
     _write_all(path, 0)
     store.mark_complete(0)
+    store.reserve(1)
+    write_shard(str(path), step=1, shard=0, data=_shard_data(1, 0))  # step 1: half written, never complete
     g = zarr.open_group(str(path), mode="r+")
+    created = g.attrs["created_at"]
     for name in ("attempt", "shard_attempt"):
         del g["steps"][name]
-    clear_cache()
-    old = TrajectoryStore.open(path)
-    assert old.complete_steps().tolist() == [0] and old.attempt(0) == 1
-    again = _make(path)  # the driver reopening it (resume) adds the attempt arrays: step 0 stays complete
-    assert again.complete_steps().tolist() == [0]
-    assert again.reserve(0) == 2 and again.complete_steps().tolist() == []
+    del g.attrs["store_id"]
+    msg = _refused_then_upgraded(path)
+    assert "no steps/attempt array" in msg and "no store_id attribute" in msg
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 2 and str(path) in out[0] and "nothing to do" in out[1]  # one line per rewritten file
+    new = TrajectoryStore.open(path)
+    assert new.complete_steps().tolist() == [0] and new.num_steps == 2
+    assert [new.attempt(0), new.attempt(1)] == [1, 1]
+    assert new.shards_written(0).tolist() == [True, True] and new.shards_written(1).tolist() == [True, False]
+    assert new.attrs["store_id"] and new.attrs["created_at"] == created
+    assert {k: new.attrs[k] for k in ATTRS} == ATTRS
+    for s in range(B // S):
+        np.testing.assert_array_equal(new.read("obs", [0])[0, :, s * S:(s + 1) * S], _shard_data(0, s)["obs"])
+    assert new.reserve(0) == 2 and new.complete_steps().tolist() == []
+    (backup,) = [p for p in tmp_path.glob("traj.upgrade-backup-*") if p.is_dir()]  # the old store, whole, beside it
+    assert json.loads(backup.with_name(backup.name + ".json").read_text())["store"] == [
+        "no steps/attempt array", "no steps/shard_attempt array", "no store_id attribute", "no simulator attribute",
+        "no gripper_convention attribute", "no task_id field", "no trial_id field"]  # and what was old
+    assert not (backup / "steps" / "attempt").exists() and (backup / "fields" / "obs" / "zarr.json").is_file()
 
 
 def _write_v1_store(path, steps_written=(0, 1), complete=(0,), fields=FIELDS):
@@ -320,28 +356,31 @@ def _write_v1_store(path, steps_written=(0, 1), complete=(0,), fields=FIELDS):
         done[e], wv[e] = True, 10 + e
 
 
-def test_a_schema_1_store_reads_with_its_steps_and_a_resume_keeps_writing_it(tmp_path):
+def test_a_schema_1_store_is_refused_then_upgraded_with_its_steps(tmp_path):
     path = tmp_path / "v1"
     _write_v1_store(path)
-    clear_cache()
-    old = TrajectoryStore.open(path)
-    assert old.attrs["schema_version"] == 1 and old.num_steps == 2
-    assert old.complete_steps().tolist() == [0]  # step 1 written but never marked complete
-    assert old.step_scalar_names == ["weight_version"]
-    assert old.step_scalar("weight_version").tolist() == [10, -1]
-    np.testing.assert_array_equal(old.read("obs", steps=[1])[0, :, :S], _shard_data(1, 0)["obs"])
+    assert "schema version 1" in _refused_then_upgraded(path)
+    new = TrajectoryStore.open(path)
+    assert new.attrs["schema_version"] == SCHEMA_VERSION and new.num_steps == 2
+    assert new.attrs["created_at"] == "2026-11-30T00:00:00+00:00" and new.attrs["store_id"]
+    assert new.complete_steps().tolist() == [0]  # step 1 written but never marked complete
+    assert new.step_scalar_names == ["weight_version"]
+    assert new.step_scalar("weight_version").tolist() == [10, -1]
+    for e in (0, 1):
+        for name in FIELDS:
+            np.testing.assert_array_equal(new.read(name, steps=[e])[0, :, S:], _shard_data(e, 1)[name])
     assert "steps allocated=2 complete=1: 0" in describe(path)
-    # a resumed run reopens it (identical layout), redoes step 1 and adds step 2, in the schema-1 layout
-    again = _make(path)
-    assert again.attrs["schema_version"] == 1
-    for e in (1, 2):
-        assert again.reserve(e) == (2 if e == 1 else 1)
-        _write_all(path, e)
-        again.mark_complete(e, weight_version=20 + e)
-    assert TrajectoryStore.open(path).complete_steps().tolist() == [0, 1, 2]
-    assert again.step_scalar("weight_version").tolist() == [10, 21, 22]
     import zarr
-    assert sorted(zarr.open_group(str(path), mode="r").group_keys()) == ["epochs", "fields"]
+    assert sorted(zarr.open_group(str(path), mode="r").group_keys()) == ["fields", "steps"]
+    # a resumed run redoes step 1 (its second attempt) and adds step 2, in today's layout
+    for e in (1, 2):
+        assert new.reserve(e) == (2 if e == 1 else 1)
+        for s in range(B // S):
+            write_shard(str(path), step=e, shard=s, data={**_shard_data(e, s), **{
+                f: np.full((T, S), v, np.int64) for f, v in (("task_id", 0), ("trial_id", -1))}})
+        new.mark_complete(e, weight_version=20 + e)
+    assert TrajectoryStore.open(path).complete_steps().tolist() == [0, 1, 2]
+    assert new.step_scalar("weight_version").tolist() == [10, 21, 22]
 
 
 def test_a_new_store_is_schema_2_with_a_steps_group(tmp_path):
@@ -354,8 +393,10 @@ def test_a_new_store_is_schema_2_with_a_steps_group(tmp_path):
     assert sorted(g["steps"].array_keys()) == ["attempt", "complete", "shard_attempt"]
 
 
-def test_replay_and_sft_readers_accept_a_schema_1_store(tmp_path):
+def test_replay_and_sft_readers_refuse_a_schema_1_store_then_read_it_upgraded(tmp_path):
     from pipelines import replay
+    from pipelines.replay_input import ReplayInputError
+    from pipelines.upgrade import main as upgrade_main
     from tasks.demos import sft_index
     C = 2
     fields = {"obs": FieldSpec((3,), "float32"), "actions": FieldSpec((C, 2), "float32"),
@@ -368,6 +409,11 @@ def test_replay_and_sft_readers_accept_a_schema_1_store(tmp_path):
     import zarr
     zarr.open_group(str(path), mode="r+").attrs.update({"obs_mode": "state", "control_mode": "pd_ee_delta_pos",
                                                         "reward_mode": "normalized_dense"})  # what replay rebuilds from
+    with pytest.raises(ReplayInputError, match=rf"older format .*`python -m pipelines.upgrade {path}`"):
+        replay.open_store(path)
+    with pytest.raises(ValueError, match="older format"):
+        sft_index(str(path), only_success=False)
+    assert upgrade_main([str(path)]) == 0
     store = replay.open_store(path)  # the checks replay runs (its required fields) pass
     idx = replay.load_index(store)
     assert idx.steps.tolist() == [0, 2] and idx.contiguous[T] == False  # noqa: E712 (step 1 is missing)

@@ -15,7 +15,7 @@ import zarr
 from storage import episodes
 from storage.trajectories import DamagedStore, FieldSpec, TrajectoryStore, clear_cache, write_shard
 from tasks import resident
-from tasks.config import Config
+from tasks.config import Config, replace_keys
 from tasks.demo_index import sft_fields, sft_index
 from tasks.demos import set_demo_stats, sft_load
 
@@ -25,7 +25,8 @@ FIELDS = {"obs": FieldSpec((O,), "float32"), "rgb": FieldSpec((H, H, 3), "uint8"
           "step_mask": FieldSpec((C,), "bool"), "terminated": FieldSpec((), "bool"),
           "truncated": FieldSpec((), "bool"), "success": FieldSpec((), "bool"),
           "episode_id": FieldSpec((), "int64"), "episode_seed": FieldSpec((), "int64"),
-          "task_id": FieldSpec((), "int64")}
+          "task_id": FieldSpec((), "int64"), "trial_id": FieldSpec((), "int64")}
+ATTRS = {"simulator": "maniskill", "gripper_convention": "open_positive"}  # what a recording of ManiSkill writes
 
 
 def _data(n: int, s: int) -> dict[str, np.ndarray]:
@@ -43,13 +44,13 @@ def _data(n: int, s: int) -> dict[str, np.ndarray]:
     d["truncated"][-1] = True
     d["episode_id"][:] = g + n * B
     d["episode_seed"][:] = 100 + g + n * B
-    d["task_id"][:] = 0
+    d["task_id"][:], d["trial_id"][:] = 0, -1  # ManiSkill's one task, no trials
     return d
 
 
 def _record(path) -> None:
     """A complete store at `path`: N steps of `_data`, every shard written, every step marked complete."""
-    st = TrajectoryStore.create(path, fields=FIELDS, T=T, num_envs=B, shard_size=S)
+    st = TrajectoryStore.create(path, fields=FIELDS, T=T, num_envs=B, shard_size=S, attrs=ATTRS)
     for n in range(N):
         st.reserve(n)
         for s in range(B // S):
@@ -76,10 +77,8 @@ def _remove_chunk(path, field: str, step: int = 1, shard: int = 1) -> str:
 
 
 def _cfg(path, value: bool = False) -> Config:
-    cfg = Config()
-    cfg.sft.store, cfg.sft.batch_size, cfg.sft.only_success = str(path), 8, True
-    cfg.sft.value_coef = 1.0 if value else 0.0
-    return cfg
+    return replace_keys(Config(), {"sft.store": str(path), "sft.batch_size": 8, "sft.only_success": True,
+                                   "sft.value_coef": 1.0 if value else 0.0})
 
 
 def _sft_samples(path, value=False):
@@ -91,10 +90,9 @@ def _flow_stats(path):
     step_mask (and the index fields) of the behaviour-cloning samples."""
     from tasks.config import family_class
     from tasks.policies import make_policy
-    cfg = _cfg(path)
-    cfg.env.obs_mode, cfg.algorithm.name = "state", "sft"
-    cfg.policy = p = family_class("policy", "flow_vla")(preset="tiny", num_action_chunks=C, max_prompt_len=8,
-                                                       normalize_state=True, normalize_actions=True)
+    p = family_class("policy", "flow_vla")(preset="tiny", num_action_chunks=C, max_prompt_len=8,
+                                           normalize_state=True, normalize_actions=True)
+    cfg = replace_keys(_cfg(path), {"env.obs_mode": "state", "algorithm.name": "sft", "policy": p})
     assert set_demo_stats(cfg, make_policy(p, obs_dim=O, action_dim=D, seed=0))
 
 
@@ -207,8 +205,8 @@ def test_a_damaged_sft_store_is_refused_by_the_config_check_for_every_field_the_
         path = tmp_path / f"d{i}.zarr"
         _record(path)
         key = _remove_chunk(path, field)
-        cfg = _cfg(path, value=True)
-        cfg.algorithm.name, cfg.policy.num_action_chunks, cfg.env.obs_mode = "sft", C, "state"
+        cfg = replace_keys(_cfg(path, value=True), {"algorithm.name": "sft", "policy.num_action_chunks": C,
+                                                    "env.obs_mode": "state"})
         with pytest.raises(ConfigError, match=rf"fields/{field} chunk file {key} \(step 1, envs 2-3\) is missing"
                                               rf".*re-record it") as err:
             check_sft_store(cfg)

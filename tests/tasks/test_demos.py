@@ -7,7 +7,7 @@ import torch
 
 from storage.trajectories import FieldSpec, TrajectoryStore, clear_cache, write_shard
 from tasks import resident
-from tasks.config import Config, family_class
+from tasks.config import Config, family_class, replace_key, replace_keys
 from tasks.demos import sft_index, sft_load
 
 
@@ -24,7 +24,7 @@ def store(tmp_path):
     path = tmp_path / "demos.zarr"
     fields = {"obs": FieldSpec((1,), "float32"), "actions": FieldSpec((2, 1), "float32"),
               "step_mask": FieldSpec((2,), "bool"), "success": FieldSpec((), "bool"),
-              "episode_id": FieldSpec((), "int64")}
+              "episode_id": FieldSpec((), "int64"), "task_id": FieldSpec((), "int64")}
     st = TrajectoryStore.create(path, fields=fields, T=3, num_envs=2, shard_size=2)
     step_mask = np.ones((3, 3, 2, 2), bool)
     step_mask[0, 2, 0] = False  # step 0, env 0 idle at t=2
@@ -39,7 +39,7 @@ def store(tmp_path):
         obs = np.arange(6, dtype=np.float32).reshape(3, 2, 1) + 100 * e  # value = 100 e + 2 t + b
         write_shard(str(path), step=e, shard=0, data={
             "obs": obs, "actions": obs[..., None].repeat(2, axis=2), "step_mask": step_mask[e],
-            "success": success[e], "episode_id": episode_id[e]})
+            "success": success[e], "episode_id": episode_id[e], "task_id": np.zeros((3, 2), np.int64)})
         if e < 2:
             st.mark_complete(e)
     yield path
@@ -48,8 +48,9 @@ def store(tmp_path):
 
 def _one_step_store(path, data: dict) -> str:
     """A store holding one complete step: `data` name -> array [T, B, ...] (the fields' per-sample shapes and
-    dtypes read from it; B envs in one shard)."""
+    dtypes read from it; B envs in one shard; `task_id` 0 unless given: one task's episodes)."""
     T, B = next(iter(data.values())).shape[:2]
+    data = {"task_id": np.zeros((T, B), np.int64), **data}
     fields = {k: FieldSpec(v.shape[2:], str(v.dtype)) for k, v in data.items()}
     st = TrajectoryStore.create(path, fields=fields, T=T, num_envs=B, shard_size=B)
     st.reserve(0)
@@ -67,8 +68,7 @@ def test_sft_index_keeps_executed_chunk_steps_of_successful_episodes_in_complete
 
 
 def test_sft_load_draws_seeded_minibatches_of_the_selected_samples(store):
-    cfg = Config()
-    cfg.sft.store, cfg.sft.batch_size = str(store), 4
+    cfg = replace_keys(Config(), {"sft.store": str(store), "sft.batch_size": 4})
     resident.release("sft_data/")
     a, b = sft_load(cfg, seed=3, num_batches=2), sft_load(cfg, seed=3, num_batches=2)
     assert len(a) == 2 and a[0]["obs"].shape == (4, 1) and a[0]["actions"].shape == (4, 2, 1)
@@ -112,9 +112,8 @@ def test_sft_value_warm_start_loads_every_episode_with_returns_and_the_bc_flag(t
         "obs": obs, "actions": obs[..., None], "rewards": np.array([[[1.0], [0.0]], [[1.0], [2.0]]], np.float32),
         "step_mask": np.ones((2, 2, 1), bool), "truncated": np.array([[False, False], [True, True]]),
         "success": np.array([[False, False], [True, False]]), "episode_id": np.array([[0, 1], [0, 1]], np.int64)})
-    cfg = Config()
-    cfg.sft.store, cfg.sft.batch_size, cfg.sft.value_coef = path, 64, 1.0
-    cfg.algorithm.gamma, cfg.algorithm.reward_scale = 0.5, 1.0
+    cfg = replace_keys(Config(), {"sft.store": path, "sft.batch_size": 64, "sft.value_coef": 1.0,
+                                  "algorithm.gamma": 0.5, "algorithm.reward_scale": 1.0})
     resident.release("sft_data/")
     try:
         (b,) = sft_load(cfg, seed=0, num_batches=1)
@@ -164,11 +163,10 @@ def test_value_only_pass_moves_the_value_head_only(tmp_path):
         "rewards": r.uniform(0, 1, (2, 2, 2)).astype(np.float32), "step_mask": np.ones((2, 2, 2), bool),
         "truncated": np.array([[False, False], [True, True]]), "success": np.array([[False, False], [True, False]]),
         "episode_id": np.array([[0, 1], [0, 1]], np.int64)})
-    cfg = Config()
-    cfg.env.obs_mode = "state"
-    cfg.policy = p = family_class("policy", "flow_vla")(preset="tiny", num_action_chunks=2, max_prompt_len=8)
-    p.value_detach, p.critic_state, p.value_head = True, True, "last_token"
-    cfg.sft.store, cfg.sft.batch_size, cfg.sft.value_coef, cfg.sft.bc_coef = path, 8, 1.0, 0.0
+    p = family_class("policy", "flow_vla")(preset="tiny", num_action_chunks=2, max_prompt_len=8, value_detach=True,
+                                           critic_state=True, value_head="last_token")
+    cfg = replace_keys(Config(), {"env.obs_mode": "state", "policy": p, "sft.store": path, "sft.batch_size": 8,
+                                  "sft.value_coef": 1.0, "sft.bc_coef": 0.0})
     policy = make_policy(p, obs_dim=3, action_dim=2, seed=0)
     w0 = {"version": 0, "state_dict": {k: v.clone() for k, v in policy.state_dict().items()}}
     resident.release("sft_data/")
@@ -226,9 +224,8 @@ def test_record_rounds_follow_the_record_seed_rule(monkeypatch, length):
     from storage import trajectories
     from tasks import demos
     from tasks.envs.shard import EnvShard
-    cfg = Config()
-    cfg.env.num_envs, cfg.env.num_shards, cfg.env.seed, cfg.env.max_episode_steps = 4, 2, 100, 5
-    cfg.policy.num_action_chunks = 2  # T = ceil(5 / 2) = 3 chunk steps per round
+    cfg = replace_keys(Config(), {"env.num_envs": 4, "env.num_shards": 2, "env.seed": 100, "env.max_episode_steps": 5,
+                                  "policy.num_action_chunks": 2})  # T = ceil(5 / 2) = 3 chunk steps per round
     written = {}
 
     class Teacher:
@@ -257,12 +254,9 @@ def test_record_rounds_follow_the_record_seed_rule(monkeypatch, length):
 
 def _sft_cfg(name: str, C: int, store: str) -> Config:
     """SFT from scratch of the tiny VLA `name` (C actions per chunk) on a state-only store."""
-    cfg = Config()
-    cfg.env.obs_mode = "state"
-    cfg.algorithm.name = "sft"
-    cfg.policy = family_class("policy", name)(preset="tiny", num_action_chunks=C, max_prompt_len=8)
-    cfg.sft.store = store
-    return cfg
+    return replace_keys(Config(), {
+        "env.obs_mode": "state", "algorithm.name": "sft", "sft.store": store,
+        "policy": family_class("policy", name)(preset="tiny", num_action_chunks=C, max_prompt_len=8)})
 
 
 def test_token_vla_sft_from_scratch_takes_q01_q99_of_the_executed_bc_actions(tmp_path):
@@ -293,9 +287,9 @@ def test_token_vla_sft_from_scratch_takes_q01_q99_of_the_executed_bc_actions(tmp
         assert torch.allclose(policy.action_q99, torch.tensor(q99, dtype=torch.float32))
         assert float(policy.action_q99.max()) < 0.5 and float(policy.action_q01.min()) > -0.3
         fresh = make_policy(p, obs_dim=3, action_dim=D, seed=0)
-        cfg.policy.model_path = str(tmp_path)  # a loaded policy keeps its own statistics
+        cfg = replace_key(cfg, "policy.model_path", str(tmp_path))  # a loaded policy keeps its own statistics
         assert not set_demo_stats(cfg, fresh)
-        cfg.policy.model_path, cfg.algorithm.name = None, "grpo"
+        cfg = replace_keys(cfg, {"policy.model_path": None, "algorithm.name": "grpo"})
         assert not set_demo_stats(cfg, fresh)
         assert torch.equal(fresh.action_q01, torch.full((D,), -1.0))
     finally:
@@ -335,7 +329,7 @@ def test_flow_vla_normalize_actions_runs_the_flow_on_standardised_bc_actions(tmp
         policy = make_policy(p, obs_dim=O, action_dim=D, seed=0)
         ident = make_policy(p, obs_dim=O, action_dim=D, seed=0)
         assert not set_demo_stats(cfg, policy) and torch.equal(policy.action_std, torch.ones(D))
-        p.normalize_actions = True
+        cfg = replace_key(cfg, "policy.normalize_actions", True)
         assert set_demo_stats(cfg, policy)
         executed = actions[:, 0][step_mask[:, 0]].astype(np.float64)  # [7, D]: env 0's executed actions
         assert executed.shape == (7, D) and executed.std(0)[1] < ACTION_STD_FLOOR
@@ -389,7 +383,7 @@ def test_flow_vla_sft_with_normalize_state_standardises_by_the_bc_samples_state(
         policy = make_policy(p, obs_dim=O, action_dim=D, seed=0)
         assert not set_demo_stats(cfg, policy)  # normalize_state off: nothing to set for a flow VLA
         assert torch.equal(policy.prefix.state_std, torch.ones(O))
-        p.normalize_state = True
+        cfg = replace_key(cfg, "policy.normalize_state", True)
         assert set_demo_stats(cfg, policy)
         samples = obs[:3, 0].astype(np.float64)  # env 0, chunk steps 0-2
         assert samples.std(0)[1] < STATE_STD_FLOOR
@@ -397,7 +391,7 @@ def test_flow_vla_sft_with_normalize_state_standardises_by_the_bc_samples_state(
         torch.testing.assert_close(policy.prefix.state_std, torch.tensor(
             np.maximum(samples.std(0), STATE_STD_FLOOR), dtype=torch.float32))
         # the standardisation is the prefix's input: stats (m, s) on x == identity stats on (x - m) / s
-        ident = make_policy(p, obs_dim=O, action_dim=D, seed=0)
+        ident = make_policy(cfg.policy, obs_dim=O, action_dim=D, seed=0)
         prompt = ident.tokenize(["push"] * 2)
         x = torch.from_numpy(obs[:2, 0])
         z = (x - policy.prefix.state_mean) / policy.prefix.state_std
@@ -419,8 +413,8 @@ def test_flow_vla_sft_with_normalize_state_standardises_by_the_bc_samples_state(
         policy.load_state_dict(sd)
         assert torch.equal(policy.prefix.state_std, torch.ones(O)) and torch.equal(policy.prefix.state_mean,
                                                                                     torch.zeros(O))
-        fresh = make_policy(p, obs_dim=O, action_dim=D, seed=0)
-        cfg.policy.model_path = str(tmp_path / "hf")  # a loaded policy keeps its own statistics
+        fresh = make_policy(cfg.policy, obs_dim=O, action_dim=D, seed=0)
+        cfg = replace_key(cfg, "policy.model_path", str(tmp_path / "hf"))  # a loaded policy keeps its own statistics
         assert not set_demo_stats(cfg, fresh)
         with pytest.raises(ValueError, match="std must be > 0"):
             policy.prefix.set_state_stats(np.zeros(O), np.array([1.0, 0.0, 1.0]))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pipelines.config import load_config
-from tasks.config import ConfigError
+from tasks.config import ConfigError, replace_keys
 from tasks.device import autocast, policy_device, to_device, to_numpy
 
 HAS_CUDA = torch.cuda.is_available()
@@ -95,8 +95,7 @@ def test_actor_update_on_cuda_matches_the_cpu_update(dtype, tol):
     from tests.tasks.test_distributed import _cfg, _initial_weights, _shard
     outs = {}
     for device in ("cpu", "cuda"):
-        cfg = _cfg()
-        cfg.policy.device, cfg.policy.dtype = device, (dtype if device == "cuda" else "float32")
+        cfg = replace_keys(_cfg(), {"policy.device": device, "policy.dtype": dtype if device == "cuda" else "float32"})
         w0 = _initial_weights(cfg)
         with torch.random.fork_rng():
             torch.manual_seed(7)

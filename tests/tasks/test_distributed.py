@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tasks import resident
-from tasks.config import Config, ConfigError
+from tasks.config import Config, ConfigError, replace_key, replace_keys
 from tasks.actor.distributed import RankState, _join, free_port
 from tasks.actor.loop import permutation_seed
 from tasks.config import batch_plan, check_batch_sizes
@@ -26,14 +26,13 @@ CALLS = 4  # 1-3: generation 0; 4: generation 1 (rebuilt from the saved state on
 
 
 def _cfg() -> Config:
-    cfg = Config()
-    cfg.rollout.chunk_steps, cfg.env.num_envs, cfg.env.num_shards = T, 2 * B, 2
-    cfg.policy.hidden_sizes, cfg.policy.num_action_chunks = [8, 8], C
-    a = cfg.algorithm
-    a.update_epochs, a.num_minibatches, a.target_kl = 2, 2, None  # G = 16 per optimizer step
-    a.entropy_coef, a.value_clip = 0.01, 0.2
-    a.micro_batch_size = 4  # 2 ranks: P = 8 per rank, grad_accum = 2
-    return cfg
+    return replace_keys(Config(), {
+        "rollout.chunk_steps": T, "env.num_envs": 2 * B, "env.num_shards": 2,
+        "policy.hidden_sizes": [8, 8], "policy.num_action_chunks": C,
+        "algorithm.update_epochs": 2, "algorithm.num_minibatches": 2,  # G = 16 per optimizer step
+        "algorithm.target_kl": None, "algorithm.entropy_coef": 0.01, "algorithm.value_clip": 0.2,
+        "algorithm.micro_batch_size": 4,  # 2 ranks: P = 8 per rank, grad_accum = 2
+    })
 
 
 def _shard(seed: int) -> dict:
@@ -172,8 +171,7 @@ def test_check_batch_sizes():
     with pytest.raises(ConfigError, match="algorithm.num_actor_ranks"):
         check_batch_sizes(32, 0, 16, 4)
     # defaults: global = batch / num_minibatches (the single-process minibatch), micro = global / ranks
-    cfg = _cfg()
-    cfg.algorithm.micro_batch_size = None
+    cfg = replace_key(_cfg(), "algorithm.micro_batch_size", None)
     assert batch_plan(cfg) == check_batch_sizes(32, 1, 16, 16)
     assert batch_plan(cfg, num_ranks=4).grad_accum == 1
 

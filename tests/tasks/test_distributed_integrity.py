@@ -17,22 +17,21 @@ import pytest
 import torch
 
 from tasks import resident
-from tasks.config import Config
+from tasks.config import Config, replace_keys
 from tasks.actor.distributed import free_port
 
 T, B, C, D, O = 4, 4, 2, 3, 5  # two shards of [T, B] -> N = 32 samples
 
 
 def _cfg(ranks: bool = True) -> Config:
-    cfg = Config()
-    cfg.rollout.chunk_steps, cfg.env.num_envs, cfg.env.num_shards = T, 2 * B, 2
-    cfg.policy.hidden_sizes, cfg.policy.num_action_chunks = [8, 8], C
-    a = cfg.algorithm
-    a.update_epochs, a.num_minibatches, a.target_kl = 2, 2, None  # G = 16 per optimizer step
-    a.entropy_coef, a.value_clip = 0.01, 0.2
-    a.critic_warmup_steps = 2  # versions 0 and 1 train the critic only
-    a.micro_batch_size = 4 if ranks else None  # 2 ranks: P = 8 per rank, grad_accum = 2
-    return cfg
+    return replace_keys(Config(), {
+        "rollout.chunk_steps": T, "env.num_envs": 2 * B, "env.num_shards": 2,
+        "policy.hidden_sizes": [8, 8], "policy.num_action_chunks": C,
+        "algorithm.update_epochs": 2, "algorithm.num_minibatches": 2,  # G = 16 per optimizer step
+        "algorithm.target_kl": None, "algorithm.entropy_coef": 0.01, "algorithm.value_clip": 0.2,
+        "algorithm.critic_warmup_steps": 2,  # versions 0 and 1 train the critic only
+        "algorithm.micro_batch_size": 4 if ranks else None,  # 2 ranks: P = 8 per rank, grad_accum = 2
+    })
 
 
 def _shard(seed: int) -> dict:

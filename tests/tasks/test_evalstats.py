@@ -163,10 +163,13 @@ def test_episode_outcomes_and_summary():
         episode_outcomes(eps + eps[-1:])
 
 
+LAYOUT = {"eval_layout": {"num_envs": 4, "num_shards": 1, "device": "cpu"}}  # what the runner writes (eval_layout)
+
+
 def test_eval_records_write_read_discard(tmp_path):
     for step, succ in [(0, [0, 0, 1, 0]), (4, [1, 0, 1, 0]), (8, [1, 1, 1, 0])]:
-        write_eval(tmp_path, step, episode_outcomes(_episodes(succ)), {"run_id": "r"})
-    write_eval(tmp_path, 4, episode_outcomes(_episodes([1, 1, 1, 1])))  # a redone step replaces its record
+        write_eval(tmp_path, step, episode_outcomes(_episodes(succ)), {"run_id": "r", **LAYOUT})
+    write_eval(tmp_path, 4, episode_outcomes(_episodes([1, 1, 1, 1])), LAYOUT)  # a redone step replaces its record
     recs = read_evals(tmp_path)
     assert list(recs) == [0, 4, 8]
     assert recs[4]["summary"]["success_once"] == 1.0 and recs[0]["run_id"] == "r" and recs[8]["step"] == 8
@@ -184,8 +187,8 @@ def test_eval_records_write_read_discard(tmp_path):
 def test_damaged_eval_record_is_one_line_naming_the_file(tmp_path, damage):
     """Issue 47 item 2: every kind of damage to a record read back (truncated by a copy, emptied, replaced) is one
     line naming that file and the fix; the whole records beside it are not enough to hide it."""
-    write_eval(tmp_path, 0, episode_outcomes(_episodes([1, 0])))
-    path = write_eval(tmp_path, 4, episode_outcomes(_episodes([1, 1])))
+    write_eval(tmp_path, 0, episode_outcomes(_episodes([1, 0])), LAYOUT)
+    path = write_eval(tmp_path, 4, episode_outcomes(_episodes([1, 1])), LAYOUT)
     text = path.read_text()
     rec = json.loads(text)
     path.write_text({"truncated": text[: len(text) // 2], "empty": "", "not a record": "[1, 2]",

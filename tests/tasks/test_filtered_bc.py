@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tasks import resident
-from tasks.config import Config, ConfigError, family_class
+from tasks.config import Config, ConfigError, family_class, replace_key, replace_keys
 from tasks.actor.entries import actor_init, actor_update, advantages
 from tasks.actor.loop import flatten, minibatch_loss, prepare_update
 
@@ -16,15 +16,12 @@ T, B, C, D, O = 3, 4, 2, 2, 3  # 4 envs in 2 GRPO groups of 2, chunks of 2 actio
 
 
 def _cfg(**algo) -> Config:
-    cfg = Config()
-    cfg.rollout.chunk_steps, cfg.env.num_envs, cfg.env.num_shards = T, B, 1
-    cfg.policy.hidden_sizes, cfg.policy.num_action_chunks = [8, 8], C
-    a = cfg.algorithm
-    a.name, a.group_size, a.actor_loss = "grpo", 2, "filtered_bc"
-    a.update_epochs, a.num_minibatches, a.target_kl, a.lr = 4, 1, None, 1e-2
-    for k, v in algo.items():
-        setattr(a, k, v)
-    return cfg
+    return replace_keys(Config(), {
+        "rollout.chunk_steps": T, "env.num_envs": B, "env.num_shards": 1,
+        "policy.hidden_sizes": [8, 8], "policy.num_action_chunks": C,
+        "algorithm.name": "grpo", "algorithm.group_size": 2, "algorithm.actor_loss": "filtered_bc",
+        "algorithm.update_epochs": 4, "algorithm.num_minibatches": 1, "algorithm.target_kl": None,
+        "algorithm.lr": 1e-2, **{f"algorithm.{k}": v for k, v in algo.items()}})
 
 
 def _traj() -> dict:
@@ -149,15 +146,13 @@ def test_masked_sft_loss_ignores_masked_actions_and_equals_the_plain_loss_when_a
 
 def test_config_refuses_unknown_actor_loss_and_deterministic_rollouts_under_ppo():
     from tasks.config.checks import check_across, check_algorithm
-    cfg = Config()
-    cfg.algorithm.actor_loss = "awr"
+    cfg = replace_key(Config(), "algorithm.actor_loss", "awr")
     with pytest.raises(ConfigError, match="algorithm.actor_loss"):
         check_algorithm(cfg.algorithm)
-    cfg = Config()
-    cfg.rollout.deterministic = True
+    cfg = replace_key(Config(), "rollout.deterministic", True)
     with pytest.raises(ConfigError, match=r"rollout.deterministic.*actor_loss=filtered_bc"):
         check_across(cfg)
-    cfg.algorithm.actor_loss = "filtered_bc"
+    cfg = replace_key(cfg, "algorithm.actor_loss", "filtered_bc")
     check_algorithm(cfg.algorithm)
     check_across(cfg)
 
@@ -174,7 +169,7 @@ def test_with_a_critic_the_loss_adds_the_value_loss_as_ppo_does(run_id):
     idx = torch.arange(T * B)
     with torch.no_grad():
         fbc = minibatch_loss(cfg, policy, data, prep, idx, None)
-        cfg.algorithm.actor_loss = "ppo"
+        cfg = replace_key(cfg, "algorithm.actor_loss", "ppo")
         ppo = minibatch_loss(cfg, policy, data, prepare_update(cfg, data), idx, None)
     assert float(fbc["critic_loss"]) == pytest.approx(float(ppo["critic_loss"]), rel=1e-6) and float(fbc["critic_loss"]) > 0
     assert float(fbc["loss"]) == pytest.approx(float(fbc["actor_loss"]) + cfg.algorithm.value_coef

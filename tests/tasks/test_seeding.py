@@ -117,8 +117,7 @@ def test_env_shard_default_rule_and_ids():
 def test_update_wrappers_take_the_config_seed():
     from tasks.actor import loop
     from tasks.config import Config
-    cfg = Config()
-    cfg.seed = 11
+    cfg = Config(seed=11)
     assert loop.permutation_seed(cfg, 4) == 11 * 1_000_003 + 4
     assert loop.update_seed(cfg, 4, 1) == 11 * 1_000_033 + 4 * 8_191 + 2 * 131_071
     torch.manual_seed(0)

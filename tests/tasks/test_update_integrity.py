@@ -16,7 +16,7 @@ from tasks.actor.entries import actor_init, actor_update, advantages
 from tasks.actor.loop import flatten, prepare_update
 from tasks.actor.nonfinite import NonFiniteError
 from tasks.actor.state import load_optimizer_state, optimizer_state, rng_state
-from tasks.config import Config
+from tasks.config import Config, replace_key, replace_keys
 from tasks.config import check_config
 
 T, B, C, D, O = 4, 2, 1, 2, 3  # the issue's [4, 2] rollout
@@ -24,14 +24,11 @@ NAN = float("nan")
 
 
 def _cfg(**algo) -> Config:
-    cfg = Config()
-    cfg.rollout.chunk_steps, cfg.env.num_envs, cfg.env.num_shards = T, B, 1
-    cfg.policy.hidden_sizes, cfg.policy.num_action_chunks = [8, 8], C
-    a = cfg.algorithm
-    a.update_epochs, a.num_minibatches, a.target_kl = 2, 2, None
-    for k, v in algo.items():
-        setattr(a, k, v)
-    return cfg
+    return replace_keys(Config(), {
+        "rollout.chunk_steps": T, "env.num_envs": B, "env.num_shards": 1,
+        "policy.hidden_sizes": [8, 8], "policy.num_action_chunks": C,
+        "algorithm.update_epochs": 2, "algorithm.num_minibatches": 2, "algorithm.target_kl": None,
+        **{f"algorithm.{k}": v for k, v in algo.items()}})
 
 
 def _traj(seed: int = 0) -> dict:
@@ -168,12 +165,12 @@ def test_nan_in_one_sample_skips_exactly_the_minibatches_holding_it(run_id):
 
 def test_sft_update_skips_a_nan_gradient(run_id):
     from tasks.demos import sft_update
-    cfg = _cfg()
-    cfg.algorithm.name = "sft"
+    cfg = _cfg(name="sft")
     w = actor_init(cfg, run_id, (O, D))
     r = np.random.default_rng(0)
     batches = [{"obs": r.standard_normal((4, O)).astype(np.float32),
-                "actions": r.standard_normal((4, C, D)).astype(np.float32)} for _ in range(3)]
+                "actions": r.standard_normal((4, C, D)).astype(np.float32),
+                "task_id": np.zeros(4, np.int64)} for _ in range(3)]  # every stored sample names its task
     w = sft_update(cfg, run_id, w, batches)
     actor = resident.get(f"{run_id}/actor")
     before = _snapshot(actor)
@@ -258,7 +255,6 @@ def test_optimizer_state_of_another_layout_is_refused(run_id):
 
 def test_nonfinite_mode_is_checked_offline():
     from tasks.config import ConfigError
-    cfg = Config()
-    cfg.algorithm.nonfinite = "ignore"
+    cfg = replace_key(Config(), "algorithm.nonfinite", "ignore")
     with pytest.raises(ConfigError, match=r"algorithm.nonfinite='ignore': use 'error' .* or 'mask'"):
         check_config(cfg)

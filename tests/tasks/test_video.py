@@ -10,7 +10,7 @@ import pytest
 
 import tasks.envs
 from tasks import resident, video
-from tasks.config import Config, ConfigError
+from tasks.config import Config, ConfigError, replace_key, replace_keys
 from tasks.config import check_config
 
 
@@ -76,8 +76,7 @@ def test_frame_steps_keep_real_time_at_most_max_fps():
 
 
 def test_eval_videos_films_the_lowest_episode_ids_and_never_raises(monkeypatch, tmp_path):
-    cfg = Config()
-    cfg.runner.eval_videos, cfg.runner.eval_video_size = 2, 64
+    cfg = replace_keys(Config(), {"runner.eval_videos": 2, "runner.eval_video_size": 64})
     made = []
     monkeypatch.setattr(tasks.envs, "make_single_env",
                         lambda c, render_size=None: made.append(render_size) or Env(render_size))
@@ -113,8 +112,7 @@ class TaskEnv(Env):
 
 
 def test_eval_videos_film_task_by_task_starting_with_the_instance_task(monkeypatch, tmp_path):
-    cfg = Config()
-    cfg.runner.eval_videos, cfg.runner.eval_video_size = 4, 64
+    cfg = replace_keys(Config(), {"runner.eval_videos": 4, "runner.eval_video_size": 64})
     env = TaskEnv()
     monkeypatch.setattr(tasks.envs, "make_single_env", lambda c, render_size=None: env)
     eps = [{**_episode(i), "task_id": i % 2} for i in range(6)]  # eval layout: env i % 2 plays task i % 2
@@ -129,16 +127,14 @@ def test_eval_video_keys_are_checked_and_counted():
     from pipelines.graphs import eval_video_count
     for key, value in (("eval_videos", -1), ("eval_video_size", 16), ("eval_video_size", 4096),
                        ("eval_video_interval", 0)):
-        cfg = Config()
-        setattr(cfg.runner, key, value)
+        cfg = replace_key(Config(), f"runner.{key}", value)
         with pytest.raises(ConfigError, match=f"runner.{key}"):
             check_config(cfg)
-    cfg = Config()
-    cfg.env.eval.num_episodes, cfg.runner.eval_videos = 3, 5
+    cfg = replace_keys(Config(), {"env.eval.num_episodes": 3, "runner.eval_videos": 5})
     assert eval_video_count(cfg) == 3  # at most the eval's episodes
-    cfg.runner.eval_videos = 0
+    cfg = replace_key(cfg, "runner.eval_videos", 0)
     assert eval_video_count(cfg) == 0
-    cfg.runner.eval_videos, cfg.env.sim_backend = 2, "physx_cuda"
+    cfg = replace_keys(cfg, {"runner.eval_videos": 2, "env.sim_backend": "physx_cuda"})
     assert eval_video_count(cfg) == 0  # no action log to replay
 
 
@@ -146,14 +142,13 @@ def test_films_eval_at_multiples_of_the_interval_and_at_the_last_step():
     """runner.eval_video_interval: a training run's eval films when its step is a multiple of the interval (the
     step-0 eval too), is runner.max_steps or is the run's last eval; never with runner.eval_videos=0."""
     from pipelines.graphs import films_eval
-    cfg = Config()
-    cfg.runner.eval_videos, cfg.runner.max_steps, cfg.runner.eval_video_interval = 1, 205, 50
+    cfg = replace_keys(Config(), {"runner.eval_videos": 1, "runner.max_steps": 205, "runner.eval_video_interval": 50})
     filmed = [s for s in range(0, 206, 5) if films_eval(cfg, s)]
     assert filmed == [0, 50, 100, 150, 200, 205]
     assert films_eval(cfg, 35, last=True)  # the run's last eval, ended before max_steps (max_env_steps, wall time)
-    cfg.runner.eval_video_interval = 1
+    cfg = replace_key(cfg, "runner.eval_video_interval", 1)
     assert all(films_eval(cfg, s) for s in range(0, 206, 5))
-    cfg.runner.eval_videos = 0
+    cfg = replace_key(cfg, "runner.eval_videos", 0)
     assert not any(films_eval(cfg, s, last=True) for s in range(0, 206, 5))
 
 

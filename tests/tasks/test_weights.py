@@ -7,7 +7,7 @@ import torch
 from distributed import Client, LocalCluster
 
 from tasks import resident, rollout
-from tasks.config import Config
+from tasks.config import Config, replace_key
 from tasks.weights import KeyName, fetch, handle, is_handle, state_dict_nbytes
 from tasks.config import check_config
 
@@ -15,9 +15,7 @@ RUN = "20260101-000000-w1"
 
 
 def _cfg() -> Config:
-    cfg = Config()
-    cfg.policy.hidden_sizes = [8]
-    return check_config(cfg)
+    return check_config(replace_key(Config(), "policy.hidden_sizes", [8]))
 
 
 def _weights(version: int) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tasks.config.algorithms import ESTIMATOR_KEYS, ESTIMATORS
+from tasks.algorithms.specs import ESTIMATOR_KEYS, ESTIMATORS
 from tasks.config.schema import Config, RunnerConfig
 
 COMMANDS = ("run", "record")  # pipelines.run (and validate of a training config), pipelines.record

@@ -13,6 +13,11 @@ Observation, float32 [8] (the community's proprio state): end-effector position 
 `robot0_eef_quat`), the two gripper finger joint positions (m, `robot0_gripper_qpos`). With `obs_mode=rgb` the
 agentview camera (env.image_size square) is rendered only when the shard asks (`render_rgb`, once per chunk step),
 rotated 180 degrees as every LIBERO policy sees it (robosuite's raw OpenGL image is upside down and mirrored).
+With `env.wrist_camera=true` the wrist camera (robosuite's `robot0_eye_in_hand`) is rendered beside it at the same
+size, rotated 180 degrees the same way (as openpi's LIBERO example and RLinf feed `observation/wrist_image`:
+`obs["robot0_eye_in_hand_image"][::-1, ::-1]`, the layout of the LIBERO datasets pi0 checkpoints are trained on):
+the images are then uint8 [2, S, S, 3] (agentview, wrist) per env, the policy's "rgb" and "wrist_rgb"
+(tasks.prompts.policy_obs), stored as the trajectory field `rgb` [T, B, 2, S, S, 3].
 With `env.object_state=true` (a privileged observation, float32 [14]) the state also holds the goal object's
 position minus the end-effector's and the goal target's position minus the object's (m, world frame, MuJoCo's body
 or region-site positions; the goal is the task's one `in`/`on` BDDL predicate, `goal_of`): what
@@ -87,7 +92,14 @@ def obs_dim(cfg: EnvConfig) -> int:
     return OBS_DIM + (OBJECT_STATE_DIM if cfg.object_state else 0)
 
 
-STORE_KEYS = ("task_ids", "num_trials", "num_steps_wait", "trial_split", "eval_trials", "object_state")
+STORE_KEYS = ("task_ids", "num_trials", "num_steps_wait", "trial_split", "eval_trials", "object_state",
+              "wrist_camera")
+CAMERAS = ("agentview", "robot0_eye_in_hand")  # robosuite camera names, in the order of tasks.prompts.CAMERA_KEYS
+
+
+def num_cameras(cfg: EnvConfig) -> int:
+    """Cameras per observation with obs_mode=rgb: 2 with env.wrist_camera (agentview, wrist), else 1."""
+    return 2 if cfg.wrist_camera else 1
 
 
 def store_attrs(cfg: EnvConfig) -> dict:
@@ -228,7 +240,8 @@ class LiberoEnv:
         self.tasks = task_ids(cfg)
         self.counts = trial_counts(cfg.env_id)
         self.states = ResetStates(self.counts)
-        self.image_shape = (cfg.image_size, cfg.image_size, 3) if cfg.obs_mode == "rgb" else None
+        size = (cfg.image_size, cfg.image_size, 3)  # [2, S, S, 3] with the wrist camera (module docstring)
+        self.image_shape = ((2, *size) if cfg.wrist_camera else size) if cfg.obs_mode == "rgb" else None
         self.render_size = render_size
         self.max_steps = max_episode_steps(cfg)
         self.instruction = instruction(cfg)
@@ -316,14 +329,17 @@ class LiberoEnv:
         # ignore_terminations the shard masks `terminated`, and an episode must still end at max_episode_steps
         return self._state(obs), float(success), success, self.t >= self.max_steps, success
 
-    def _render(self, size: int) -> np.ndarray:
+    def _render(self, size: int, camera: str = "agentview") -> np.ndarray:
         with gl_current(self.env):  # this instance's own context, in the calling thread (see _close_instance)
-            img = self.env.sim.render(width=size, height=size, camera_name="agentview")
+            img = self.env.sim.render(width=size, height=size, camera_name=camera)
         return rotate180(img[..., :3]).astype(np.uint8, copy=False)
 
     def render_rgb(self) -> np.ndarray:
-        """The agentview image of the current state, uint8 [S, S, 3] (S = env.image_size), rotated 180 degrees."""
-        return self._render(self.cfg.image_size)
+        """The camera images of the current state, rotated 180 degrees: the agentview uint8 [S, S, 3]
+        (S = env.image_size), or with env.wrist_camera agentview and wrist uint8 [2, S, S, 3]."""
+        if not self.cfg.wrist_camera:
+            return self._render(self.cfg.image_size)
+        return np.stack([self._render(self.cfg.image_size, cam) for cam in CAMERAS])
 
     def render_frame(self) -> np.ndarray:
         """The agentview at `render_size`, uint8 [S, S, 3], rotated 180 degrees (videos).

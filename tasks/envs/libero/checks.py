@@ -143,5 +143,20 @@ def check_run_placement(cfg: Config) -> None:
                  memory_limit_bytes=memory_limit_bytes(limit), memory_limit=str(limit))
 
 
-CHECKS = (check_no_val_split,)
+def check_cameras(cfg: Config) -> None:
+    """The policy family reads every camera the env renders: env.wrist_camera (2 images per observation, needs
+    env.obs_mode=rgb) needs a family whose config declares `cameras` >= 2 (pi0, pi05); the others read "rgb" alone.
+    Raises ConfigError (env.wrist_camera)."""
+    if cfg.env.wrist_camera and cfg.env.obs_mode != "rgb":
+        raise ConfigError("env.wrist_camera", True, "renders a camera image: needs env.obs_mode=rgb (or set "
+                                                    "env.wrist_camera=false)")
+    from tasks.envs import num_cameras
+    have, reads = num_cameras(cfg.env), type(cfg.policy).cameras
+    if have > reads:
+        raise ConfigError("env.wrist_camera", cfg.env.wrist_camera,
+                          f"renders {have} cameras, policy.name={cfg.policy.name} reads {reads} (\"rgb\" only): set "
+                          f"env.wrist_camera=false or use a family that reads the wrist camera (policy.name=pi0|pi05)")
+
+
+CHECKS = (check_no_val_split, check_cameras)
 COMPONENT_CHECKS = (check_run_placement,)

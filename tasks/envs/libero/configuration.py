@@ -12,7 +12,7 @@ from tasks.envs.libero import checks
 
 
 @register_family("env", "libero", checks=checks.CHECKS)
-@dataclass(frozen=EnvConfig.__dataclass_params__.frozen)
+@dataclass(frozen=True)
 class LiberoEnvConfig(EnvConfig):
     """A LIBERO suite (`env_id`: libero_spatial, libero_object, libero_goal, libero_10, libero_90) and which of its
     tasks and init states the run uses."""
@@ -31,3 +31,8 @@ class LiberoEnvConfig(EnvConfig):
     # and their published checkpoints use); bddl = the `(:language ...)` line of the task's BDDL file (differs
     # for 29 of the 130 tasks: "pick the akita black bowl ..." for "pick up the black bowl ...")
     instruction_source: str = "benchmark"
+    # a second camera: robosuite's `robot0_eye_in_hand` (the wrist camera LIBERO's demonstrations and openpi's /
+    # RLinf's pi0 LIBERO checkpoints see), rendered like the agentview (env.image_size, rotated 180 degrees); the
+    # observation's images then hold both cameras (tasks.envs.libero.adapter), the policy sees "rgb" and
+    # "wrist_rgb". Needs obs_mode=rgb and a policy family that reads two cameras (its config's `cameras` >= 2)
+    wrist_camera: bool = False

@@ -11,7 +11,7 @@ from tasks.envs.maniskill import checks
 
 
 @register_family("env", "maniskill", checks=checks.CHECKS)
-@dataclass(frozen=EnvConfig.__dataclass_params__.frozen)
+@dataclass(frozen=True)
 class ManiSkillEnvConfig(EnvConfig):
     """A ManiSkill3 env task (`env_id`, e.g. PushCube-v1) on its CPU or GPU simulation."""
 

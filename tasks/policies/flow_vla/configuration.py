@@ -10,7 +10,7 @@ from tasks.policies.vla_configuration import VLAConfig
 
 
 @register_family("policy", "flow_vla", checks=CHECKS)
-@dataclass
+@dataclass(frozen=True)
 class FlowVLAConfig(VLAConfig):
     name: str = "flow_vla"
     num_denoise_steps: int = 4  # K integration steps of the flow ODE/SDE

@@ -22,9 +22,9 @@ SFT (`sft_loss`): MSE between v(x_t, t) and (noise - action) over all A model di
 D to A, as pi0 pads to 32), t = 0.001 + 0.999 * Beta(1.5, 1) (openpi's sampling, which puts more weight on the
 noisy end t -> 1; pi0 paper Sec. 4 "Beta((s - tau)/s; 1.5, 1)", s = 0.999, in the paper's flipped time).
 
-Stochastic sampling for RL (piRL, Chen et al. 2025, "piRL: Online RL Fine-tuning for Flow-based VLA Models",
-and RLinf's openpi integration). With x0_hat = x - t v and x1_hat = x + (1 - t) v, a transition is
-Gaussian N(mean, std^2) per element:
+Stochastic sampling for RL (`tasks.policies.flow_sampling`, shared with the pi0 / pi05 families; piRL, Chen et
+al. 2025, "piRL: Online RL Fine-tuning for Flow-based VLA Models", and RLinf's openpi integration). With
+x0_hat = x - t v and x1_hat = x + (1 - t) v, a transition is Gaussian N(mean, std^2) per element:
   deterministic (ODE):  mean = x0_hat (1 - t + delta) + x1_hat (t - delta)        = x - delta v,   std = 0
   Flow-SDE:             sigma_k = a sqrt(t_k / (1 - t_k)), a = policy.noise_level, with the t = 1 endpoint
                         clamped as RLinf does (1 - t_0 is replaced by 1 - t_1 = delta, so sigma_0 = a sqrt(K));
@@ -53,11 +53,11 @@ from torch import nn
 
 from tasks.algorithms.losses import masked_mean
 from tasks.config import ConfigError, PolicyConfig
+from tasks.policies.flow_sampling import (NOISE_METHODS, NoiseStdHead, chain_logprobs, flow_transition,  # noqa: F401
+                                         sample_chain, sde_sigmas, time_grid)
 from tasks.policies.vla_common import (ByteTokenizer, PrefixEncoder, VLACheckpointMixin, ValueHead, additive_mask,
                                        check_common_config, gemma_config)
 
-NOISE_METHODS = ("flow_sde", "flow_noise")
-LOG_2PI = math.log(2.0 * math.pi)
 
 # pi0: SigLIP So400m/14 at 224 px (width 1152, 27 layers, MLP 4304, 16 heads), Gemma 2B prefix LM (width 2048,
 # 18 layers, MLP 16384, 8 query heads, 1 KV head, head dim 256, PaliGemma vocabulary 257152), Gemma-300M action
@@ -90,58 +90,12 @@ def check_config(cfg: PolicyConfig) -> dict[str, int]:
     return sizes
 
 
-def time_grid(num_steps: int, device=None) -> torch.Tensor:
-    """[K + 1] float32: t_k = 1 - k/K (1, ..., 1/K, 0), the pi0 / RLinf integration grid."""
-    return torch.cat([torch.linspace(1.0, 1.0 / num_steps, num_steps, device=device),
-                      torch.zeros(1, device=device)])
-
-
-def sde_sigmas(num_steps: int, noise_level: float, device=None) -> torch.Tensor:
-    """[K] Flow-SDE sigma_k = a sqrt(t_k / (1 - t_k)), with 1 - t_0 clamped to 1 - t_1 (RLinf)."""
-    t = time_grid(num_steps, device)
-    denom = 1.0 - torch.where(t == 1.0, t[1], t)
-    return (noise_level * torch.sqrt(t / denom))[:-1]
-
-
 def sincos_time(t: torch.Tensor, dim: int, min_period: float = 4e-3, max_period: float = 4.0) -> torch.Tensor:
     """t [N] -> [N, dim] sine-cosine embedding with geometric periods in [min_period, max_period] (openpi)."""
     frac = torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float32, device=t.device)
     period = min_period * (max_period / min_period) ** frac
     ang = t.float()[:, None] * (2 * math.pi / period)[None]
     return torch.cat([torch.sin(ang), torch.cos(ang)], dim=-1)
-
-
-def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """Elementwise log N(x; mean, std^2); 0 where std == 0 (a deterministic step carries no density)."""
-    safe = torch.where(std > 0, std, torch.ones_like(std))
-    lp = -0.5 * ((x - mean) / safe) ** 2 - torch.log(safe) - 0.5 * LOG_2PI
-    return torch.where(std > 0, lp, torch.zeros_like(lp))
-
-
-def gaussian_entropy(std: torch.Tensor) -> torch.Tensor:
-    """Elementwise 0.5 log(2 pi e std^2); 0 where std == 0."""
-    safe = torch.where(std > 0, std, torch.ones_like(std))
-    ent = 0.5 * (LOG_2PI + 1.0) + torch.log(safe)
-    return torch.where(std > 0, ent, torch.zeros_like(ent))
-
-
-class NoiseStdHead(nn.Module):
-    """Flow-Noise's learned std: expert features [N, C, W_e] -> MLP (tanh, hidden 128, 64) -> [N, C, A] std in
-    [std_min, std_max]: log-variance = log min^2 + (log max^2 - log min^2) (tanh(out) + 1) / 2 (RLinf
-    ExploreNoiseNet). The last layer starts at zero: the initial std is sqrt(min * max) everywhere."""
-
-    def __init__(self, width: int, action_dim: int, std_min: float, std_max: float):
-        super().__init__()
-        self.mlp = nn.Sequential(nn.Linear(width, 128), nn.Tanh(), nn.Linear(128, 64), nn.Tanh(),
-                                 nn.Linear(64, action_dim))
-        nn.init.zeros_(self.mlp[-1].weight)
-        nn.init.zeros_(self.mlp[-1].bias)
-        self.register_buffer("logvar_min", torch.tensor(2.0 * math.log(std_min)), persistent=False)
-        self.register_buffer("logvar_max", torch.tensor(2.0 * math.log(std_max)), persistent=False)
-
-    def forward(self, feats: torch.Tensor) -> torch.Tensor:
-        u = (torch.tanh(self.mlp(feats)) + 1.0) / 2.0
-        return torch.exp(0.5 * (self.logvar_min + (self.logvar_max - self.logvar_min) * u))
 
 
 class FlowVLAPolicy(VLACheckpointMixin, nn.Module):
@@ -245,23 +199,10 @@ class FlowVLAPolicy(VLACheckpointMixin, nn.Module):
 
     def _transition(self, x: torch.Tensor, v: torch.Tensor, feats: torch.Tensor, k: torch.Tensor,
                     stochastic: torch.Tensor):
-        """Gaussian of step k (grid index [N]) from x [N, C, A]: (mean [N, C, A], std [N, C, A]).
-
-        `stochastic` [N] bool: False -> the deterministic Euler step (std 0)."""
-        grid = time_grid(self.K, x.device)
-        t = grid[k][:, None, None]  # [N, 1, 1]
-        delta = (grid[k] - grid[k + 1])[:, None, None]
-        x0_hat, x1_hat = x - t * v, x + (1.0 - t) * v
-        ode_mean = x0_hat * (1.0 - t + delta) + x1_hat * (t - delta)
-        if self.noise_head is None:  # flow_sde
-            sigma = sde_sigmas(self.K, self.cfg.noise_level, x.device)[k][:, None, None]
-            sde_mean = x0_hat * (1.0 - t + delta) + x1_hat * (t - delta - sigma ** 2 * delta / (2.0 * t))
-            std = (torch.sqrt(delta) * sigma).expand_as(x)
-            mean = torch.where(stochastic[:, None, None], sde_mean, ode_mean)
-        else:  # flow_noise
-            std, mean = self.noise_head(feats), ode_mean
-        std = torch.where(stochastic[:, None, None], std, torch.zeros_like(std))
-        return mean, std
+        """Gaussian of step k (grid index [N]) from x [N, C, A]: (mean [N, C, A], std [N, C, A])
+        (`flow_sampling.flow_transition`). `stochastic` [N] bool: False -> the deterministic Euler step (std 0)."""
+        return flow_transition(x, v, feats, k, stochastic, num_steps=self.K, noise_level=self.cfg.noise_level,
+                               noise_head=self.noise_head)
 
     def values(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         """obs -> values [B] (num_values 1) or [B, C] float32."""
@@ -296,33 +237,13 @@ class FlowVLAPolicy(VLACheckpointMixin, nn.Module):
         if noise is not None and noise.shape != (B, self.C, self.A):
             raise ValueError(f"noise {tuple(noise.shape)}: expected [B, C, A] = {(B, self.C, self.A)}")
         x = torch.randn(B, self.C, self.A, device=dev) if noise is None else noise.to(dev, torch.float32)
-        if self.noise_head is None and not deterministic:
-            denoise_idx = torch.randint(0, self.K, (B,), device=dev)
-        else:
-            denoise_idx = torch.full((B,), -1, dtype=torch.long, device=dev)
-        chain, logp = [x], torch.zeros(B, self.C, self.A, device=dev)
-        for k in range(self.K):
-            kk = torch.full((B,), k, dtype=torch.long, device=dev)
-            v, feats = self._velocity(pre.kv, pre.mask, x, self._grid_t(kk))
-            if deterministic:
-                stochastic = torch.zeros(B, dtype=torch.bool, device=dev)
-            elif self.noise_head is None:
-                stochastic = denoise_idx == k
-            else:
-                stochastic = torch.ones(B, dtype=torch.bool, device=dev)
-            mean, std = self._transition(x, v, feats, kk, stochastic)
-            x = mean + std * torch.randn_like(mean)
-            logp = logp + gaussian_logprob(x, mean, std)
-            chain.append(x)
-        if self.noise_head is not None and not deterministic:
-            logp = logp / self.K  # flow_noise: mean over the K stochastic transitions
+        x, chain, logp, denoise_idx = sample_chain(
+            lambda xk, t: self._velocity(pre.kv, pre.mask, xk, t), x, num_steps=self.K,
+            noise_level=self.cfg.noise_level, noise_head=self.noise_head, deterministic=deterministic)
         actions = x[..., :self.D] * self.action_std.to(x.dtype) + self.action_mean.to(x.dtype)
         return {"actions": actions, "logprobs": logp[..., :self.D],
                 "values": self._values(pre.hidden, pre.mask, obs),
-                "extras": {"chain": torch.stack(chain, dim=1), "denoise_idx": denoise_idx}}
-
-    def _grid_t(self, k: torch.Tensor) -> torch.Tensor:
-        return time_grid(self.K, k.device)[k]
+                "extras": {"chain": chain, "denoise_idx": denoise_idx}}
 
     def evaluate(self, obs: dict[str, torch.Tensor], actions: torch.Tensor,
                  extras: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -341,27 +262,12 @@ class FlowVLAPolicy(VLACheckpointMixin, nn.Module):
             ValueError: shapes that do not match this policy, or a deterministic (denoise_idx -1) flow_sde chain.
         """
         chain, idx = extras["chain"], extras["denoise_idx"].long()
-        N = chain.shape[0]
         if chain.shape[1:] != (self.K + 1, self.C, self.A) or actions.shape[1:] != (self.C, self.D):
             raise ValueError(f"chain {tuple(chain.shape)} / actions {tuple(actions.shape)} do not match "
                              f"K+1={self.K + 1}, C={self.C}, A={self.A}, D={self.D}")
         pre = self.prefix(obs, with_kv=True)
-        ones = torch.ones(N, dtype=torch.bool, device=chain.device)
-        rows = torch.arange(N, device=chain.device)
-        if self.noise_head is None:  # flow_sde: the one stochastic transition per sample
-            if (idx < 0).any():
-                raise ValueError("flow_sde evaluate needs the stochastic step index (denoise_idx >= 0)")
-            steps = [(chain[rows, idx], chain[rows, idx + 1], idx)]
-        else:  # flow_noise: all K transitions, averaged (one expert pass of N rows per step, as in act)
-            steps = [(chain[:, k], chain[:, k + 1], torch.full((N,), k, dtype=torch.long, device=chain.device))
-                     for k in range(self.K)]
-        logp = ent = 0.0
-        for x, x_next, k in steps:
-            v, feats = self._velocity(pre.kv, pre.mask, x, self._grid_t(k))
-            mean, std = self._transition(x, v, feats, k, ones)
-            logp = logp + gaussian_logprob(x_next, mean, std)  # [N, C, A]
-            ent = ent + gaussian_entropy(std)
-        logp, ent = logp / len(steps), ent / len(steps)  # flow_noise: mean over the K transitions
+        logp, ent = chain_logprobs(lambda xk, t: self._velocity(pre.kv, pre.mask, xk, t), chain, idx,
+                                   num_steps=self.K, noise_level=self.cfg.noise_level, noise_head=self.noise_head)
         return {"logprobs": logp[..., :self.D], "entropy": ent[..., :self.D],
                 "values": self._values(pre.hidden, pre.mask, obs)}
 

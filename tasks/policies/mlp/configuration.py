@@ -10,7 +10,7 @@ from tasks.policies.mlp.checks import CHECKS
 
 
 @register_family("policy", "mlp", checks=CHECKS)
-@dataclass
+@dataclass(frozen=True)
 class MLPConfig(PolicyConfig):
     name: str = "mlp"
     hidden_sizes: list[int] = field(default_factory=lambda: [256, 256, 256])

@@ -10,7 +10,7 @@ from tasks.policies.vla_configuration import VLAConfig
 
 
 @register_family("policy", "token_vla", checks=CHECKS)
-@dataclass
+@dataclass(frozen=True)
 class TokenVLAConfig(VLAConfig):
     name: str = "token_vla"
     action_bins: int = 256  # bins per action dimension

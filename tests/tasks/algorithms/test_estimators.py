@@ -1,5 +1,5 @@
-"""The advantage estimator registry (tasks.algorithms.estimators) and the specs the config declares for it
-(tasks.config.ESTIMATORS): lookup and its errors, both tables naming the same estimators, hand-computed cases
+"""The advantage estimator registry (tasks.algorithms.estimators) and the specs declared beside it
+(tasks.algorithms.specs.ESTIMATORS): lookup and its errors, both tables naming the same estimators, hand-computed cases
 through the one signature, and callers asking the estimator instead of the name."""
 
 import dataclasses
@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 import tasks.algorithms.estimators as est_mod
+import tasks.algorithms.specs as specs_mod
 import tasks.config as config_mod
 from tasks.algorithms import Estimator, estimator_names, get_estimator, register_estimator
-from tasks.config import ESTIMATORS, SFT, Config, ConfigError, EstimatorSpec
+from tasks.algorithms.specs import ESTIMATORS, SFT, EstimatorSpec
+from tasks.config import Config, ConfigError, replace_keys
 
 
 def test_every_spec_has_an_estimator_and_back():
@@ -19,8 +21,8 @@ def test_every_spec_has_an_estimator_and_back():
     for name, spec in ESTIMATORS.items():
         est = get_estimator(name)
         assert isinstance(est, Estimator) and est.spec is spec and est.name == name
-        assert spec.normalisation in config_mod.NORMALISATIONS
-        assert set(spec.keys) <= set(config_mod.ESTIMATOR_KEYS)
+        assert spec.normalisation in specs_mod.NORMALISATIONS
+        assert set(spec.keys) <= set(specs_mod.ESTIMATOR_KEYS)
         assert all(k in config_mod.AlgorithmConfig.__dataclass_fields__ for k in spec.keys)
 
 
@@ -30,12 +32,12 @@ def test_unknown_duplicate_and_undeclared_names_list_the_known_ones(monkeypatch)
         get_estimator("gae")
     with pytest.raises(ValueError, match=r"'ppo' is already registered; known: \['grpo', 'ppo', 'rloo'\]"):
         register_estimator("ppo")(type("Again", (Estimator,), {}))
-    with pytest.raises(ValueError, match=r"'dummy' has no EstimatorSpec in tasks.config.ESTIMATORS \(known: "
+    with pytest.raises(ValueError, match=r"'dummy' has no EstimatorSpec in tasks.algorithms.specs.ESTIMATORS \(known: "
                                          r"\['grpo', 'ppo', 'rloo'\]\)"):
         register_estimator("dummy")(type("Dummy", (Estimator,), {}))
     spec = dataclasses.replace(ESTIMATORS["grpo"], name="dummy")
-    monkeypatch.setitem(config_mod.ESTIMATORS, "dummy", spec)
-    monkeypatch.setattr(est_mod, "SPECS", config_mod.ESTIMATORS)
+    monkeypatch.setitem(specs_mod.ESTIMATORS, "dummy", spec)
+    monkeypatch.setattr(est_mod, "SPECS", specs_mod.ESTIMATORS)
     cls = register_estimator("dummy")(type("Dummy", (Estimator,), {}))
     assert isinstance(get_estimator("dummy"), cls) and get_estimator("dummy").spec is spec
     assert estimator_names() == ["dummy", "grpo", "ppo", "rloo"]
@@ -44,12 +46,12 @@ def test_unknown_duplicate_and_undeclared_names_list_the_known_ones(monkeypatch)
 def test_algorithm_name_selects_the_spec():
     a = Config().algorithm
     assert a.spec is ESTIMATORS["ppo"]
-    a.name = "grpo"
+    a = dataclasses.replace(a, name="grpo")
     assert a.spec is ESTIMATORS["grpo"]
-    a.name = "sft"  # an algorithm like the others: its spec says it has no estimator and rolls nothing out
+    a = dataclasses.replace(a, name="sft")  # an algorithm like the others: its spec says it has no estimator and rolls nothing out
     assert a.spec is SFT and not a.spec.estimator and not a.spec.rollout and not a.spec.critic
     assert "sft" not in ESTIMATORS and "sft" not in estimator_names()
-    a.name = "gae"
+    a = dataclasses.replace(a, name="gae")
     with pytest.raises(ConfigError, match=r"algorithm.name='gae': known: \['ppo', 'grpo', 'rloo', 'sft'\]"):
         a.spec
 
@@ -65,10 +67,7 @@ def _traj(rewards, **kw):
 
 
 def _call(name, traj, **algo):
-    a = Config().algorithm
-    a.name = name
-    for k, v in algo.items():
-        setattr(a, k, v)
+    a = dataclasses.replace(Config().algorithm, name=name, **algo)
     T, B = traj["terminated"].shape
     return get_estimator(name).advantages(traj=traj, algorithm=a, num_action_chunks=1,
                                           bad_steps=np.zeros((T, B), bool), bad_inputs={})
@@ -111,8 +110,7 @@ def test_rloo_masks_like_grpo_and_drops_members_it_cannot_compare():
     term[0, 0] = True
     traj = _traj(np.nan_to_num(r), terminated=term)
     bad = {"rewards": np.isnan(r)}
-    a = Config().algorithm
-    a.name, a.group_size = "rloo", 2
+    a = dataclasses.replace(Config().algorithm, name="rloo", group_size=2)
     out = get_estimator("rloo").advantages(traj=traj, algorithm=a, num_action_chunks=1,
                                            bad_steps=np.zeros((2, 4), bool), bad_inputs=bad)
     np.testing.assert_allclose(out["advantages"], [[-3.0, 3.0, 0.0, 0.0], [0.0, 3.0, 0.0, 0.0]], rtol=1e-6)
@@ -129,8 +127,8 @@ def test_update_asks_the_estimator_not_the_name(monkeypatch):
 
     spec = EstimatorSpec(name="const", advantage="const", label="CONST", summary="test", critic=False,
                          groups=False, whole_episodes=False, normalisation="group", keys=())
-    monkeypatch.setitem(config_mod.ESTIMATORS, "const", spec)
-    monkeypatch.setattr(est_mod, "SPECS", config_mod.ESTIMATORS)
+    monkeypatch.setitem(specs_mod.ESTIMATORS, "const", spec)
+    monkeypatch.setattr(est_mod, "SPECS", specs_mod.ESTIMATORS)
     monkeypatch.setattr(est_mod, "_ESTIMATORS", dict(est_mod._ESTIMATORS))
 
     @register_estimator("const")
@@ -142,9 +140,7 @@ def test_update_asks_the_estimator_not_the_name(monkeypatch):
                     "dropped": np.zeros((T, B), bool), "stats": {"rollout/x": 1.0}}
 
     T, B = 2, 2
-    cfg = Config()
-    cfg.algorithm.name = "const"
-    cfg.policy.num_action_chunks = 1
+    cfg = replace_keys(Config(), {"algorithm.name": "const", "policy.num_action_chunks": 1})
     traj = _traj(np.ones((T, B)), obs=np.zeros((T, B, 3), np.float32), actions=np.zeros((T, B, 1, 2), np.float32),
                  logprobs=np.zeros((T, B, 1, 2), np.float32), values=np.full((T, B, 1), np.nan, np.float32),
                  final_values=np.zeros((T, B, 1), np.float32), bootstrap_values=np.zeros((B, 1), np.float32))
@@ -152,8 +148,8 @@ def test_update_asks_the_estimator_not_the_name(monkeypatch):
     assert out["stats"] == {"rollout/x": 1.0} and out["nonfinite"] == {"dropped": 0.0}
     prep = loop.prepare_update(cfg, loop.flatten([out]))
     assert torch.equal(prep["adv"], torch.arange(4, dtype=torch.float32)) and prep["critic"] is False
-    monkeypatch.setitem(config_mod.ESTIMATORS, "const", dataclasses.replace(spec, normalisation="batch"))
-    monkeypatch.setattr(Const, "spec", config_mod.ESTIMATORS["const"])
+    monkeypatch.setitem(specs_mod.ESTIMATORS, "const", dataclasses.replace(spec, normalisation="batch"))
+    monkeypatch.setattr(Const, "spec", specs_mod.ESTIMATORS["const"])
     prep = loop.prepare_update(cfg, loop.flatten([out]))
     x = torch.arange(4, dtype=torch.float64)
     torch.testing.assert_close(prep["adv"].double(), (x - x.mean()) / (x.std(unbiased=False) + 1e-8), atol=1e-5, rtol=1e-5)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.config import Config, ConfigError, check_config
+from tasks.config import Config, ConfigError, check_config, replace_key
 
 
 def test_eval_split_names():
@@ -50,9 +50,9 @@ def test_each_section_checks_its_own_fields(path, field, value):
     from tasks.config import family_class
     cfg = Config()
     if (path, field) in FAMILY_OF:
-        setattr(cfg, path, family_class(path, FAMILY_OF[path, field])())
+        cfg = replace_key(cfg, path, family_class(path, FAMILY_OF[path, field])())
     if path == "env" and field == "image_size":
-        cfg.env.obs_mode = "rgb"  # image_size is read with rgb observations only
+        cfg = replace_key(cfg, "env.obs_mode", "rgb")  # image_size is read with rgb observations only
     section = cfg
     for part in path.split("."):
         section = getattr(section, part)
@@ -60,7 +60,7 @@ def test_each_section_checks_its_own_fields(path, field, value):
     if (path, field) != ("cluster", "address"):  # an address kind needs its address
         check(cfg)  # the defaults pass
     assert hasattr(section, field)
-    setattr(section, field, value)
+    cfg = replace_key(cfg, f"{path}.{field}", value)
     with pytest.raises(ConfigError) as alone:
         check(cfg)
     with pytest.raises(ConfigError) as whole:
@@ -70,13 +70,12 @@ def test_each_section_checks_its_own_fields(path, field, value):
 
 def test_checks_that_need_several_sections_are_config_check_across():
     from tasks.config.checks import check_across, check_algorithm, check_env
-    cfg = Config()
-    cfg.env.num_envs = 5  # 5 envs in 2 shards: refused for RL (rollout shards), not a property of env alone
+    cfg = replace_key(Config(), "env.num_envs", 5)  # 5 envs in 2 shards: refused for RL (rollout shards), not a property of env alone
     check_env(cfg.env)
     with pytest.raises(ConfigError, match="env.num_envs=5: must be divisible by env.num_shards=2"):
         check_across(cfg)
-    cfg.algorithm.critic_lr = 1e-3  # the mlp has one learning rate: algorithm against policy
-    cfg.env.num_envs = 4
+    cfg = replace_key(cfg, "algorithm.critic_lr", 1e-3)  # the mlp has one learning rate: algorithm against policy
+    cfg = replace_key(cfg, "env.num_envs", 4)
     check_algorithm(cfg.algorithm)
     with pytest.raises(ConfigError, match="algorithm.critic_lr"):
         check_config(cfg)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tasks.config import (SELECTORS, Config, ConfigError, PolicyConfig, check_config, families, family_class,
-                          register_family)
+                          register_family, replace_key)
 from tasks.config import registry
 from tasks.config.schema import ClusterConfig, EnvConfig
 
@@ -62,12 +62,18 @@ def test_register_refuses_what_cannot_be_a_family():
         register_family("policy", "x")(type("X", (), {}))
 
     @dataclass
+    class Loose:  # a family's config is frozen, as every section
+        name: str = "x"
+    with pytest.raises(ValueError, match=r"Loose must be @dataclass\(frozen=True\)"):
+        register_family("policy", "x")(Loose)
+
+    @dataclass(frozen=True)
     class Misnamed(PolicyConfig):
         name: str = "other"
     with pytest.raises(ValueError, match="must default to 'x'"):
         register_family("policy", "x")(Misnamed)
 
-    @dataclass
+    @dataclass(frozen=True)
     class AnotherMLP(PolicyConfig):
         name: str = "mlp"
     with pytest.raises(ValueError, match="registered already"):
@@ -85,7 +91,7 @@ def test_each_policy_familys_defaults_pass_and_its_rules_run_from_check_config(n
     cfg = Config(policy=family_class("policy", name)())
     check_config(cfg)
     bad = {"mlp": ("hidden_sizes", []), "flow_vla": ("noise_method", "sde"), "token_vla": ("temperature", 0.0)}[name]
-    setattr(cfg.policy, *bad)
+    cfg = replace_key(cfg, f"policy.{bad[0]}", bad[1])
     with pytest.raises(ConfigError) as e:
         check_config(cfg)
     assert e.value.key == f"policy.{bad[0]}"
@@ -116,7 +122,7 @@ def _check_scale(cfg):
 
 def _register_linear():
     @register_family("policy", "linear_test", checks=(_check_scale,))
-    @dataclass
+    @dataclass(frozen=True)
     class LinearConfig(PolicyConfig):
         name: str = "linear_test"
         scale: float = 1.0

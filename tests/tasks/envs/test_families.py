@@ -45,7 +45,7 @@ def test_a_family_has_only_its_own_keys():
     ms, lib = _own_keys(ManiSkillEnvConfig), _own_keys(LiberoEnvConfig)
     assert ms == {"robot_visual_lod", "fast_step"}
     assert lib == {"task_ids", "num_trials", "num_steps_wait", "trial_split", "eval_trials", "object_state",
-                   "instruction_source"}
+                   "instruction_source", "wrist_camera"}
     for key in lib:
         with pytest.raises(TypeError, match=key):
             ManiSkillEnvConfig(**{key: None})
@@ -154,7 +154,7 @@ from tasks.config.schema import EnvConfig
 from toysim import checks
 
 @register_family("env", "toysim", checks=checks.CHECKS)
-@dataclass(frozen=EnvConfig.__dataclass_params__.frozen)
+@dataclass(frozen=True)
 class ToyEnvConfig(EnvConfig):
     simulator: str = "toysim"
     goal: float = 1.0  # the family's own key

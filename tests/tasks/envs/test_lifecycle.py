@@ -26,7 +26,7 @@ import torch
 import tasks.rollout as rollout
 from tasks import resident
 from tasks.actor import entries
-from tasks.config import Config, ConfigError
+from tasks.config import Config, ConfigError, replace_keys
 from tasks.envs.batched import BatchedEnvShard
 from tasks.envs.shard import EnvShard
 from tasks.config import check_config
@@ -133,22 +133,18 @@ def sim(monkeypatch):
 
 def make_config(auto_reset: bool, ignore: bool, L: int, grpo: bool, path: str = "colocated",
                 reward_type: str | None = None) -> Config:
-    cfg = Config()
-    e = cfg.env
-    e.num_envs, e.num_shards, e.seed = N, S, BASE
-    e.auto_reset, e.ignore_terminations, e.max_episode_steps = auto_reset, ignore, L
-    cfg.policy.hidden_sizes, cfg.policy.num_action_chunks = [8], C
-    cfg.rollout.chunk_steps, cfg.rollout.chunk_steps_per_node = T, 2  # colocated: 2 segments per rollout
+    keys = {"env.num_envs": N, "env.num_shards": S, "env.seed": BASE, "env.auto_reset": auto_reset,
+            "env.ignore_terminations": ignore, "env.max_episode_steps": L,
+            "policy.hidden_sizes": [8], "policy.num_action_chunks": C,
+            "rollout.chunk_steps": T, "rollout.chunk_steps_per_node": 2,  # colocated: 2 segments per rollout
+            "algorithm.num_minibatches": 2, "algorithm.update_epochs": 1}
     if path in ("disaggregated", "stages"):
-        cfg.rollout.inference = "disaggregated"
-        cfg.rollout.pipeline_stage_num = 2 if path == "stages" else 1
-    a = cfg.algorithm
-    a.num_minibatches, a.update_epochs = 2, 1
+        keys.update({"rollout.inference": "disaggregated", "rollout.pipeline_stage_num": 2 if path == "stages" else 1})
     if grpo:
-        a.name, a.group_size = "grpo", 2
+        keys.update({"algorithm.name": "grpo", "algorithm.group_size": 2})
     else:  # PPO rows also cover action-level rewards on idle envs (they crashed)
-        a.reward_type = a.logprob_type = reward_type or "action_level"
-    return check_config(cfg)
+        keys["algorithm.reward_type"] = keys["algorithm.logprob_type"] = reward_type or "action_level"
+    return check_config(replace_keys(Config(), keys))
 
 
 def run_rollouts(cfg: Config, n: int, cursors=None, weights=None) -> list[list[dict]]:

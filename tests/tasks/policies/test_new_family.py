@@ -27,7 +27,7 @@ FOLDER = {
 
 
         @register_family("policy", "toy", checks=CHECKS)
-        @dataclass
+        @dataclass(frozen=True)
         class ToyConfig(PolicyConfig):
             name: str = "toy"
             init_std: float = 0.3  # the actions' fixed standard deviation

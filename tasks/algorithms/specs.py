@@ -1,21 +1,22 @@
-"""What each algorithm (`algorithm.name`) needs and how it normalises: the estimator specs the offline checks read.
+"""What each algorithm (`algorithm.name`) needs and how it normalises: the estimator specs, beside the estimators'
+math (`tasks.algorithms.estimators` registers each estimator under its spec's name and refuses a name without one).
 
-The math is registered under the same name in `tasks.algorithms.estimators` (`register_estimator` refuses a name
-without a spec here). Callers ask the spec (`AlgorithmConfig.spec`), never the name.
+The offline checks read these specs (`tasks.config`: `AlgorithmConfig.spec`, the inert keys), so this module is
+plain data: it imports nothing of dagrl and no torch (importing it runs `tasks/algorithms/__init__.py`, which imports
+its torch modules lazily), and it is the one module of tasks outside tasks.config that tasks.config may import
+(pyproject's import-linter contract). Callers ask the spec (`AlgorithmConfig.spec`) or the estimator, never the name;
+`tasks.config.estimator_spec` looks a name up (ConfigError for an unknown one).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from tasks.config.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class EstimatorSpec:
     """What an advantage estimator needs from the rollout and the config, and how its advantages are normalised.
 
-    `algorithm.name` selects one (`ESTIMATORS`; `sft` is the one algorithm without an estimator). This is the part
-    the offline checks read, so it is declared here (tasks/config.py imports nothing else of tasks); the math is
+    `algorithm.name` selects one (`ALGORITHMS`; `sft` is the one algorithm without an estimator). The math is
     registered under the same name in `tasks.algorithms.estimators` (`register_estimator`, which refuses a name
     without a spec here). Callers ask the spec (`AlgorithmConfig.spec`) or the estimator, never the name.
     """
@@ -62,12 +63,3 @@ SFT = EstimatorSpec(name="sft", advantage="", label="SFT",
                     estimator=False, rollout=False)
 ALGORITHMS: dict[str, EstimatorSpec] = {**ESTIMATORS, SFT.name: SFT}  # algorithm.name -> its spec
 
-
-def estimator_spec(name: str) -> EstimatorSpec:
-    """The spec of `algorithm.name` = `name` (ALGORITHMS: the estimators' and SFT's). Raises ConfigError (key
-    algorithm.name) listing the known names."""
-    try:
-        return ALGORITHMS[name]
-    except KeyError:
-        raise ConfigError("algorithm.name", name, f"known: {[*ESTIMATORS, 'sft']} ('sft': behaviour cloning from "
-                                                  f"sft.store, no estimator)") from None

@@ -1,0 +1,5 @@
+import sys
+
+from pipelines.upgrade import main
+
+sys.exit(main())
