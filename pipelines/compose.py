@@ -182,9 +182,10 @@ def _value_for(key, overrides: Sequence[str]):
 # gets a generic fix.
 MISSING = "???"
 REQUIRED_KEYS = {
-    "policy.model_path": ("experiment {experiment} starts RL from an SFT checkpoint: give "
-                          "policy.model_path=<SFT run>/checkpoints/global_step_N/hf (or checkpoints/best/hf; README, "
-                          "\"VLA policies\"); policy.model_path=null starts from random weights instead"),
+    "policy.model_path": ("experiment {experiment} starts RL from a checkpoint: give policy.model_path=<SFT run>/"
+                          "checkpoints/global_step_N/hf (or checkpoints/best/hf), or a transformers checkpoint "
+                          "directory (README, \"VLA policies\"); policy.model_path=null starts from random weights "
+                          "instead"),
 }
 
 
