@@ -71,6 +71,34 @@ def check_training_keys(cfg) -> None:
     for key, vals in (("policy.lora_targets", p.lora_targets), ("policy.freeze", p.freeze)):
         if any(not str(v).strip() for v in vals):
             raise ConfigError(key, list(vals), "an empty entry: remove it")
+    if (p.lora_rank and p.lora_targets) or p.freeze:  # names checked offline, on the library model built on meta
+        _check_names(p)
+
+
+HEADS = ("value_head", "noise_head")  # the policy's own modules beside `hf` (tasks.policies.pi0.model)
+
+
+def _check_names(p) -> None:
+    """`policy.lora_targets` and `policy.freeze` name modules of the model the config builds: checked on the library
+    model built on the meta device (as the policy holds it: `hf.<name>`; the RL heads `value_head`, `noise_head`).
+    Raises ConfigError naming the key, the entry that matches nothing and the top modules to use."""
+    import torch
+
+    from tasks.policies.pi0 import library
+    from tasks.policies.pi0.lora import lora_target_names
+    with torch.device("meta"):
+        model = library.model_class(p.name)(library_config(p))
+    if p.lora_rank:
+        lora_target_names(model, p.lora_targets)  # raises for a pattern matching no Linear module
+    names = ["hf." + n for n, _ in model.named_parameters()]
+    for pre in p.freeze:
+        pre = str(pre)
+        if pre.split(".")[0] in HEADS or any(n == pre or n.startswith(pre + ".") for n in names):
+            continue
+        top = sorted({".".join(n.split(".")[:3]) for n in names} | set(HEADS))
+        raise ConfigError("policy.freeze", list(p.freeze),
+                          f"no parameter of the {p.name} policy is under {pre!r} (prefixes at a dot boundary); its "
+                          f"modules: {top}")
 
 
 # ---------------------------------------------------------------- the model's shape, from its library config
@@ -312,6 +340,8 @@ def check_memory_plan(cfg) -> None:
     cap = cfg.cluster.gpu_memory_gib
     if cap is None:
         return
+    if not cap > 0:
+        raise ConfigError("cluster.gpu_memory_gib", cap, "must be > 0 (GiB of one GPU), or null to skip the memory plan")
     p, a = cfg.policy, cfg.algorithm
     plan = config_plan(cfg)
     if plan.total <= cap * GIB:

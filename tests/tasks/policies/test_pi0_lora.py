@@ -323,3 +323,20 @@ def test_lora_keys_compose_and_are_inert_without_a_rank():
            (8, 32.0, ["dit.*_proj"], ["hf.model.vlm.vision_tower"], True)
     with pytest.raises(ConfigError, match="policy.lora_rank"):
         load_config([*base, "policy.lora_rank=-1"], components=False)
+
+
+@pytest.mark.parametrize("override, key, match", [
+    ("policy.freeze=[nonexistent.module]", "policy.freeze", "no parameter of the pi0 policy is under 'nonexistent"),
+    ("policy.freeze=[hf.model.vlm.no_such]", "policy.freeze", "under 'hf.model.vlm.no_such'"),
+    ("policy.lora_targets=[nope]", "policy.lora_targets", "'nope' matches no Linear module"),
+])
+def test_module_names_are_checked_offline_before_anything_starts(override, key, match):
+    """A freeze prefix or LoRA target naming no module of the model is refused by the offline checks (validate and
+    run alike, before a worker starts), on the library model built on the meta device; names that exist pass."""
+    from pipelines.config import load_config
+    base = ["conf=smoke", "env=pushcube_vla", "policy=pi0_tiny", "policy.lora_rank=4"]
+    with pytest.raises(ConfigError, match=match) as err:
+        load_config([*base, override])
+    assert err.value.key == key
+    cfg, _ = load_config([*base, "policy.freeze=[hf.model.vlm, value_head]", "policy.lora_targets=[q_proj]"])
+    assert list(cfg.policy.freeze) == ["hf.model.vlm", "value_head"]
