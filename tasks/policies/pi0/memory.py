@@ -86,8 +86,12 @@ def _check_names(p) -> None:
 
     from tasks.policies.pi0 import library
     from tasks.policies.pi0.lora import lora_target_names
+    try:
+        conf = library_config(p)
+    except (OSError, ValueError):  # not a checkpoint of this family: the model_path check names that (components)
+        return
     with torch.device("meta"):
-        model = library.model_class(p.name)(library_config(p))
+        model = library.model_class(p.name)(conf)
     if p.lora_rank:
         lora_target_names(model, p.lora_targets)  # raises for a pattern matching no Linear module
     names = ["hf." + n for n, _ in model.named_parameters()]
