@@ -75,9 +75,6 @@ def check_training_keys(cfg) -> None:
         _check_names(p)
 
 
-HEADS = ("value_head", "noise_head")  # the policy's own modules beside `hf` (tasks.policies.pi0.model)
-
-
 def _check_names(p) -> None:
     """`policy.lora_targets` and `policy.freeze` name modules of the model the config builds: checked on the library
     model built on the meta device (as the policy holds it: `hf.<name>`; the RL heads `value_head`, `noise_head`).
@@ -86,6 +83,8 @@ def _check_names(p) -> None:
 
     from tasks.policies.pi0 import library
     from tasks.policies.pi0.lora import lora_target_names
+    from tasks.policies.pi0.model import HEAD_PREFIXES  # the policy's own modules beside `hf`
+    heads = tuple(h.rstrip(".") for h in HEAD_PREFIXES)
     try:
         conf = library_config(p)
     except (OSError, ValueError):  # not a checkpoint of this family: the model_path check names that (components)
@@ -97,9 +96,9 @@ def _check_names(p) -> None:
     names = ["hf." + n for n, _ in model.named_parameters()]
     for pre in p.freeze:
         pre = str(pre)
-        if pre.split(".")[0] in HEADS or any(n == pre or n.startswith(pre + ".") for n in names):
+        if pre.split(".")[0] in heads or any(n == pre or n.startswith(pre + ".") for n in names):
             continue
-        top = sorted({".".join(n.split(".")[:3]) for n in names} | set(HEADS))
+        top = sorted({".".join(n.split(".")[:3]) for n in names} | set(heads))
         raise ConfigError("policy.freeze", list(p.freeze),
                           f"no parameter of the {p.name} policy is under {pre!r} (prefixes at a dot boundary); its "
                           f"modules: {top}")
