@@ -21,8 +21,14 @@ def _record(path: Path, seed: int, O: int = 35, D: int = 8) -> str:
               "rewards": FieldSpec((1,), "float32"), "step_mask": FieldSpec((1,), "bool"),
               "terminated": FieldSpec((), "bool"), "truncated": FieldSpec((), "bool"),
               "success": FieldSpec((), "bool"), "episode_id": FieldSpec((), "int64"),
-              "episode_seed": FieldSpec((), "int64")}
-    st = TrajectoryStore.create(path, fields=fields, T=T, num_envs=B, shard_size=S)
+              "episode_seed": FieldSpec((), "int64"), "task_id": FieldSpec((), "int64"),
+              "trial_id": FieldSpec((), "int64")}
+    # today's format, as `pipelines.record` writes it (simulator, gripper convention, task/trial ids)
+    from pipelines.config import load_config
+    from tasks.envs import gripper_convention, store_attrs
+    env = load_config(["conf=smoke"])[0].env
+    attrs = {"simulator": env.simulator, "gripper_convention": gripper_convention(env), **store_attrs(env)}
+    st = TrajectoryStore.create(path, fields=fields, T=T, num_envs=B, shard_size=S, attrs=attrs)
     r = np.random.default_rng(seed)
     for n in range(2):
         st.reserve(n)
