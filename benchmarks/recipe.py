@@ -1,7 +1,7 @@
 """The VLA recipe end to end, for teachers x seeds, with intervals: record -> SFT -> RL, one table.
 
     .venv/bin/python benchmarks/recipe.py --teachers runs/pushcube_ppo/<A> runs/pushcube_ppo/<B> --seeds 1 2 3 \
-        --out runs/recipe [--family flow|token] [--sft-conf NAME] [--rl-conf NAME] \
+        --out runs/recipe [--family flow|token|pi0] [--sft-conf NAME] [--rl-conf NAME] \
         [--record "k=v ..."] [--sft "k=v ..."] [--rl "k=v ..."] [--sft-checkpoint latest|best] \
         [--redo record|sft|rl] [--stop-after record|sft] [--rl-arm NAME] [--dry-run] [--table-only]
 
@@ -12,7 +12,8 @@ per (teacher, seed):
     python -m pipelines.run conf=<rl conf> policy.model_path=<SFT run>/checkpoints/global_step_N/hf seed=S ...
 each with `run_root=OUT/runs tracking.uri=sqlite:///OUT/runs/mlflow.db` and the stage's extra overrides (`--record`,
 `--sft`, `--rl`: one string of space-separated Hydra overrides, applied last). `--family` picks the confs
-(flow: pushcube_flow_sft / pushcube_flow_grpo; token: pushcube_token_sft / pushcube_token_grpo), `--sft-conf` /
+(flow: pushcube_flow_sft / pushcube_flow_grpo; token: pushcube_token_sft / pushcube_token_grpo; pi0: pushcube_pi0_sft /
+pushcube_pi0_grpo, and with `--sft "policy=pi05_tiny" --rl "policy=pi05_tiny"` π0.5), `--sft-conf` /
 `--rl-conf` override them (e.g. `--rl-conf pushcube_flow_ppo`). N is the SFT run's newest checkpoint
 (`--sft-checkpoint best`: the one its best eval marked, `checkpoints/best`).
 
@@ -68,7 +69,8 @@ from storage.rundir import write_text_atomic  # noqa: E402
 from storage.tracking import default_tracking_uri  # noqa: E402
 from tasks.evalstats import compare_evals, fmt_gain, fmt_rate, pick_baseline, read_evals, wilson_interval  # noqa: E402
 
-FAMILIES = {"flow": ("pushcube_flow_sft", "pushcube_flow_grpo"), "token": ("pushcube_token_sft", "pushcube_token_grpo")}
+FAMILIES = {"flow": ("pushcube_flow_sft", "pushcube_flow_grpo"), "token": ("pushcube_token_sft", "pushcube_token_grpo"),
+            "pi0": ("pushcube_pi0_sft", "pushcube_pi0_grpo")}
 RECORD_CONF = "pushcube_record"
 STAGES = ("record", "sft", "rl")
 RUN_LINE = re.compile(r"^dagrl: run (\S+) \| run dir (.+?) \| MLflow ")
