@@ -35,6 +35,9 @@ def check_components(cfg: Config, command: str = "run") -> None:
     check_env_components(cfg)  # the env family: its adapter's check, then its COMPONENT_CHECKS (Vulkan, memory)
     if cfg.policy.model_path:
         check_model_path(cfg)
+    if command != "record":  # a recording reads no policy or algorithm key (the teacher's come from its run)
+        from tasks.policies import check_components as check_policy_components
+        check_policy_components(cfg)  # the family's component checks (pi0's prompt length), lr_scale's prefixes
     if not cfg.algorithm.spec.rollout:  # SFT: its samples come from sft.store
         check_sft_store(cfg)
     if cfg.env.eval.num_envs % cfg.env.num_shards:
@@ -62,7 +65,7 @@ def check_model_path(cfg: Config) -> None:
     if "family" not in meta and meta.get("model_type") == p.name:
         return  # a plain transformers directory of this family (pi0, pi05): the model reads its own config.json
     if meta.get("family") != p.name:
-        raise ConfigError(key, p.model_path, f"holds a {meta.get('family')!r} checkpoint; policy.name={p.name}")
+        raise ConfigError(key, p.model_path, other_family_fix(meta, p.name))
     want = cfg.env.image_size if cfg.env.obs_mode == "rgb" else None
     if meta.get("image_size") != want:
         raise ConfigError(key, p.model_path, f"was saved for image_size={meta.get('image_size')}, this config gives "
@@ -88,6 +91,25 @@ def check_model_path(cfg: Config) -> None:
         raise ConfigError(key, p.model_path, f"outputs {meta['action_dim']}-D actions, env.simulator="
                                              f"{cfg.env.simulator} takes {want_a}-D ones: use a checkpoint trained "
                                              f"on this simulator")
+
+
+def other_family_fix(meta: dict, name: str) -> str:
+    """What a checkpoint's config.json `meta` holds when it is not of policy family `name`, and the fix: the policy
+    preset files of its family (`policy=pi0_tiny`: a preset of a dagrl export's own preset first), else that no
+    policy family reads it."""
+    from pipelines.families import family_presets
+    from tasks.config import families
+    family = meta.get("family") or meta.get("model_type")  # a dagrl export, else a plain transformers directory
+    what = (f"holds a {family!r} checkpoint" if meta.get("family") else
+            f"holds a transformers model_type={family!r} model" if family else "holds no dagrl or transformers "
+                                                                                "checkpoint (no family, no model_type)")
+    if family not in families("policy"):
+        return f"{what}, which no policy family reads; policy.name={name}: use a {name} checkpoint"
+    presets = family_presets("policy", family)
+    own = f"{family}_{(meta.get('policy') or {}).get('preset')}"  # the export's preset file, when it has one
+    presets = sorted(presets, key=lambda f: f != own)
+    fix = " or ".join(f"policy={f}" for f in presets[:3]) if presets else f"policy.name={family}"
+    return f"{what}, this config has policy.name={name}: choose its family's policy, {fix} (with this model_path)"
 
 
 # What a demo store (its attrs) and a policy checkpoint (config.json `env`, its run's config.yaml) record of the env

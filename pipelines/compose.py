@@ -73,6 +73,9 @@ def _compose(overrides: Sequence[str]) -> DictConfig:
     name = experiment_name(overrides)  # `experiment` is the experiment file's name unless a file or override sets it
     if (CONF_DIR / "conf" / f"{name}.yaml").is_file() and "experiment" not in given_keys(overrides):
         dcfg.experiment = name
+    from pipelines.overrides import empty_dicts  # `key={}` empties the experiment's dict (Hydra would merge it)
+    for key in empty_dicts(typed):
+        OmegaConf.update(dcfg, key, {}, merge=False)
     return dcfg
 
 

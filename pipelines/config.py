@@ -30,6 +30,7 @@ command- and value-dependent; a family's own through its class's `inert_keys`) i
 """
 from __future__ import annotations
 
+import sys
 from typing import Sequence
 
 from omegaconf import DictConfig
@@ -77,5 +78,11 @@ def load_config(overrides: Sequence[str] = (), *, components: bool = True, comma
         check_placement(cfg, cuda, command=command)
         check_command(cfg, command, require_teacher=require_teacher)
     check_given(cfg, overrides, command, cuda, notes)
+    from tasks.config.checks.inert import unchecked_notes  # keys set cluster-wide that this config does not read
+    for line in unchecked_notes(cfg, command):
+        if notes is None:
+            print(line, file=sys.stderr)
+        else:
+            notes.append(line)
     check_params(cfg)
     return cfg, dcfg

@@ -69,11 +69,10 @@ def as_typed(overrides: Sequence[str]) -> list[str]:
 _SCHEMA_NODE: list[tuple] = []  # [(the union schema, its OmegaConf node)], built once per schema
 
 
-def _str_slot(key: str) -> bool | None:
-    """Whether the schema holds a string at dotted `key`: None when it does not (another type, a section, an unknown
-    key), else whether None is allowed there (Optional[str]). An entry of a dict section (a new one included) is a
-    string when the dict's values are (`dict[str, str]`)."""
-    from omegaconf.nodes import StringNode
+def _slot(key: str, family_keys: bool = False):
+    """The schema's node at dotted `key` (the union schema's OmegaConf node, built once per schema); "new" for a new
+    entry of a dict[str, str]; None for an unknown key or one below a value. A key only some families have holds
+    `???` in the union schema: its node with `family_keys`, else None."""
     from pipelines.families import union_schema
     schema = union_schema()
     if not _SCHEMA_NODE or _SCHEMA_NODE[0][0] is not schema:
@@ -82,13 +81,54 @@ def _str_slot(key: str) -> bool | None:
     for part in key.split("."):
         if not isinstance(node, DictConfig) or node._is_none() or node._is_missing():
             return None
-        if part in node:
+        if part in node or (family_keys and part in node.keys()):  # `in` is False for a `???` value, keys() not
             node = node._get_node(part)
         elif node._metadata.element_type is str and part == key.rsplit(".", 1)[-1]:
-            return False  # a new entry of a dict[str, str]
+            return "new"  # a new entry of a dict[str, str]
         else:
             return None
+    return node
+
+
+def _str_slot(key: str) -> bool | None:
+    """Whether the schema holds a string at dotted `key`: None when it does not (another type, a section, an unknown
+    key), else whether None is allowed there (Optional[str]). An entry of a dict section (a new one included) is a
+    string when the dict's values are (`dict[str, str]`)."""
+    from omegaconf.nodes import StringNode
+    node = _slot(key)
+    if isinstance(node, str):
+        return False
     return node._is_optional() if isinstance(node, StringNode) else None
+
+
+def _list_fix(key: str, value, raw: str) -> ConfigError | None:
+    """A scalar (or null) given for a list key of the schema (`policy.freeze=hf.model.vlm`): the error naming the
+    key and the bracketed form, instead of OmegaConf's type message; None for any other key or value."""
+    from omegaconf import ListConfig
+    node = _slot(key, family_keys=True)
+    if not isinstance(node, ListConfig) or isinstance(value, (list, dict)) or (value is None and node._is_optional()):
+        return None
+    if value is None:
+        return ConfigError(key, raw, f"is a list and cannot be null: give [] for an empty one ({key}=[])")
+    return ConfigError(key, raw, f"is a list: write its entries in brackets, {key}=[{raw}] (several: "
+                                 f"{key}=[a,b])")
+
+
+def empty_dicts(overrides: Sequence[str]) -> list[str]:
+    """The keys of dict sections the command line sets to `{}` (`algorithm.lr_scale={}`): Hydra merges a dict
+    override into the experiment's dict, so `{}` would change nothing; `pipelines.compose` empties those keys
+    instead (the one way to clear an experiment's entries from the command line: `~key` cannot delete a schema key).
+    Overrides are Hydra `Override`s or strings."""
+    out = []
+    for ov in overrides:
+        text = ov if isinstance(ov, str) else ov.input_line
+        key, _, raw = text.partition("=")
+        if key.startswith("~") or raw.strip() not in ("{}", "{ }"):
+            continue
+        key = key.lstrip("+")
+        if isinstance(_slot(key, family_keys=True), DictConfig):
+            out.append(key)
+    return out
 
 
 def _as_typed(text: str, ov) -> str:
@@ -101,6 +141,9 @@ def _as_typed(text: str, ov) -> str:
     if isinstance(value, dict):
         _check_typed_entries(key, value, raw, head)
         return text
+    listed = None if key in ("conf", *GROUPS) else _list_fix(key, value, raw)
+    if listed is not None:
+        raise listed
     optional = True if key in ("conf", *GROUPS) else _str_slot(key)  # a group choice is a name (null: none)
     if optional is None or isinstance(value, (str, list)):
         return text

@@ -19,8 +19,8 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 # always (cheap when satisfied): picks up dependencies added since the venv was made
 echo "[setup] installing dagrl and its dependencies into .venv"
-extras=dev
-[ -n "${DAGRL_SKIP_LIBERO:-}" ] || extras=dev,libero
+extras=dev,kubernetes  # kubernetes: cluster.kind=kubernetes's operator client (its tests validate the resources)
+[ -n "${DAGRL_SKIP_LIBERO:-}" ] || extras=$extras,libero
 .venv/bin/pip install -q -e ".[$extras]" 2>&1 | grep -vE "^WARNING: Location .* is ignored" || true
 .venv/bin/python -W ignore -c "import dask, distributed, zarr, mlflow, hydra, mani_skill, torch" 2>/dev/null \
   || { echo "[setup] ERROR: the dependencies did not install; see pip's output above" >&2; exit 1; }

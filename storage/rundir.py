@@ -88,6 +88,12 @@ class DamagedRunFile(ValueError):
     differs from the digest written beside it. One line naming the file and the fix."""
 
 
+class OldRunFile(DamagedRunFile):
+    """A run's config.yaml without its digest ``config.yaml.sha256`` (saved before the digest existed): it cannot
+    be verified, so it is refused like a damaged one (a subclass: the readers' ``except DamagedRunFile`` holds), in
+    one line naming the file and ``python -m pipelines.upgrade RUN_DIR``, which writes the digest."""
+
+
 def write_resolved_config(run_dir: str | os.PathLike, yaml_text: str) -> Path:
     """Write ``<run_dir>/config.yaml`` atomically after checking it parses as YAML, then its digest
     ``config.yaml.sha256`` (``sha256sum`` format) that ``read_resolved_config`` checks it against."""
@@ -106,13 +112,15 @@ def write_resolved_config(run_dir: str | os.PathLike, yaml_text: str) -> Path:
 
 def read_resolved_config(path: str | os.PathLike) -> str:
     """The text of a run's saved ``config.yaml`` (``path``), verified: never empty, and equal (sha256) to the digest
-    written beside it when there is one (runs saved before the digest existed have none: only the emptiness check).
-    A YAML file cut at a line boundary still parses, and a config missing keys would be read with the schema's
-    defaults in their place, so every reader of a saved config goes through here.
+    written beside it (``write_resolved_config``). A YAML file cut at a line boundary still parses, and a config
+    missing keys would be read with the schema's defaults in their place, so every reader of a saved config goes
+    through here.
 
     Raises:
         FileNotFoundError: no file at ``path``.
         DamagedRunFile: empty, or the digest differs (one line: the file, the fix).
+        OldRunFile: no digest beside it (a run saved before the digest existed; one line: the file and
+            ``python -m pipelines.upgrade RUN_DIR``).
     """
     import hashlib
     path = Path(path)
@@ -122,10 +130,12 @@ def read_resolved_config(path: str | os.PathLike) -> str:
     if not text.strip():
         raise DamagedRunFile(f"{path} is empty; {fix}")
     side = path.with_name(path.name + DIGEST_SUFFIX)
-    if side.is_file():
-        want = side.read_text().split(maxsplit=1)[0] if side.read_text().strip() else ""
-        if hashlib.sha256(text.encode()).hexdigest() != want:
-            raise DamagedRunFile(f"{path} is damaged (its sha256 differs from {side.name}); {fix}")
+    if not side.is_file():
+        raise OldRunFile(f"{path} is of an older format (no {side.name} beside it: saved before the digest "
+                         f"existed): rewrite its run once with `python -m pipelines.upgrade {path.parent}`")
+    want = side.read_text().split(maxsplit=1)[0] if side.read_text().strip() else ""
+    if hashlib.sha256(text.encode()).hexdigest() != want:
+        raise DamagedRunFile(f"{path} is damaged (its sha256 differs from {side.name}); {fix}")
     return text
 
 

@@ -16,7 +16,8 @@ Scaling to multi-GB models: with R FSDP ranks each rank holds 1/R of the paramet
 key per rank (each rank's node returns its local shards) and a replica pulls the R shards from the R actor
 workers in parallel (R times one link's bandwidth), so no process ever serialises the whole model twice and the
 scheduler still sees only key names. Today the multi-rank update gathers the full state dict on rank 0 (one key),
-which is the R = 1 path above; GPU-resident replicas would instead receive the shards by an NCCL broadcast
+which is the R = 1 path above (with frozen parameters only the trainable tensors are gathered and shipped:
+partial weights below); GPU-resident replicas would instead receive the shards by an NCCL broadcast
 inside a rollout/actor process group (RLinf, verl), with the handle as the version check.
 
 Why not a Dask public API: `benchmarks/weight_transfer.py` measures the custom pull against a task dependency
@@ -30,7 +31,10 @@ is frozen; `load_sync_state(state)` loads them into a replica), an update's outp
 initial full weights (the init graph's `actor_init`, which the runner's scheduler keeps alive for the run). A replica
 (`load_into`) loads the base when its key differs from the one it holds (a first load, a re-initialised actor), then
 the partial state on top; frozen tensors never change, so base + the newest partial state equal the actor's full
-weights. Initial weights, eval weights (the average), checkpoints and exports stay full.
+weights. With R FSDP ranks rank 0's update output is the same partial weights (tasks.actor.distributed.
+sync_weights_rank gathers only the trainable tensors from the shards), on top of the generation's init weights
+(the init graph's `weights` node, whose key the runner passes to the ranks in their group spec, `base_key`, and
+keeps alive). Initial weights, eval weights (the average), checkpoints and exports stay full.
 
 Accounting: `get_replica` (tasks.rollout) times each load (fetch + `load_state_dict`) and counts its bytes
 (`state_dict_nbytes`); rollout nodes report them as `weight_sync` = {"seconds", "bytes"} and the step's metrics

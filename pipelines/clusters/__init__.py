@@ -3,6 +3,9 @@
 Kinds (pipelines/clusters/<kind>.py, each registered with `tasks.config.registry` by its config class):
   local.py    the embedded local cluster this driver starts (the default; conf/cluster/local.yaml)
   address.py  an existing scheduler at `cluster.address` (conf/cluster/address.yaml; docker-compose.yml)
+  slurm.py    Slurm batch jobs this driver submits (conf/cluster/slurm.yaml), through jobqueue.py (dask-jobqueue)
+  kubernetes.py  a DaskCluster of the Dask operator this driver creates (conf/cluster/kubernetes.yaml; deploy/), its
+              resources built in kubernetes_spec.py
 Shared: placement.py (`cluster.component_placement`: parsing, offline checks, planning on live workers),
 resources.py (what each component's nodes need, checked against the workers), tls.py (Dask TLS),
 info.py (the scheduler's view of its workers), handle.py (the started cluster's handle, the embedded scheduler's

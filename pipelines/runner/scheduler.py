@@ -80,7 +80,7 @@ class Scheduler:
         self.cfg, self.client, self.state = cfg, client, state
         self.watch, self.ctx, self.recovery, self.perf = watch, ctx, recovery, perf
         self.ranks = cfg.algorithm.num_actor_ranks  # 1 (tasks.actor.entries) or R > 1 (one process group)
-        self.group: dict | None = None  # R > 1: {"master_addr", "master_port"} of the current generation
+        self.group: dict | None = None  # R > 1: {"master_addr", "master_port", "base_key"} of the current generation
         self.actor_weights = None  # what the ranks take as weights: the init's (to build from), then {"version"}
         self.weights = None  # a Future of the newest versioned weights (what rollouts and evals take)
         self.base_weights = None  # a Future of the init's full weights: the base of partial weights (tasks.weights)
@@ -127,8 +127,11 @@ class Scheduler:
             init.graph, [init.dims, init.weights, init.actor_weights, init.port], sync=False)
         self.actor_weights = full_f
         dims, port = self._result([dims_f, port_f], "the init graph")
-        self.group = {"master_addr": host_of(self.placement.actor_workers[0]), "master_port": int(port)}
-        self.weights, self.dims = w_f, tuple(dims)
+        # the init's rollout weights are the base of rank 0's partial weights (tasks.weights): kept for the
+        # generation, their key in the group spec
+        self.group = {"master_addr": host_of(self.placement.actor_workers[0]), "master_port": int(port),
+                      "base_key": w_f.key}
+        self.weights, self.dims, self.base_weights = w_f, tuple(dims), w_f
 
     def wait_init(self) -> float | None:
         """Wait (watched, nothing fetched) for the init graph's weights; returns the seconds waited (None: nothing
@@ -157,8 +160,9 @@ class Scheduler:
         if self.ranks == 1:
             return None
         from tasks.actor.distributed import group_specs
+        from tasks.weights import KeyName
         return group_specs(self.ranks, self.group["master_addr"], self.group["master_port"],
-                           self.state.actor_generation)
+                           self.state.actor_generation, base_key=KeyName(self.group["base_key"]))
 
     # ----- the one retry loop -----
     def retrying(self, once, what: str):

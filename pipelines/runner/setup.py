@@ -105,7 +105,8 @@ def resolve_resume(cfg: Config) -> Resume:
             its pid, host, since when, command), the run has no complete checkpoint, its step is above
             `runner.max_steps`, `env.num_shards` differs from the checkpoint's, the checkpoint's MLflow run is not
             in `tracking.uri`'s store, or a key that shapes training differs from the resumed run's MLflow params
-            (`run_params`).
+            (`run_params`); the checkpoint, its store or eval records of an older format (one line naming the file
+            and `python -m pipelines.upgrade RUN_DIR`).
     """
     resume = cfg.runner.resume
     if resume is None:
@@ -139,7 +140,9 @@ def resolve_resume(cfg: Config) -> Resume:
     if ckpt_path is None:
         raise ConfigError("runner.resume", resume, f"{run_dir} has no complete checkpoint to resume from")
     _check_intact(resume, run_dir, ckpt_path)
-    state = RunState(**load_checkpoint(ckpt_path, keys=("run",))["run"]["runner"])
+    runner = load_checkpoint(ckpt_path, keys=("run",))["run"]["runner"]
+    _check_recorded_inputs(resume, ckpt_path, runner)
+    state = RunState(**runner)
     _check_formats(resume, run_dir, ckpt_path, state)
     _check_eval_records(resume, run_dir, state.step)
     state.inputs = _check_inputs(cfg, state)
@@ -180,6 +183,20 @@ def _check_formats(resume: str, run_dir: Path, ckpt_path: Path, state: RunState)
             raise ConfigError("runner.resume", resume, line)
 
 
+def _check_recorded_inputs(resume: str, ckpt_path: Path, runner: dict) -> None:
+    """On resume: the checkpoint's runner state (`runner`, its saved RunState fields) records the fingerprints of
+    the run's outside inputs (`RunState.inputs`; {} for a run that reads none), so `_check_inputs` has something to
+    compare.
+
+    Raises:
+        ConfigError(runner.resume): a checkpoint written before they were recorded (no `inputs` key); one line
+            naming its meta.json and `python -m pipelines.upgrade RUN_DIR` (which records today's)."""
+    from pipelines.compose import refusal
+    from pipelines.upgrade.checkpoints import NO_INPUTS, no_inputs
+    if no_inputs({"runner": runner}):
+        raise ConfigError("runner.resume", resume, refusal(ckpt_path / "meta.json", NO_INPUTS))
+
+
 def _final_eval_recorded(run_dir: Path, step: int) -> bool:
     """Whether the run in `run_dir` recorded an eval at `step` (`<run_dir>/evals/step_<step>.json`, and the
     validation split's too when the run has one): at `runner.max_steps` that is its final eval (Runner._finish_run),
@@ -191,11 +208,22 @@ def _final_eval_recorded(run_dir: Path, step: int) -> bool:
     return not val or step in val
 
 
+def input_paths(cfg: Config) -> dict[str, str]:
+    """The data a run reads from outside its run dir, config key -> path: `sft.store` (an algorithm that trains on a
+    recording) and `policy.model_path`; unset keys left out."""
+    out = {}
+    if not learns_from_rollouts(cfg) and cfg.sft.store:
+        out["sft.store"] = str(cfg.sft.store)
+    if cfg.policy.model_path:
+        out["policy.model_path"] = str(cfg.policy.model_path)
+    return out
+
+
 def input_fingerprints(cfg: Config) -> dict[str, str]:
-    """Fingerprints of the data a run reads from outside its run dir, by config key: `sft.store` (SFT: the
-    recording it trains on, `TrajectoryStore.fingerprint`: store id, complete steps, layout and attributes; no field
-    data read) and `policy.model_path` (the weights it starts from, `storage.exports.directory_fingerprint`).
-    Keys that are unset, or whose path is missing (the config checks name that), are left out.
+    """Fingerprints of the data a run reads from outside its run dir (`input_paths`), by config key: `sft.store`
+    (the recording it trains on, `TrajectoryStore.fingerprint`: store id, complete steps, layout and attributes; no
+    field data read) and `policy.model_path` (the weights it starts from, `storage.exports.directory_fingerprint`).
+    Keys whose path is missing (the config checks name that) are left out.
 
     Raises:
         ConfigError: (sft.store) the store's metadata or step bookkeeping is damaged.
@@ -203,20 +231,23 @@ def input_fingerprints(cfg: Config) -> dict[str, str]:
     from storage.exports import directory_fingerprint
     from storage.trajectories import DamagedStore
     out = {}
-    if not learns_from_rollouts(cfg) and cfg.sft.store and Path(cfg.sft.store).is_dir():
-        try:
-            out["sft.store"] = TrajectoryStore.open(cfg.sft.store).fingerprint()
-        except DamagedStore as exc:
-            raise ConfigError("sft.store", cfg.sft.store, str(exc).split(": ", 1)[-1]) from None
-    if cfg.policy.model_path and Path(cfg.policy.model_path).is_dir():
-        out["policy.model_path"] = directory_fingerprint(cfg.policy.model_path)
+    for key, path in input_paths(cfg).items():
+        if not Path(path).is_dir():
+            continue
+        if key == "sft.store":
+            try:
+                out[key] = TrajectoryStore.open(path).fingerprint()
+            except DamagedStore as exc:
+                raise ConfigError(key, path, str(exc).split(": ", 1)[-1]) from None
+        else:
+            out[key] = directory_fingerprint(path)
     return out
 
 
 def _check_inputs(cfg: Config, state: RunState) -> dict[str, str]:
     """On resume: the fingerprints of the data the run reads from outside its run dir (`input_fingerprints`)
-    against those its checkpoint recorded. Returns the fingerprints to record from now on (a checkpoint written
-    before they were recorded adopts today's).
+    against those its checkpoint recorded (`_check_recorded_inputs`: it has them). Returns the fingerprints to
+    record from now on: the recorded ones, and today's of a key the run did not read before.
 
     Raises:
         ConfigError: (the key) the path holds other data than the run trained on so far (re-recorded, retrained,

@@ -24,12 +24,12 @@ bound (`bounded`, their own `timeout`).
 from __future__ import annotations
 
 import re
-import threading
 import time
 from asyncio import CancelledError
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from pipelines.bounded import bounded  # noqa: F401 (re-exported: pipelines.runner.perf)
 from pipelines.clusters import (PlacementError, cluster_info, pause_fraction, plan_placement, rejoin,
                                 wait_for_workers, worker_health)
 from tasks.config import ConfigError
@@ -57,31 +57,6 @@ class Stall:
     worker: str
     kind: str
     line: str
-
-
-def bounded(fn, *args, timeout: float, what: str, **kwargs):
-    """`fn(*args, **kwargs)` in a daemon thread, its result within `timeout` seconds.
-
-    Raises:
-        TimeoutError: naming `what` and the bound (the thread is left behind; it cannot keep the process alive).
-        Whatever `fn` raises.
-    """
-    box: dict = {}
-
-    def call():
-        try:
-            box["out"] = fn(*args, **kwargs)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            box["err"] = exc
-
-    t = threading.Thread(target=call, daemon=True, name=f"dagrl-{what[:20]}")
-    t.start()
-    t.join(timeout)
-    if "err" in box:
-        raise box["err"]
-    if "out" not in box:
-        raise TimeoutError(f"{what} did not answer within {timeout:.0f} s")
-    return box["out"]
 
 
 def _kind(key: str) -> str:

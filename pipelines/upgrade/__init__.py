@@ -1,8 +1,9 @@
-"""`python -m pipelines.upgrade RUN_DIR` (or `STORE`): rewrite a run directory (or a recorded trajectory store)
+"""`python -m pipelines.upgrade RUN_DIR` (or a RUN_ID under `--run-root`, or `STORE`): rewrite a run directory (or a recorded trajectory store)
 written in an older format, once, into today's.
 
 Readers accept today's format only: an older checkpoint is refused where it is verified or loaded
-(storage.checkpoints.OldFormat), an older run config where it is loaded, env shard cursors of the older format
+(storage.checkpoints.OldFormat), an older run config where it is loaded (one without its digest where it is read:
+storage.rundir.OldRunFile), env shard cursors of the older format and a runner state without input fingerprints
 on resume, an eval record without its layout where it is read (tasks.evalstats.OldEvalRecord), a trajectory
 store of an older format where it is opened (storage.trajectories.OldStore) or read
 (`pipelines.upgrade.store.store_refusal`: replay, sft.store, resume), each with one line naming the file and this
@@ -14,7 +15,8 @@ command. What it rewrites, each only where it is old (the older formats are desc
                         lacks (`policy.hidden_sizes` of a flow VLA run: written when every section held every
                         family's keys, they did nothing there) dropped; a run on an existing scheduler (`cluster.address`
                         set, no `cluster.kind`) gets `cluster.kind: address`. The digest `config.yaml.sha256` is
-                        (re)written with it.
+                        (re)written with it; a config.yaml without one (saved before the digest existed, refused
+                        where it is read: storage.rundir.OldRunFile) gets it.
   checkpoints/global_step_N/   every complete checkpoint whose index.json lacks `"format": FORMAT`:
       - values pickled whole (index kind "pickle", `<key>.pkl.pt`) become weights-only torch files;
       - a torch-only RNG state (`rng_torch`) becomes THE RNG state `rng` = {"torch": ...} (restoring it restores
@@ -25,9 +27,12 @@ command. What it rewrites, each only where it is old (the older formats are desc
       - index.json gets `"format": FORMAT`; every other entry of the directory (hf/) is copied.
       and every checkpoint (of any format) whose runner state holds an env shard cursor of the older format,
       `{"episode_count": [...]}`: it becomes today's cursor of a shard that starts fresh episodes at those counts
-      (`checkpoints.full_cursor`: what the older reader did with it).
+      (`checkpoints.full_cursor`: what the older reader did with it); and every one whose runner state has no
+      `inputs` (written before the run recorded the fingerprints of its sft.store / policy.model_path, 2026-12-06):
+      it records today's (`adopted_inputs`: what the older reader adopted on resume), named in its line.
   trajectories.zarr     (or the STORE given) of an older format: schema version 1, no attempt arrays, no
-                        store_id, no simulator / gripper_convention attributes, no task_id / trial_id fields:
+                        store_id, no simulator / gripper_convention attributes, no attribute its env family records
+                        (ManiSkill image stores: robot_visual_lod), no task_id / trial_id fields:
                         written anew in today's format (`pipelines.upgrade.store`, `storage.store_upgrade`: what each
                         becomes) and compared chunk by chunk with the old one before the swap.
   evals/step_N.json     (and evals/val/) without `eval_layout`: the layout of the run's config added
@@ -51,11 +56,13 @@ import shutil
 import sys
 from pathlib import Path
 
-from pipelines.upgrade.checkpoints import (ADV_TYPE_OF, CONFIG_FILE, UpgradeError, _optimizer_names,  # noqa: F401
-                                           _read_old, fqn_optimizer, full_cursor, old_cursors,
-                                           upgrade_checkpoint_state, upgrade_config_text)
+import yaml
+
+from pipelines.upgrade.checkpoints import (ADV_TYPE_OF, CONFIG_FILE, NO_INPUTS, UpgradeError,  # noqa: F401
+                                           _optimizer_names, _read_old, fqn_optimizer, full_cursor,
+                                           no_inputs, old_cursors, upgrade_checkpoint_state, upgrade_config_text)
 from pipelines.upgrade.evals import plan_evals, stage_evals
-from pipelines.upgrade.store import STORE_DIR, plan_store
+from pipelines.upgrade.store import STORE_DIR, plan_store, store_refusal
 
 
 def plan(target: Path) -> dict:
@@ -83,11 +90,36 @@ def plan(target: Path) -> dict:
         meta = json.loads((p / "meta.json").read_text()) if "meta.json" in index.get("files", {}) else {}
         shards = old_cursors(meta.get("run"))
         what += [f"older cursors of shards {shards}"] if shards else []
+        what += [NO_INPUTS] if no_inputs(meta.get("run")) else []
         if what:
             old[p] = what
     return {"config": text, "config_digest": not cfg_path.with_name(CONFIG_FILE + ".sha256").is_file(),
             "checkpoints": old, "store": plan_store(target / STORE_DIR), "store_path": target / STORE_DIR,
             "evals": plan_evals(target)}
+
+
+def adopted_inputs(cfg, run_dir: str | os.PathLike) -> dict[str, str]:
+    """What an upgraded checkpoint without `inputs` records: today's fingerprints of the run's outside inputs
+    (`pipelines.runner.setup.input_fingerprints` of the run's Config `cfg`), what the older reader adopted on resume.
+    `run_dir`: named in the errors.
+
+    Raises:
+        UpgradeError: an input the config names (`input_paths`) is missing, a store of an older format (its
+            fingerprint changes when it is upgraded: upgrade it first), or one that cannot be fingerprinted."""
+    from pipelines.runner.setup import input_fingerprints, input_paths
+    why = f"{run_dir}: its checkpoints record no input fingerprints and today's cannot be taken"
+    paths = input_paths(cfg)
+    missing = [f"{k}={p}" for k, p in paths.items() if not Path(p).is_dir()]
+    if missing:
+        raise UpgradeError(f"{why}: the run reads {', '.join(missing)}, which is missing; put it back and upgrade "
+                           f"again; not upgraded")
+    old = store_refusal(paths["sft.store"]) if "sft.store" in paths else None
+    if old is not None:
+        raise UpgradeError(f"{why} before its sft.store is upgraded: {old}; then upgrade this run; not upgraded")
+    try:
+        return input_fingerprints(cfg)
+    except ValueError as exc:
+        raise UpgradeError(f"{why}: {' '.join(str(exc).split())}; not upgraded") from None
 
 
 def upgrade(target: str | os.PathLike, echo=print) -> Path | None:
@@ -133,9 +165,17 @@ def _stage_checkpoints(run_dir: Path, stage: Path, todo: dict) -> None:
         return cfg_cache[0]
 
     from storage.checkpoints import FORMAT
+    inputs = None
+    if any(NO_INPUTS in what for what in todo["checkpoints"].values()):
+        inputs = adopted_inputs(cfg_loader(), run_dir)
+        adopted = ", ".join(f"{k}: {v}" for k, v in inputs.items()) or "none: the run reads no outside data"
+        for what in todo["checkpoints"].values():  # each rewritten checkpoint's line says what it now records
+            if NO_INPUTS in what:
+                what[what.index(NO_INPUTS)] = f"{NO_INPUTS}; today's adopted ({adopted})"
     for path in todo["checkpoints"]:
         index, state = _read_old(path)
-        new = upgrade_checkpoint_state(state, cfg_loader, str(path), old_format=index.get("format") != FORMAT)
+        new = upgrade_checkpoint_state(state, cfg_loader, str(path), old_format=index.get("format") != FORMAT,
+                                       inputs=inputs)
         out = save_checkpoint(stage, int(path.name.rsplit("_", 1)[1]), new)
         listed = set(index["files"]) | {"index.json"}
         for entry in path.iterdir():  # what the index does not hold (hf/): copied
@@ -167,7 +207,8 @@ def _rewrite(target: Path, todo: dict, echo, stage: Path) -> Path:
             moves += [(f, stage / f.relative_to(target), backup / f.relative_to(target), "no eval_layout")
                       for f in todo["evals"]]
         if todo["store"]:
-            new = rewrite_store(todo["store_path"], stage)
+            run_env = None if is_store else (yaml.safe_load((stage / CONFIG_FILE).read_text()) or {}).get("env")
+            new = rewrite_store(todo["store_path"], stage, run_env)
             moves.append((todo["store_path"], new, backup / todo["store_path"].name if not is_store else backup,
                           ", ".join(todo["store"])))
     except BaseException:
@@ -193,14 +234,31 @@ def _rewrite(target: Path, todo: dict, echo, stage: Path) -> Path:
     return backup
 
 
+def resolve_target(arg: str, run_root: str | os.PathLike = "runs") -> Path:
+    """The directory `arg` names: an existing path as given, else a run id looked up as `<run_root>/*/<arg>`
+    (storage.rundir.find_run_dir, as pipelines.eval, replay and record take run ids).
+
+    Raises:
+        UpgradeError: neither a path nor a run id under `run_root` (with close matches, or the experiments that
+            share the id)."""
+    from storage.rundir import find_run_dir
+    if Path(arg).exists() or "/" in arg or os.sep in arg:
+        return Path(arg)
+    try:
+        return find_run_dir(run_root, arg)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UpgradeError(f"{arg} is no path; {exc}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipelines.upgrade", description=__doc__.splitlines()[0])
-    ap.add_argument("run_dir", help="a run directory (<run_root>/<experiment>/<run_id>), or a recorded trajectory "
-                                    "store (record.out)")
+    ap.add_argument("run_dir", help="a run directory (<run_root>/<experiment>/<run_id>), its run id (looked up under "
+                                    "--run-root), or a recorded trajectory store (record.out)")
+    ap.add_argument("--run-root", default="runs", help="where run ids are looked up (default: runs)")
     args = ap.parse_args(argv)
     from storage.locks import LockBusy
     try:
-        upgrade(args.run_dir)
+        upgrade(resolve_target(args.run_dir, args.run_root))
     except (UpgradeError, LockBusy, OSError) as exc:
         print(f"dagrl upgrade: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

@@ -145,16 +145,35 @@ def old_cursors(run: dict | None) -> list[int]:
     return [s for s, c in enumerate(cursors) if c is not None and not is_cursor(c)]
 
 
-def upgrade_checkpoint_state(state: dict, cfg_loader, where: str, old_format: bool = True) -> dict:
+NO_INPUTS = "no input fingerprints"  # what `plan` and the resume's refusal call a runner state without `inputs`
+
+
+def no_inputs(run: dict | None) -> bool:
+    """Whether a checkpoint's `run` meta (`{"runner": RunState fields}`) was written before the runner recorded the
+    fingerprints of the data it reads from outside its run dir (`RunState.inputs`, since 2026-12-06): its runner
+    state has no `inputs` key. Today's writer saves every RunState field (`asdict`), so a run that reads no outside
+    data records {}: the two are told apart by the key."""
+    runner = (run or {}).get("runner")
+    return isinstance(runner, dict) and "inputs" not in runner
+
+
+def upgrade_checkpoint_state(state: dict, cfg_loader, where: str, old_format: bool = True,
+                             inputs: dict | None = None) -> dict:
     """Today's checkpoint state for one of an older format (module docstring); `cfg_loader()` gives the run's
     Config (only called for an integer-keyed optimizer). `old_format` False: a checkpoint of today's format whose
-    env shard cursors alone are old (only those are rewritten).
+    env shard cursors or runner `inputs` alone are old (only those are rewritten). `inputs`: what a runner state
+    without `inputs` records (`pipelines.upgrade.adopted_inputs`).
 
     Raises:
         UpgradeError: no RNG state; an optimizer that does not fit the run's; a cursor that is neither today's
-            nor the older `{"episode_count"}` one."""
+            nor the older `{"episode_count"}` one; a runner state without `inputs` and no `inputs` given."""
     state = dict(state)
     run = state.get("run")
+    if no_inputs(run):
+        if inputs is None:
+            raise UpgradeError(f"{where}: {NO_INPUTS}, and none to adopt were given; not upgraded")
+        run = {**run, "runner": {**run["runner"], "inputs": dict(inputs)}}
+        state["run"] = run
     for s in old_cursors(run):
         cursor = run["runner"]["cursors"][s]
         if set(cursor) != {"episode_count"}:

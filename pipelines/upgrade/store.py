@@ -13,6 +13,9 @@ them; the upgrade adds what the writer would have written for the same data:
   trial_id             -1 everywhere for a simulator whose episodes start from the seed alone (its adapter maps no
                        seed to an init state: ManiSkill); for one that does (LIBERO) the trial cannot be recovered
                        from the store: refused.
+  the env family's     what its adapter records (`store_attrs`) and an older store lacks, with the value the family
+  attributes           says the data was recorded with (`tasks.envs.missing_store_attrs`; ManiSkill: an image
+                       store's `robot_visual_lod`, its run's env.robot_visual_lod, else 1.0: the original meshes).
 
 Plus the storage layout's own older forms (`storage.store_upgrade`: schema version 1, no attempt arrays, no
 store_id). The rewrite writes a new store under the run's staging directory (`rewrite`), reads it back against the
@@ -32,8 +35,15 @@ OLD_SIMULATOR = "maniskill"  # the simulator of every store written before the `
 
 
 def run_level_old(attrs: dict, fields) -> list[str]:
-    """The run-level parts a store lacks (`RUN_ATTRS` attributes, `RUN_FIELDS` fields); [] when current."""
+    """The run-level parts a store lacks (`RUN_ATTRS` attributes, its env family's attributes:
+    `tasks.envs.missing_store_attrs`, `RUN_FIELDS` fields); [] when current.
+
+    Raises:
+        ConfigError: the store's `simulator` names no registered env family."""
+    from tasks.envs import missing_store_attrs
+    family = missing_store_attrs(attrs.get("simulator", OLD_SIMULATOR), attrs)
     return ([f"no {a} attribute" for a in RUN_ATTRS if a not in attrs]
+            + [f"no {a} attribute" for a in family]
             + [f"no {f} field" for f in RUN_FIELDS if f not in fields])
 
 
@@ -64,21 +74,23 @@ def plan_store(path: Path) -> list[str]:
     return parts + run_level_old(group.attrs.asdict(), group.attrs["layout"]["fields"])
 
 
-def additions(path: Path) -> tuple[dict, dict]:
-    """(attributes, {field: (FieldSpec, value)}) the store at `path` gets (module docstring).
+def additions(path: Path, run_env: dict | None = None) -> tuple[dict, dict]:
+    """(attributes, {field: (FieldSpec, value)}) the store at `path` gets (module docstring); `run_env`: the env
+    section of its run's config (None or {}: a recording).
 
     Raises:
         UpgradeError: trial_id missing from a store of a simulator with init states (not recoverable)."""
     import zarr
 
     from storage.trajectories import FieldSpec
-    from tasks.envs import adapter_of
+    from tasks.envs import adapter_of, missing_store_attrs
     from tasks.trajectory import FIELDS
     group = zarr.open_group(str(path), mode="r")
     attrs, fields = group.attrs.asdict(), group.attrs["layout"]["fields"]
     sim = attrs.get("simulator", OLD_SIMULATOR)
     adapter = adapter_of(sim)
-    add_attrs = {"simulator": sim, "gripper_convention": adapter.GRIPPER_CONVENTION}
+    add_attrs = {"simulator": sim, "gripper_convention": adapter.GRIPPER_CONVENTION,
+                 **missing_store_attrs(sim, attrs, run_env)}
     spec = {f.name: f for f in FIELDS}
     add_fields = {}
     if "task_id" not in fields:
@@ -92,14 +104,15 @@ def additions(path: Path) -> tuple[dict, dict]:
     return add_attrs, add_fields
 
 
-def rewrite(path: Path, stage: Path) -> Path:
+def rewrite(path: Path, stage: Path, run_env: dict | None = None) -> Path:
     """Write the store at `path` in today's format at `stage` / its name, read it back against the old one, and
-    return the new store's path (the caller swaps it in).
+    return the new store's path (the caller swaps it in). `run_env`: the env section of its run's config (None: a
+    recording).
 
     Raises:
         UpgradeError: trial_id not recoverable; the new store differs from the old one (nothing swapped)."""
     from storage.store_upgrade import rewrite_store, verify_rewrite
-    add_attrs, add_fields = additions(path)
+    add_attrs, add_fields = additions(path, run_env)
     out = stage / path.name
     rewrite_store(path, out, add_attrs=add_attrs, add_fields=add_fields)
     try:

@@ -39,8 +39,11 @@ How the graph uses it (pipelines.graphs, pipelines.runner with `algorithm.num_ac
     DISTINCT workers (two ranks in one worker process would deadlock), all in the same step graph so Dask runs
     them together (each blocks in the first collective until all ranks arrive).
   - Rank 0's output {"version", "state_dict", "metrics"} is the new weights (the future the next step's rollout
-    takes); ranks > 0 return {"version", "metrics", "rank"}. Keep every rank's future (e.g. as a dependency of
-    step_metrics) so a failed rank fails the step.
+    takes); ranks > 0 return {"version", "metrics", "rank"}. With frozen parameters (LoRA, `policy.freeze`) and the
+    group spec's `base_key` (the Dask key of the init's full weights, which the runner keeps for the generation),
+    they are partial weights (tasks.weights.partial): `sync_weights_rank` gathers only the trainable tensors from
+    the FSDP shards, so neither the gather nor the sync moves the frozen ones. Keep every rank's future (e.g. as a
+    dependency of step_metrics) so a failed rank fails the step.
   - `master_addr` is rank 0's worker host, `master_port` a free port there (`free_port` run on that worker with
     `client.submit(free_port, workers=[w0], pure=False)`), `generation` 0 at start.
   - Checkpoint: `actor_state_rank(run_id, cfg, group, weights, dims)` on every rank (a collective; one node per rank
@@ -98,12 +101,14 @@ def free_port(host: str = "") -> int:
 
 
 def group_specs(world_size: int, master_addr: str, master_port: int, generation: int,
-                timeout_s: float | None = None) -> list[dict]:
+                timeout_s: float | None = None, base_key=None) -> list[dict]:
     """The `group` argument of each rank's node: [{rank, world_size, master_addr, master_port, generation,
-    timeout_s}] for ranks 0..world_size-1."""
+    timeout_s, base_key}] for ranks 0..world_size-1. `base_key`: the Dask key (tasks.weights.KeyName, so the graph
+    does not substitute it, or str) of the generation's initial full weights, the base of the partial weights rank 0
+    hands out with frozen parameters (`sync_weights_rank`); None: full weights."""
     return [{"rank": r, "world_size": world_size, "master_addr": master_addr, "master_port": int(master_port),
-             "generation": int(generation), "timeout_s": DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s}
-            for r in range(world_size)]
+             "generation": int(generation), "timeout_s": DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s,
+             "base_key": base_key} for r in range(world_size)]
 
 
 def group_inits() -> int:
@@ -226,7 +231,9 @@ def actor_update_rank(cfg: Config, run_id: str, group: dict, weights: dict, *sam
         samples: every shard's advantages output (tasks.actor.entries.advantages): fields [T, B_s, ...] as numpy arrays.
 
     Returns:
-        rank 0: {"version": v+1, "state_dict": full CPU state dict (float32 clones), "metrics": {...}};
+        rank 0: {"version": v+1, "state_dict": full CPU state dict (float32 clones), "metrics": {...}}, or with
+        frozen parameters and `group["base_key"]` partial weights (`sync_weights_rank`: "state_dict" the trainable
+        tensors, "partial": True, "base_key");
         other ranks: {"version": v+1, "rank": r, "metrics": {...}}. Metrics (train/*) are identical on all ranks
         except time/update (this rank's wall time).
 
@@ -245,17 +252,45 @@ def actor_update_rank(cfg: Config, run_id: str, group: dict, weights: dict, *sam
     metrics = run_update(cfg, st.policy, st.optimizer, data, version=int(weights["version"]),
                          behaviour=behaviour_version(weights, samples), plan=plan, rank=rank, world=world, all_reduce=_all_reduce_sum)
     st.version = int(weights["version"]) + 1
-    full = model_state(st.policy)  # a collective: every rank
+    synced = sync_weights_rank(st.policy, st.version, group.get("base_key"))  # a collective: every rank
     metrics.update({"train/actor_rebuilt": float(built and st.generation > 0), **nonfinite_metrics(samples),
                     "train/group_built": float(built), "train/group_generation": float(st.generation),
                     "train/actor_ranks": float(world), "train/grad_accum": float(plan.grad_accum),
                     "train/weight_version": float(st.version), "time/update": time.perf_counter() - t0})
     out = {"version": st.version, "metrics": metrics}
     if rank == 0:
-        out["state_dict"] = full
+        out.update(synced)
     else:
         out["rank"] = rank
     return out
+
+
+def sync_weights_rank(policy: torch.nn.Module, version: int, base_key=None) -> dict:
+    """What rank 0 hands the rollout replicas after an update of the (FSDP2-sharded) `policy`; a collective: every
+    rank calls it, rank 0 gets the weights, the other ranks {} (torch.distributed.checkpoint gathers full tensors
+    to rank 0 only).
+
+    Partial weights (tasks.weights.partial: {"version", "state_dict": the trainable tensors, "partial": True,
+    "base_key"}) when the policy ships only part of its state (its `sync_state` capability) and has frozen
+    parameters, and `base_key` (the Dask key of the generation's initial full weights; tasks.weights.KeyName or
+    str) is given: only the parameters with requires_grad are gathered from the shards
+    (`get_model_state_dict(ignore_frozen_params=True)`; frozen ones never leave their shards), then the policy's
+    `sync_state(state_dict)` picks its entries. Else full weights {"version", "state_dict": `model_state`}.
+    Whether it is partial depends on requires_grad flags and `base_key` alone, identical on every rank, so the
+    ranks always enter the same collective."""
+    sync = getattr(policy, "sync_state", None)
+    key = getattr(base_key, "key", base_key)
+    if sync is None or key is None or all(p.requires_grad for p in policy.parameters()):
+        return {"version": version, "state_dict": model_state(policy)}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    sd = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                               ignore_frozen_params=True))
+    import torch.distributed as dist
+    if dist.is_initialized() and dist.get_rank() != 0:  # gathered to rank 0 only
+        return {}
+    from tasks.weights import partial
+    part = sync({k: v.detach().to("cpu", copy=True) for k, v in sd.items()})
+    return partial(version, part, key)
 
 
 def actor_state_rank(run_id: str, cfg: Config | None = None, group: dict | None = None,

@@ -44,6 +44,8 @@ MODULES: dict[str, dict[str, str]] = {
     "cluster": {
         "local": "pipelines.clusters.local",
         "address": "pipelines.clusters.address",
+        "slurm": "pipelines.clusters.slurm",
+        "kubernetes": "pipelines.clusters.kubernetes",
     },
 }
 

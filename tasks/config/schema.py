@@ -113,6 +113,12 @@ class PolicyConfig:
     # camera images the family reads per observation ("rgb", then "wrist_rgb"; tasks.prompts.CAMERA_KEYS): an env
     # giving more (LIBERO's env.wrist_camera) is refused for it (tasks.envs.libero.checks)
     cameras: ClassVar[int] = 1
+    # the family has an offline memory plan that `cluster.gpu_memory_gib` is checked against (pi0, pi05); without
+    # one the key is not checked, said in a note (tasks.config.checks.inert.unchecked_notes)
+    memory_plan: ClassVar[bool] = False
+    # the family's rules that need its components (an env's instruction table, a checkpoint's files): functions of
+    # the whole Config raising ConfigError, run by tasks.policies.check_components (run, validate, eval, record)
+    component_checks: ClassVar[tuple] = ()
 
 
 @dataclass(frozen=True)

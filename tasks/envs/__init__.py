@@ -105,6 +105,20 @@ def store_warnings(cfg: EnvConfig, attrs: dict) -> list[str]:
     return list(fn(cfg, attrs)) if fn else []
 
 
+def missing_store_attrs(simulator: str, attrs: dict, run_env: dict | None = None) -> dict:
+    """The family attributes (`store_attrs`) a trajectory store of env family `simulator` (its `attrs`) lacks, a
+    store written before the family recorded them, each with the value its data was recorded with (hook
+    `missing_store_attrs(attrs, run_env)`; `run_env`: the saved env section of the store's run, {} for a recording;
+    ManiSkill: `robot_visual_lod` of an image store); default none. Readers refuse a store that lacks any
+    (`pipelines.upgrade.store.store_refusal`, keys only); `python -m pipelines.upgrade` adds them.
+
+    Raises:
+        ConfigError: `simulator` names no registered family.
+    """
+    fn = getattr(adapter_of(simulator), "missing_store_attrs", None)
+    return dict(fn(attrs, run_env or {})) if fn else {}
+
+
 def env_worker_memory_gib(cfg: EnvConfig, envs_per_worker: int) -> float | None:
     """Estimated peak memory (GiB) of an env worker holding `envs_per_worker` envs of cfg's simulator, the worker
     process included, where it is measured (hook `worker_memory_gib(envs_per_worker)`; LIBERO: ~2 GiB for the

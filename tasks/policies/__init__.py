@@ -97,3 +97,80 @@ def check_policy_config(cfg: PolicyConfig) -> dict | None:
     plain rules run with the config's (tasks/policies/<name>/checks.py). Raises ConfigError."""
     check = getattr(importlib.import_module(family_class("policy", cfg.name).model.split(":")[0]), "check_config", None)
     return check(cfg) if check is not None else None
+
+
+def module_prefixes(names) -> list[str]:
+    """Every prefix at a dot boundary of the parameter `names` (their modules and the names themselves), in order of
+    first appearance: what an `algorithm.lr_scale` or `policy.freeze` prefix may be (the did-you-mean's choices)."""
+    out: dict[str, None] = {}
+    for n in names:
+        parts = n.split(".")
+        for i in range(1, len(parts) + 1):
+            out.setdefault(".".join(parts[:i]))
+    return list(out)
+
+
+def prefix_hint(prefix: str, names) -> str:
+    """The did-you-mean of a parameter-name `prefix` that matches none of `names`: the modules (or names) at its
+    depth it is close to (tasks.config.did_you_mean), else "" ."""
+    from tasks.config import did_you_mean
+    depth = prefix.count(".")
+    return did_you_mean(prefix, [m for m in module_prefixes(names) if m.count(".") == depth])
+
+
+def parameter_names(cfg) -> list[str] | None:
+    """The `named_parameters()` names of the policy the whole Config `cfg` builds, offline (no weights read): the
+    family's own answer where its model class has one (`offline_parameter_names(cfg)`: pi0 / pi05 build the
+    library's model on the meta device), else the policy built on the meta device with the env's state and action
+    lengths (placeholders where they are known only once an env is built: the names do not depend on them). None when
+    the policy cannot be built offline (a ConfigError of its own keys, raised by the checks that own them)."""
+    from tasks.envs import action_dim, state_dim
+    cls = policy_class(cfg.policy.name)
+    own = getattr(cls, "offline_parameter_names", None)
+    try:
+        if own is not None:
+            return list(own(cfg))
+        num_values = cfg.policy.num_action_chunks if cfg.algorithm.spec.critic else 1
+        kwargs = {"image_size": cfg.env.image_size if cfg.env.obs_mode == "rgb" else None} \
+            if type(cfg.policy).images else {}
+        args = (cfg.policy, state_dim(cfg.env) or 8, action_dim(cfg.env) or 8, num_values)
+        try:
+            with torch.device("meta"):
+                policy = cls(*args, **kwargs)
+        except (NotImplementedError, RuntimeError):  # an initialiser without a meta kernel: built on the CPU
+            policy = cls(*args, **kwargs)
+        return [n for n, _ in policy.named_parameters()]
+    except (ConfigError, OSError, ValueError):
+        return None
+
+
+def check_lr_scale(cfg) -> None:
+    """Every `algorithm.lr_scale` prefix names parameters of the policy (`parameter_names`; at a dot boundary, as
+    tasks.actor.optim.make_optimizer matches them when the actor starts, after the cluster has).
+
+    Raises:
+        ConfigError (algorithm.lr_scale.PREFIX): a prefix under which the policy has no parameter, with close
+            matches and the policy's top modules.
+    """
+    scale = cfg.algorithm.lr_scale
+    names = parameter_names(cfg) if scale else None
+    if not names:
+        return
+    for key, value in scale.items():
+        if any(n == key or n.startswith(key + ".") for n in names):
+            continue
+        hint = prefix_hint(key, names)
+        top = sorted({".".join(n.split(".")[:2 if n.count(".") > 1 else 1]) for n in names})  # modules, not leaves
+        raise ConfigError(f"algorithm.lr_scale.{key}", value,
+                          f"no parameter of the policy.name={cfg.policy.name} policy is under {key!r} (prefixes at a "
+                          f"dot boundary); " + (f"{hint} " if hint else "") + f"its modules: {', '.join(top)}")
+
+
+def check_components(cfg) -> None:
+    """The policy's checks of a whole Config that need its components (run by pipelines.components wherever the
+    components are checked: run, validate, eval, record): the family's `component_checks` (its config class:
+    pi0 / pi05's prompt length against the env's instructions and the checkpoint's tokenizer), then
+    `check_lr_scale`. Raises ConfigError."""
+    for check in type(cfg.policy).component_checks:
+        check(cfg)
+    check_lr_scale(cfg)

@@ -431,3 +431,74 @@ def test_compose_commands_run_the_smoke_experiment(tmp_path):
     finally:
         for p in reversed(list(procs.values())):
             _stop(p)
+
+
+# ----- docker-compose.gpu.yml: the GPU worker through dask-cuda (offline: no GPU and no Docker here) -----
+
+COMPOSE_GPU = REPO / "docker-compose.gpu.yml"
+
+
+def _merge(base, override):
+    """Compose's merge of a file given after another (-f a -f b), for what these files use: mappings merged key by
+    key, anything else (a command, a list) replaced; the short `build: .` is `{context: .}`."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        out = dict(base)
+        for k, v in override.items():
+            b = out.get(k)
+            if k == "build" and isinstance(b, str):
+                b = {"context": b}
+            out[k] = _merge(b, v) if isinstance(b, dict) and isinstance(v, dict) else v
+        return out
+    return override
+
+
+def _click_parses(argv: list[str]) -> None:
+    """The worker's argv (after `dask cuda worker`) parses as dask-cuda's CLI when it is installed, else as
+    distributed's `dask worker` (every option used here exists in both: dask_cuda/cli.py mirrors them)."""
+    try:
+        from dask_cuda.cli import worker as command
+    except ImportError:
+        from distributed.cli.dask_worker import main as command
+    command.make_context("worker", list(argv), resilient_parsing=False)
+
+
+def test_gpu_override_runs_dask_cuda_worker_on_every_gpu():
+    """docker-compose.gpu.yml on top of docker-compose.yml: the GPU worker is `dask cuda worker` against the
+    scheduler with resource GPU=1 (one worker per GPU) named so that natural order is GPU order, its dashboard on
+    loopback, the driver's mounts kept, every GPU reserved through the nvidia driver; every Dask process's image
+    gets the cuda extra (one dask version), an extra that pyproject declares and the Dockerfile installs from the
+    build argument; the override adds no service and leaves the MLflow server's image alone."""
+    import tomllib
+
+    from pipelines.clusters import natural_order
+    base = yaml.safe_load(COMPOSE.read_text())
+    over = yaml.safe_load(COMPOSE_GPU.read_text())
+    assert set(over["services"]) <= set(base["services"]), set(over["services"]) - set(base["services"])
+    merged = _merge(base, over)["services"]
+    roles = {n: _role(n, s) for n, s in base["services"].items()}
+    gpu = [n for n, s in base["services"].items() if roles[n] == "worker"
+           and "GPU=1" in _argv(s["command"])[_argv(s["command"]).index("--resources") + 1]]
+    assert gpu == ["gpu-worker"], gpu
+    argv = _argv(merged["gpu-worker"]["command"])
+    assert argv[:3] == ["dask", "cuda", "worker"]
+    _click_parses(argv[3:])
+    opts = {argv[i]: argv[i + 1] for i in range(3, len(argv) - 1) if argv[i].startswith("--")}
+    assert argv[3] == "tcp://scheduler:8786" and opts["--resources"] == "GPU=1"
+    assert opts["--dashboard-address"].startswith("127.0.0.1:")
+    names = [opts["--name"]] + [f"{opts['--name']}-{i}" for i in range(12)]  # 1 GPU; 12 GPUs (dask-cuda's naming)
+    assert sorted(names[1:], key=natural_order) == names[1:]
+    driver = next(n for n, r in roles.items() if r == "driver")
+    assert set(Compose(Path("/x")).mounts(driver)) <= {tuple(str(v).split(":")[:2]) for v in
+                                                         merged["gpu-worker"].get("volumes", [])}
+    (dev,) = merged["gpu-worker"]["deploy"]["resources"]["reservations"]["devices"]
+    assert dev["driver"] == "nvidia" and "gpu" in dev["capabilities"] and dev["count"] == "all"
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    dask_services = [n for n, r in roles.items() if r in ("scheduler", "worker", "driver")]
+    for n in dask_services:
+        build = merged[n]["build"]
+        got = build["args"]["EXTRAS"].split(",")
+        assert "cuda" in got and set(got) <= set(extras) and build["context"] == ".", (n, build)
+    assert merged["mlflow"]["build"] == base["services"]["mlflow"]["build"]
+    assert any(d.startswith("dask-cuda") for d in extras["cuda"])
+    text = DOCKERFILE.read_text()
+    assert re.search(r"^ARG EXTRAS=server$", text, re.M) and '".[${EXTRAS}]"' in text

@@ -164,13 +164,25 @@ def _critic(policy: str) -> bool:
 
 def _refusal(env: str, policy: str, algorithm: str) -> str | None:
     """The key a combination is refused on, derived from what each part is: the mlp reads only the state vector (an
-    rgb env would render images for nothing), pi0 / pi05 need camera images (a state-only env); a value head that no
+    rgb env would render images for nothing), pi0 / pi05 need camera images (a state-only env) and, with the tiny
+    tokenizer, a prompt length above the longest instruction's bytes; a value head that no
     loss trains (critic-free GRPO; SFT without sft.value_coef, which none of these commands sets) is refused."""
     if policy == "mlp" and env in RGB:
         return "policy.name"
-    if OmegaConf.select(OmegaConf.load(CONF / "policy" / f"{policy}.yaml"), "policy.name") in ("pi0", "pi05") \
-            and env not in RGB:  # transformers' pi0 / pi0.5 read camera images only
-        return "env.obs_mode"
+    preset = OmegaConf.load(CONF / "policy" / f"{policy}.yaml")
+    if OmegaConf.select(preset, "policy.name") in ("pi0", "pi05"):
+        if env not in RGB:  # transformers' pi0 / pi0.5 read camera images only
+            return "env.obs_mode"
+        # without a checkpoint the tiny byte-level tokenizer spends a token per UTF-8 byte (+ BOS): an instruction
+        # longer than the preset's max_prompt_len cannot be prompted
+        from pipelines.config import compose, to_config
+        from tasks.prompts import instructions
+        cfg = to_config(compose([*ENVS[env], f"env={env}", f"policy={policy}"]), validate=False)
+        table = instructions(cfg)  # index = task_id; the env's selected tasks are prompted
+        ids = getattr(cfg.env, "task_ids", None) or range(len(table))
+        longest = max(len(table[i].encode()) for i in ids)
+        if longest + 1 > cfg.policy.max_prompt_len:
+            return "policy.max_prompt_len"
     if algorithm in ("grpo", "sft") and _critic(policy):
         return "policy.value_head"
     return None
@@ -238,6 +250,8 @@ def test_the_presets_an_unknown_key_error_offers_select_that_family():
             for preset in presets:
                 overrides = (["conf=libero_smoke"] if section == "env" and name == "libero" else
                              ["cluster.address=tcp://127.0.0.1:8786"] if preset == "address" else
+                             ["cluster.image=registry.example.com/dagrl:test", "cluster.runs_volume_claim=runs",
+                              "cluster.runs_mount_path=/", "run_root=/runs"] if preset == "kubernetes" else
                              ["env=pushcube_vla"] if name in ("pi0", "pi05") else [])  # they read images
                 cfg, _ = load_config([*overrides, f"{section}={preset}"], components=False)
                 assert type(getattr(cfg, section)) is family_class(section, name), (section, preset)

@@ -25,7 +25,8 @@ def _families_with(key: str) -> str:
 
 
 NEEDS_SFT_CHECKPOINT = ("pushcube_flow_grpo", "pushcube_flow_ppo", "pushcube_token_grpo", "libero_flow_grpo",
-                        "libero_pi0_ppo", "libero_pi05_ppo", "pushcube_pi0_grpo")  # RL from an SFT run (the pi0 / pi05 ones: a checkpoint)
+                        "libero_pi0_ppo", "libero_pi05_ppo", "libero_pi0_grpo",
+                        "pushcube_pi0_grpo")  # RL from an SFT run (the pi0 / pi05 ones: a checkpoint)
 
 
 @pytest.fixture(autouse=True)
@@ -282,8 +283,10 @@ def _fake_sft_store(path: Path, C: int = 5, image: int = 32, gripper_convention:
               "truncated": FieldSpec((), "bool"), "success": FieldSpec((), "bool"),
               "episode_id": FieldSpec((), "int64"), "episode_seed": FieldSpec((), "int64")}
     sim = "libero" if gripper_convention == "close_positive" else "maniskill"
+    lod = {"robot_visual_lod": 1.0} if sim == "maniskill" else {}  # ManiSkill's images: the original meshes
     st = TrajectoryStore.create(path, fields=fields, T=2, num_envs=2, shard_size=2,
-                                attrs={"simulator": sim, "gripper_convention": gripper_convention or "open_positive"})
+                                attrs={"simulator": sim, "gripper_convention": gripper_convention or "open_positive",
+                                       **lod})
     st.reserve(0)
     data = {k: np.zeros((2, 2, *f.shape), f.dtype) for k, f in fields.items()}
     data["trial_id"][:] = -1
@@ -766,8 +769,11 @@ def _required(name: str, sft_store) -> list[str]:
     """The keys an experiment requires on the command line (its `???` keys), as a test gives them; a recording
     writes into the test's tmp dir (its default path under runs/ may hold a user's earlier recording, refused)."""
     store = sft_store.with_name("libero_demos.zarr") if name.startswith("libero") else sft_store
+    # a random pi0 (NO_SFT) prompts with the tiny byte-level tokenizer: LIBERO's instructions take up to 90 tokens
+    # there (a checkpoint's PaliGemma tokenizer ~20, within pi0's 48; the offline prompt check refuses 48)
     return ([f"sft.store={store}"] if name.endswith("_sft") else []) + \
         ([NO_SFT] if name in NEEDS_SFT_CHECKPOINT else []) + \
+        (["policy.max_prompt_len=128"] if name.startswith("libero_pi0_") else []) + \
         ([f"record.out={sft_store.with_name(name + '.zarr')}"] if name.endswith("_record") else [])
 
 
@@ -884,13 +890,13 @@ def test_saved_configs_load_through_one_path(tmp_path):
     from pipelines.config import load_saved_config, to_yaml
     from pipelines.replay import run_env_settings
     cfg, _ = load_config(["conf=pushcube_ppo", "env.sim_backend=physx_cpu", "env.auto_reset=false"], components=False)
+    from storage.rundir import write_resolved_config
     run = tmp_path / "run"
-    run.mkdir()
-    (run / "config.yaml").write_text(to_yaml(cfg))
+    write_resolved_config(run, to_yaml(cfg))  # with its digest, as a run writes it
     assert load_saved_config(run / "config.yaml") == cfg
     env, note = run_env_settings(run / "trajectories.zarr")
     assert note is None and (env["sim_backend"], env["auto_reset"], env["ignore_terminations"]) == ("physx_cpu", False, True)
-    (run / "config.yaml").write_text(to_yaml(cfg).replace("num_envs: 32", "num_envz: 32"))
+    write_resolved_config(run, to_yaml(cfg).replace("num_envs: 32", "num_envz: 32"))
     with pytest.raises(ConfigError, match="num_envz"):
         load_saved_config(run / "config.yaml")
     env, note = run_env_settings(run / "trajectories.zarr")  # replay falls back to the defaults, with a note
@@ -898,7 +904,7 @@ def test_saved_configs_load_through_one_path(tmp_path):
 
 
 def test_sft_store_of_another_robot_visual_lod_warns_naming_the_fix(sft_store):
-    """A store recorded with the original meshes (no robot_visual_lod attr: 1.0) and an SFT run rendering its evals
+    """A store recorded with the original meshes (robot_visual_lod attr 1.0) and an SFT run rendering its evals
     at 0.1: a warning with the matching setting; the same setting: none."""
     import warnings
     with pytest.warns(UserWarning, match=r"robot_visual_lod=1\.0.*env\.robot_visual_lod=0\.1.*set env\.robot_visual_lod=1\.0"):
@@ -906,6 +912,25 @@ def test_sft_store_of_another_robot_visual_lod_warns_naming_the_fix(sft_store):
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         load_config([SFT, f"sft.store={sft_store}"], notes=[])
+
+
+def test_an_image_store_without_its_robot_visual_lod_is_refused_naming_the_upgrade(sft_store, tmp_path):
+    """An image store recorded before ManiSkill stores recorded robot_visual_lod is of an older format: refused as
+    sft.store in one line naming the store and `python -m pipelines.upgrade STORE` (never read as 1.0)."""
+    import shutil
+
+    import zarr
+    old = tmp_path / "old_demos.zarr"
+    shutil.copytree(sft_store, old)
+    g = zarr.open_group(str(old), mode="r+")
+    attrs = {k: v for k, v in g.attrs.asdict().items() if k != "robot_visual_lod"}
+    g.attrs.clear()
+    g.attrs.update({**attrs, "obs_mode": "rgb"})
+    with pytest.raises(ConfigError) as e:
+        load_config([SFT, f"sft.store={old}"], notes=[])
+    msg = str(e.value)
+    assert e.value.key == "sft.store" and "\n" not in msg
+    assert "no robot_visual_lod attribute" in msg and f"`python -m pipelines.upgrade {old}`" in msg
 
 
 @pytest.mark.parametrize("record_conf, sft_conf", [("pushcube_record", "pushcube_flow_sft"),

@@ -80,7 +80,8 @@ def test_bad_input_is_one_line_and_exit_2(words, key, tmp_path, capsys):
     (run / "checkpoints").mkdir(parents=True)
     from pipelines.config import load_config, to_yaml
     cfg, _ = load_config(["conf=smoke"], components=False)
-    (run / "config.yaml").write_text(to_yaml(cfg))
+    from storage.rundir import write_resolved_config
+    write_resolved_config(run, to_yaml(cfg))  # with its digest, as a run writes it
     from storage.checkpoints import save_checkpoint
     save_checkpoint(run, 3, {"run": {"step": 3}})
     hf = tmp_path / "hf"
@@ -110,10 +111,11 @@ def test_damaged_checkpoint_is_one_line_before_anything_starts(tmp_path, capsys)
 
     from pipelines.config import load_config, to_yaml
     from storage.checkpoints import save_checkpoint
+    from storage.rundir import write_resolved_config
     run = tmp_path / "runs" / "smoke" / "20261201-000000-abcd"
     (run / "checkpoints").mkdir(parents=True)
     cfg, _ = load_config(["conf=smoke"], components=False)
-    (run / "config.yaml").write_text(to_yaml(cfg))
+    write_resolved_config(run, to_yaml(cfg))
     ckpt = save_checkpoint(run, 3, {"run": {"step": 3}, "policy": {"w": torch.ones(64)}})
     f = ckpt / "policy.pt"
     data = bytearray(f.read_bytes())
@@ -136,8 +138,8 @@ def test_eval_of_a_run_with_a_validation_split_plays_the_eval_only(smoke_run, tm
     from pipelines.eval import eval_config
     saved = OmegaConf.load(_run_dir(smoke_run) / "config.yaml")
     saved.env.eval.val_episodes, saved.env.eval.val_seed = 200, 2_000_000
-    (tmp_path / "run").mkdir()
-    OmegaConf.save(saved, tmp_path / "run" / "config.yaml")
+    from storage.rundir import write_resolved_config
+    write_resolved_config(tmp_path / "run", OmegaConf.to_yaml(saved))
     cfg = eval_config(SimpleNamespace(hf=None, run_dir=tmp_path / "run"), ["env.eval.seed=2000000"])
     assert cfg.env.eval.seed == 2_000_000 and cfg.env.eval.val_episodes == 0
 

@@ -77,8 +77,9 @@ def test_directory_fingerprint_follows_the_content(tmp_path):
 
 
 def test_resume_compares_the_recorded_fingerprints(tmp_path):
-    """`_check_inputs` (resolve_resume): the same data passes (and a checkpoint without fingerprints adopts
-    today's); other weights at policy.model_path are refused naming the key, both fingerprints and the fix."""
+    """`_check_inputs` (resolve_resume): the same data passes (a key the run did not read before is recorded from
+    now on); other weights at policy.model_path are refused naming the key, both fingerprints and the fix. (A
+    checkpoint written before fingerprints were recorded is refused before this: tests/pipelines/test_upgrade.py.)"""
     from pipelines.runner.setup import RunState, _check_inputs, input_fingerprints
     from tasks.config import Config, ConfigError, replace_key
     hf = tmp_path / "hf"
@@ -88,7 +89,7 @@ def test_resume_compares_the_recorded_fingerprints(tmp_path):
     now = input_fingerprints(cfg)
     assert list(now) == ["policy.model_path"]
     assert _check_inputs(cfg, RunState(run_id="r", inputs=dict(now))) == now
-    assert _check_inputs(cfg, RunState(run_id="r")) == now  # written before fingerprints: adopted
+    assert _check_inputs(cfg, RunState(run_id="r")) == now  # recorded none: today's recorded from now on
     (hf / "w.bin").write_bytes(b"\x02" * 100)
     with pytest.raises(ConfigError) as err:
         _check_inputs(cfg, RunState(run_id="r", step=3, inputs=dict(now)))

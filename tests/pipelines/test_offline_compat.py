@@ -151,8 +151,8 @@ def sft_run(tmp_path_factory, recorded_store) -> Path:
     from pipelines.config import load_config, to_yaml
     cfg = load_config(["conf=pushcube_flow_sft", f"sft.store={recorded_store}"], components=False)[0]
     run = tmp_path_factory.mktemp("runs") / "pushcube_flow_sft" / "20261204-000000-abcd"
-    run.mkdir(parents=True)
-    (run / "config.yaml").write_text(to_yaml(cfg))
+    from storage.rundir import write_resolved_config
+    write_resolved_config(run, to_yaml(cfg))
     _export(cfg, run / "checkpoints" / "global_step_3" / "hf", obs_dim=35, action_dim=8)
     (run / "checkpoints" / "best").symlink_to("global_step_3")
     return run

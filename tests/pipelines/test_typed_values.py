@@ -8,6 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from pipelines.config import as_typed, load_config, load_saved_config, to_yaml
+from storage.rundir import write_resolved_config
 from tasks.config import ConfigError, config_value
 
 
@@ -50,7 +51,7 @@ def test_as_typed_quotes_only_string_keys_read_as_other_types():
 def test_a_typed_string_survives_the_saved_config(tmp_path):
     """config.yaml (resume, replay, eval) reads the string back, not the number YAML would make of it."""
     cfg, _ = load_config(["conf=smoke", "experiment=2026_12", "tracking.experiment=true"], components=False)
-    (tmp_path / "config.yaml").write_text(to_yaml(cfg))
+    write_resolved_config(tmp_path, to_yaml(cfg))
     back = load_saved_config(tmp_path / "config.yaml", validate=False)
     assert back.experiment == "2026_12" and back.tracking.experiment == "true"
 
@@ -90,6 +91,6 @@ def test_the_eval_of_a_run_keeps_typed_strings(tmp_path):
     """pipelines.eval merges its overrides into the run's config.yaml (not through Hydra's compose)."""
     from pipelines.eval import Source, eval_config
     cfg, _ = load_config(["conf=smoke"], components=False)
-    (tmp_path / "config.yaml").write_text(to_yaml(cfg))
+    write_resolved_config(tmp_path, to_yaml(cfg))
     out = eval_config(Source("run", run_dir=tmp_path), ["run_root=2026_12", "tracking.experiment=1e3"])
     assert out.run_root == "2026_12" and out.tracking.experiment == "1e3"

@@ -189,6 +189,23 @@ def test_a_config_holding_another_familys_keys_is_refused_then_upgraded(tmp_path
     assert cfg.policy.name == "mlp" and not hasattr(cfg.policy, "preset")
 
 
+def test_a_run_id_is_looked_up_under_run_root(tmp_path, capsys):
+    """`python -m pipelines.upgrade RUN_ID --run-root R` upgrades R/<experiment>/RUN_ID, as eval, replay and record
+    take run ids (storage.rundir.find_run_dir); an id that is no run is refused in one line with the close ones."""
+    from pipelines.config import load_saved_config, to_yaml
+    from storage.rundir import write_resolved_config
+    from tasks.config import Config
+    d = yaml.safe_load(to_yaml(Config()))
+    d["policy"]["preset"] = "tiny"  # a key of the older format: the upgrade drops it
+    run_dir = tmp_path / "runs" / "smoke" / "20261207-101010-abcd"
+    write_resolved_config(run_dir, yaml.safe_dump(d, sort_keys=False))
+    assert upgrade_main(["20261207-101010-abc", "--run-root", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "close matches: 20261207-101010-abcd (smoke)" in err
+    assert upgrade_main([run_dir.name, "--run-root", str(tmp_path / "runs")]) == 0
+    assert not hasattr(load_saved_config(run_dir / "config.yaml", validate=False).policy, "preset")
+
+
 def test_an_optimizer_of_another_layout_is_refused(old_run, capsys):
     """The position rule needs the run's own param groups: a checkpoint whose groups differ is not guessed at."""
     run_dir = old_run[0]
@@ -263,23 +280,26 @@ def test_upgrade_beside_a_live_driver_is_refused_and_changes_nothing(old_run, ca
 
 
 # ----- the run's trajectory store and env shard cursors ----------------------------------------------------------
-def _current_store(path: Path, steps: int = 2) -> dict:
+def _current_store(path: Path, steps: int = 2, image_size: int | None = None, attrs: dict | None = None) -> dict:
     """A store as `pipelines.run` writes it (tasks.trajectory's stored fields, the run attrs of a ManiSkill run,
     task_id 0 / trial_id -1 as the shard reports them for ManiSkill), `steps` complete steps and a half-written
-    one. Returns {field: [N, T, B, ...]} of what was written (the half-written step's unwritten shard: None)."""
+    one; `image_size`: an image store (`rgb` field, obs_mode rgb; its family attrs are `attrs`' to give). Returns
+    {field: [N, T, B, ...]} of what was written (the half-written step's unwritten shard: None)."""
     from storage.trajectories import TrajectoryStore, clear_cache, write_shard
     from tasks import trajectory
-    dims = trajectory.Dims(obs_dim=O, action_dim=D, num_action_chunks=C, num_values=1, image_size=None)
+    dims = trajectory.Dims(obs_dim=O, action_dim=D, num_action_chunks=C, num_values=1, image_size=image_size)
     fields = trajectory.zarr_schema(dims)
     st = TrajectoryStore.create(path, fields=fields, T=T, num_envs=2 * B, shard_size=B, attrs={
-        "run_id": RUN, "env_id": "PushCube-v1", "simulator": "maniskill", "obs_mode": "state",
+        "run_id": RUN, "env_id": "PushCube-v1", "simulator": "maniskill",
+        "obs_mode": "state" if image_size is None else "rgb",
         "control_mode": "pd_joint_delta_pos", "reward_mode": "normalized_dense", "base_seed": 0,
-        "gripper_convention": "open_positive"})
+        "gripper_convention": "open_positive", **(attrs or {})})
     r, written = np.random.default_rng(7), {}
     for n in range(steps + 1):
         a = st.reserve(n)
         for s in range(2 if n < steps else 1):
-            d = {k: (r.standard_normal((T, B, *f.shape)) * 3).astype(f.dtype) for k, f in fields.items()}
+            d = {k: (r.integers(0, 256, (T, B, *f.shape)) if f.dtype == "uint8"
+                     else r.standard_normal((T, B, *f.shape)) * 3).astype(f.dtype) for k, f in fields.items()}
             d["task_id"][:], d["trial_id"][:] = 0, -1
             write_shard(str(path), step=n, shard=s, data=d, attempt=a)
             written[(n, s)] = d
@@ -452,3 +472,136 @@ def test_upgrade_of_a_store_beside_a_live_owner_is_refused_and_changes_nothing(o
             _stop(holder)
     assert upgrade_main([str(record)]) == 0  # the recording, once its owner is gone
     assert f"{record} rewritten" in capsys.readouterr().out
+
+
+# ----- the three fallbacks that were read as today's: an image store's LOD, the config digest, input fingerprints -
+@pytest.mark.parametrize("where", ["recording", "run"])
+def test_an_image_store_without_its_robot_visual_lod_is_refused_then_upgraded(tmp_path, capsys, where):
+    """A ManiSkill image store written before its adapter recorded `robot_visual_lod` (tasks.envs.maniskill.adapter
+    `store_attrs`): refused where it is read (the readers' `store_refusal`; replay) in one line naming the store and
+    the upgrade, never read as 1.0; the upgrade adds what its images show (a recording: the original meshes, 1.0; a
+    run's store: its config's env.robot_visual_lod), keeps every chunk, and a second upgrade finds nothing to do."""
+    from pipelines.config import to_yaml
+    from pipelines.replay_input import ReplayInputError, open_store
+    from pipelines.upgrade.store import store_refusal
+    from storage.rundir import write_resolved_config
+    from storage.trajectories import TrajectoryStore
+    from tasks.config import Config, replace_keys
+    if where == "run":
+        target = tmp_path / "smoke" / "run-3"
+        cfg = replace_keys(Config(), {"env.obs_mode": "rgb", "env.image_size": 4, "env.robot_visual_lod": 0.1})
+        write_resolved_config(target, to_yaml(cfg))
+        store, want = target / "trajectories.zarr", 0.1
+    else:
+        target = store = tmp_path / "demos.zarr"
+        want = 1.0
+    written = _current_store(store, image_size=4)  # obs_mode rgb, no robot_visual_lod: the older format
+    line = store_refusal(store)
+    assert "\n" not in line and str(store) in line and "no robot_visual_lod attribute" in line
+    assert f"`python -m pipelines.upgrade {target}`" in line
+    with pytest.raises(ReplayInputError, match="no robot_visual_lod attribute"):
+        open_store(store)
+    capsys.readouterr()
+    assert upgrade_main([str(target)]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and f"{store} rewritten" in out[0] and "no robot_visual_lod attribute" in out[0]
+    st = TrajectoryStore.open(store)
+    assert store_refusal(store) is None and st.attrs["robot_visual_lod"] == want
+    for (n, s), d in written.items():
+        if n < 2:
+            np.testing.assert_array_equal(st.read("rgb", [n])[0][:, s * B:(s + 1) * B], d["rgb"])
+    before = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
+    assert upgrade_main([str(target)]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+    assert {p: p.read_bytes() for p in store.rglob("*") if p.is_file()} == before
+
+
+def test_a_config_without_its_digest_is_refused_then_upgraded(tmp_path, capsys):
+    """A run's config.yaml saved before the digest existed (no config.yaml.sha256): refused where it is read
+    (storage.rundir.OldRunFile) in one line naming the file and the upgrade; the upgrade writes the digest (the
+    text unchanged, the old file in the backup) and a second upgrade finds nothing to do."""
+    from pipelines.config import load_saved_config, to_yaml
+    from storage.rundir import OldRunFile, read_resolved_config
+    from tasks.config import Config, ConfigError
+    run_dir = tmp_path / "smoke" / "run-4"
+    run_dir.mkdir(parents=True)
+    text = to_yaml(Config())
+    (run_dir / "config.yaml").write_text(text)  # as a run wrote it before the digest
+    with pytest.raises(OldRunFile) as exc:
+        read_resolved_config(run_dir / "config.yaml")
+    assert "\n" not in str(exc.value) and f"`python -m pipelines.upgrade {run_dir}`" in str(exc.value)
+    with pytest.raises(ConfigError, match="older format"):
+        load_saved_config(run_dir / "config.yaml", validate=False)
+    capsys.readouterr()
+    assert upgrade_main([str(run_dir)]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "config.yaml rewritten" in out[0] and "its digest written" in out[0]
+    assert read_resolved_config(run_dir / "config.yaml") == text
+    assert (next(run_dir.glob("upgrade-backup-*")) / "config.yaml").read_text() == text
+    assert load_saved_config(run_dir / "config.yaml", validate=False) == Config()
+    assert upgrade_main([str(run_dir)]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("reads", ["weights", "nothing"])
+def test_a_checkpoint_without_input_fingerprints_is_refused_on_resume_then_records_todays(tmp_path, capsys, reads):
+    """A checkpoint whose runner state has no `inputs` (written before the run recorded the fingerprints of the
+    data it reads from outside its run dir) is refused by the resume in one line naming its meta.json and the
+    upgrade (it was adopting today's silently); a run that reads nothing records {} and is not refused. The upgrade
+    records today's fingerprints and says so in its line; the resume's checks then pass; a second upgrade finds
+    nothing to do."""
+    from pipelines.config import to_yaml
+    from pipelines.runner.setup import RunState, _check_inputs, _check_recorded_inputs, input_fingerprints, \
+        resolve_resume
+    from storage.checkpoints import save_checkpoint
+    from storage.exports import directory_fingerprint
+    from storage.rundir import write_resolved_config
+    from tasks.config import Config, ConfigError, replace_keys
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "w.bin").write_bytes(b"\x01" * 100)
+    cfg = replace_keys(Config(), {"run_root": str(tmp_path / "runs"), "runner.resume": "run-5",
+                                  "policy.model_path": str(hf) if reads == "weights" else None})
+    want = {"policy.model_path": directory_fingerprint(hf)} if reads == "weights" else {}
+    assert input_fingerprints(cfg) == want
+    run_dir = tmp_path / "runs" / "smoke" / "run-5"
+    write_resolved_config(run_dir, to_yaml(cfg))
+    runner = {"run_id": "run-5", "step": 2, "cursors": [None] * cfg.env.num_shards}  # no `inputs`
+    ckpt = save_checkpoint(run_dir, 2, {"run": {"weight_version": 2, "runner": runner}})
+    with pytest.raises(ConfigError) as exc:
+        resolve_resume(cfg)
+    msg = str(exc.value)
+    assert exc.value.key == "runner.resume" and "\n" not in msg
+    assert str(ckpt / "meta.json") in msg and "no input fingerprints" in msg
+    assert f"`python -m pipelines.upgrade {run_dir}`" in msg
+    _check_recorded_inputs("run-5", ckpt, {**runner, "inputs": {}})  # today's form of "reads nothing": not refused
+    capsys.readouterr()
+    assert upgrade_main([str(run_dir)]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and str(ckpt) in out[0] and "no input fingerprints; today's adopted" in out[0]
+    assert (f"policy.model_path: {want['policy.model_path']}" if want else "the run reads no outside data") in out[0]
+    saved = load_checkpoint(latest_checkpoint(run_dir), keys=("run",))["run"]["runner"]
+    assert saved == {**runner, "inputs": want}
+    _check_recorded_inputs("run-5", ckpt, saved)
+    assert _check_inputs(cfg, RunState(**saved)) == want
+    assert upgrade_main([str(run_dir)]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+
+
+def test_a_checkpoint_without_input_fingerprints_whose_input_is_gone_is_not_upgraded(tmp_path, capsys):
+    """Today's fingerprint of an input that is not there cannot be taken: refused in one line, nothing changed."""
+    from pipelines.config import to_yaml
+    from storage.checkpoints import save_checkpoint
+    from storage.rundir import write_resolved_config
+    from tasks.config import Config, replace_key
+    gone = tmp_path / "hf"
+    run_dir = tmp_path / "runs" / "smoke" / "run-6"
+    write_resolved_config(run_dir, to_yaml(replace_key(Config(), "policy.model_path", str(gone))))
+    save_checkpoint(run_dir, 2, {"run": {"weight_version": 2, "runner": {"run_id": "run-6", "step": 2}}})
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert upgrade_main([str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"policy.model_path={gone}, which is missing" in err
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+    assert not list(run_dir.glob("upgrade-backup-*")) and not list(run_dir.glob(".upgrade-*"))

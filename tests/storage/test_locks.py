@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from storage.locks import LockBusy, process_start, read_holders
-from storage.rundir import LOCK_FILE, lock_run_dir, lock_store, run_owner, store_lock_file, store_owner
+from storage.rundir import (LOCK_FILE, lock_run_dir, lock_store, run_owner, store_lock_file, store_owner,
+                            write_resolved_config)
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLD = r"""
@@ -65,7 +66,7 @@ def _listing(d: Path) -> dict[str, tuple[int, int]]:
 def _a_run_dir(tmp_path: Path) -> Path:
     d = tmp_path / "smoke" / "20260101-000000-beef"
     (d / "checkpoints" / "global_step_2").mkdir(parents=True)
-    (d / "config.yaml").write_text("experiment: smoke\n")
+    write_resolved_config(d, "experiment: smoke\n")
     (d / ".started").write_text("1")
     return d
 

@@ -268,11 +268,22 @@ def test_a_damaged_saved_config_is_refused_not_read_as_defaults(tmp_path, damage
         load_saved_config(path)
 
 
-def test_a_saved_config_without_a_digest_still_reads_unless_empty(tmp_path):
-    """Runs saved before the digest existed have config.yaml alone: read as before; an empty one is refused."""
-    from storage.rundir import DamagedRunFile, read_resolved_config
-    (tmp_path / "config.yaml").write_text("experiment: smoke\n")
-    assert read_resolved_config(tmp_path / "config.yaml") == "experiment: smoke\n"
-    (tmp_path / "config.yaml").write_text("\n")
+def test_a_saved_config_without_a_digest_is_refused_naming_the_upgrade(tmp_path):
+    """Runs saved before the digest existed have config.yaml alone: it cannot be verified, so it is refused (one
+    line naming the file and `python -m pipelines.upgrade RUN_DIR`, which writes the digest), by the one verified
+    read and by the loader of saved configs; an empty one is refused as empty."""
+    from pipelines.config import load_saved_config, to_yaml
+    from storage.rundir import DamagedRunFile, OldRunFile, read_resolved_config
+    from tasks.config import Config, ConfigError
+    path = tmp_path / "config.yaml"
+    path.write_text(to_yaml(Config()))
+    with pytest.raises(OldRunFile) as exc:
+        read_resolved_config(path)
+    msg = str(exc.value)
+    assert "\n" not in msg and str(path) in msg and "config.yaml.sha256" in msg
+    assert f"`python -m pipelines.upgrade {tmp_path}`" in msg
+    with pytest.raises(ConfigError, match=r"older format.*python -m pipelines\.upgrade"):
+        load_saved_config(path, validate=False)
+    path.write_text("\n")
     with pytest.raises(DamagedRunFile, match="is empty"):
-        read_resolved_config(tmp_path / "config.yaml")
+        read_resolved_config(path)

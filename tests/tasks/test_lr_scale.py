@@ -9,8 +9,8 @@ from tasks.policies import make_policy
 from tasks.actor.optim import make_optimizer, param_lr
 
 
-def _policy_and_cfg(overrides):
-    cfg = load_config(overrides)[0]
+def _policy_and_cfg(overrides, components=True):
+    cfg = load_config(overrides, components=components)[0]
     return make_policy(cfg.policy, obs_dim=5, action_dim=2, seed=0), cfg
 
 
@@ -62,9 +62,12 @@ def test_optimizer_state_of_scaled_groups_round_trips_by_name():
 
 
 def test_unknown_prefix_and_negative_factor_are_refused():
-    policy, cfg = _policy_and_cfg(["+algorithm.lr_scale={actor:0}"])  # 'actor' is no module ('actor_mean' is)
+    # 'actor' is no module ('actor_mean' is): refused offline (load_config's components) and by the actor
+    policy, cfg = _policy_and_cfg(["+algorithm.lr_scale={actor:0}"], components=False)
     with pytest.raises(ValueError, match=r"lr_scale.actor: .*actor_mean"):
         make_optimizer(cfg, policy)
+    with pytest.raises(ConfigError, match=r"algorithm.lr_scale.actor=0.0: .*did you mean .*'actor_mean'"):
+        load_config(["+algorithm.lr_scale={actor:0}"])
     with pytest.raises(ConfigError, match="algorithm.lr_scale.critic"):
         load_config(["+algorithm.lr_scale={critic:-1}"])
 
@@ -95,3 +98,45 @@ def test_lr_anneal_steps_decays_every_group_linearly_by_weight_version_and_survi
 def test_lr_anneal_steps_below_one_is_refused_naming_the_key():
     with pytest.raises(ConfigError, match="algorithm.lr_anneal_steps"):
         load_config(["algorithm.lr_anneal_steps=0"])
+
+
+# ----- the prefixes checked offline, for every policy family (tasks.policies.check_lr_scale) ---------------------
+FAMILIES = {"mlp": ["policy=mlp"], "flow_vla": ["env=pushcube_vla", "policy=flow_vla_tiny"],
+            "token_vla": ["env=pushcube_vla", "policy=token_vla_tiny"], "pi0": ["env=pushcube_vla", "policy=pi0_tiny"],
+            "pi05": ["env=pushcube_vla", "policy=pi05_tiny"]}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_familys_prefixes_are_checked_offline_against_the_built_policys_names(family):
+    """Offline (no weights, no worker), the names lr_scale is matched against are the built policy's: each top-level
+    module of the policy make_policy builds passes, a prefix one letter off is refused naming the key, the prefix
+    and the module it is close to; through load_config (the check path of run and validate) too."""
+    from tasks.envs import action_dim, state_dim
+    from tasks.policies import check_lr_scale, parameter_names
+    from tasks.config import replace_key
+    base = ["conf=smoke", *FAMILIES[family]]
+    cfg = load_config(base, components=False)[0]
+    image = cfg.env.image_size if cfg.env.obs_mode == "rgb" else None
+    policy = make_policy(cfg.policy, obs_dim=state_dim(cfg.env) or 8, action_dim=action_dim(cfg.env) or 8,
+                         **({"image_size": image} if image else {}))
+    names = [n for n, _ in policy.named_parameters()]
+    assert parameter_names(cfg) == names
+    top = sorted({n.split(".")[0] for n in names})
+    check_lr_scale(replace_key(cfg, "algorithm.lr_scale", {t: 0.5 for t in top}))
+    wrong = top[0] + "x"  # one letter off
+    with pytest.raises(ConfigError) as e:
+        check_lr_scale(replace_key(cfg, "algorithm.lr_scale", {wrong: 0.5}))
+    hint = str(e.value).split("did you mean ")[1].split("?")[0]
+    assert e.value.key == f"algorithm.lr_scale.{wrong}" and f"'{top[0]}'" in hint
+    with pytest.raises(ConfigError, match=f"algorithm.lr_scale.{wrong}="):
+        load_config([*base, f"+algorithm.lr_scale={{{wrong}: 0.5}}"])
+
+
+def test_an_empty_dict_on_the_command_line_clears_the_experiments_entries():
+    """Hydra merges a dict override into the experiment's dict; `algorithm.lr_scale={}` empties it instead (the
+    experiment's `prefix: 0.0` gone), a non-empty dict still merges, and the file's value stays without either."""
+    exp = ["conf=pushcube_flow_grpo", "policy.model_path=null"]
+    assert dict(load_config(exp, components=False)[0].algorithm.lr_scale) == {"prefix": 0.0}
+    assert dict(load_config([*exp, "algorithm.lr_scale={}"], components=False)[0].algorithm.lr_scale) == {}
+    merged = load_config([*exp, "+algorithm.lr_scale={dit: 0.5}"], components=False)[0].algorithm.lr_scale
+    assert dict(merged) == {"prefix": 0.0, "dit": 0.5}

@@ -142,3 +142,16 @@ def inert_reason(key: str, inert: list[tuple[str, str]]) -> str | None:
         if key == k or key.startswith(k + "."):
             return why
     return None
+
+
+def unchecked_notes(cfg: Config, command: str = "run") -> list[str]:
+    """Keys set for a whole cluster that this config does not read, each as one `note:` line (not refused: a
+    cluster group file or a user's habit sets them for every experiment): `cluster.gpu_memory_gib` with a policy
+    family that has no offline memory plan (`memory_plan` of its config class; pi0 and pi05 have one)."""
+    gib, p = cfg.cluster.gpu_memory_gib, cfg.policy
+    if command != "run" or gib is None or type(p).memory_plan:
+        return []
+    from tasks.config.registry import families
+    have = ", ".join(sorted(n for n, c in families("policy").items() if c.memory_plan))
+    return [f"note: cluster.gpu_memory_gib={gib} is not checked for policy.name={p.name}: that family has no offline "
+            f"memory plan (the families with one: {have})"]

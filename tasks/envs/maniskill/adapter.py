@@ -69,11 +69,24 @@ def store_attrs(cfg: EnvConfig) -> dict:
     return {"robot_visual_lod": float(cfg.robot_visual_lod)} if cfg.obs_mode == "rgb" else {}
 
 
+def missing_store_attrs(attrs: dict, run_env: dict) -> dict:
+    """What an image store (`obs_mode` rgb) written before `store_attrs` recorded `robot_visual_lod` (2026-12-02)
+    lacks, with what its images show: the LOD of its run's saved env section (`run_env`) where that has the key (the
+    config key came three minutes before the store attribute), else 1.0, the original meshes (a recording, or a run
+    before the key). {} for a state store or one that has it."""
+    if attrs.get("obs_mode") != "rgb" or "robot_visual_lod" in attrs:
+        return {}
+    return {"robot_visual_lod": float(run_env.get("robot_visual_lod", 1.0))}
+
+
 def store_warnings(cfg: EnvConfig, attrs: dict) -> list[str]:
-    """What differs, harmlessly, between a demo store's images (its `attrs`) and what cfg's envs render: the arm's
-    visual LOD (stores written before the key: the original meshes)."""
-    stored = float(attrs.get("robot_visual_lod", 1.0))
-    if cfg.obs_mode != "rgb" or stored == cfg.robot_visual_lod:
+    """What differs, harmlessly, between a demo store's images (its `attrs`, which record `robot_visual_lod`: an
+    image store without it is refused where it is read, `missing_store_attrs`) and what cfg's envs render: the arm's
+    visual LOD."""
+    if cfg.obs_mode != "rgb":
+        return []
+    stored = float(attrs["robot_visual_lod"])
+    if stored == cfg.robot_visual_lod:
         return []
     return [f"its images show the arm at robot_visual_lod={stored}, this run renders env.robot_visual_lod="
             f"{cfg.robot_visual_lod} (its evals see slightly different images: README 'Rendering cost'); set "
@@ -81,11 +94,12 @@ def store_warnings(cfg: EnvConfig, attrs: dict) -> list[str]:
 
 
 def config_from_store(attrs: dict, run_env: dict, cfg: EnvConfig) -> EnvConfig:
-    """`cfg` (rebuilt from a store's common attrs) with the robot's visual LOD of the store's images, else of the
-    run's saved env section (replay videos show the arm as the run rendered it)."""
+    """`cfg` (rebuilt from a store's common attrs) with the robot's visual LOD of the store's images (an image store
+    records it: `store_attrs`); a state store records none: the run's saved env section's (`run_env`: replay videos
+    show the arm as the run rendered its eval videos), else cfg's own (a recording: no run config)."""
     import dataclasses
-    return dataclasses.replace(cfg, robot_visual_lod=float(attrs.get("robot_visual_lod",
-                                                                     run_env.get("robot_visual_lod", 1.0))))
+    lod = attrs["robot_visual_lod"] if cfg.obs_mode == "rgb" else run_env.get("robot_visual_lod", cfg.robot_visual_lod)
+    return dataclasses.replace(cfg, robot_visual_lod=float(lod))
 
 
 def eval_params(cfg: EnvConfig) -> dict:

@@ -2,6 +2,8 @@
 value-dependent inert keys."""
 from __future__ import annotations
 
+import functools
+
 from tasks.config.errors import ConfigError
 from tasks.policies.pi0.memory import check_memory_plan, check_training_keys
 
@@ -60,4 +62,58 @@ def inert_keys(cfg, command: str, cuda_count: int = 0) -> list[tuple[str, str]]:
     return out
 
 
+def offline_processor(p):
+    """The processor policy config `p` (pi0 / pi05) prompts with, built offline: `model_path`'s (its tokenizer files,
+    read locally) or, for a preset, the tiny tokenizer's at the preset's image size (tasks.policies.pi0.model does
+    the same). None when `model_path` holds no processor of this family (the model_path check names that)."""
+    return _processor(p.name, p.model_path, p.preset)
+
+
+@functools.lru_cache(maxsize=8)
+def _processor(family: str, model_path: str | None, preset: str):
+    from tasks.policies.pi0 import library, processor as proc
+    if model_path:
+        try:
+            library.directory_config(family, model_path)
+            return proc.load_processor(family, model_path)
+        except (OSError, ValueError):
+            return None
+    vision = library.preset_config(family, preset, chunk_size=1, num_steps=1).vlm_config.vision_config
+    return proc.processor_class(family)(image_processor=proc.image_processor(vision.image_size, vision.patch_size),
+                                        tokenizer=proc.tiny_tokenizer())
+
+
+def check_prompt_length(cfg) -> None:
+    """`policy.max_prompt_len` holds the longest prompt the family's processor builds for the env's tasks (a
+    component check: it reads the env's instruction table, LIBERO's from its installed suite, and a checkpoint's
+    tokenizer files): BOS, the task text and, for pi05, the state discretised into the prompt (the env's state
+    length when known offline, else the checkpoint's statistics'; unknown: the text alone, a lower bound, and the
+    policy refuses a longer prompt when it first builds one).
+
+    Raises:
+        ConfigError (policy.max_prompt_len): the tokens the longest prompt needs, its task, and that length as the fix.
+    """
+    from tasks.envs import eval_task_names, num_cameras, state_dim
+    from tasks.policies.pi0.processor import longest_prompt
+    from tasks.prompts import instructions
+    p = cfg.policy
+    processor = offline_processor(p)
+    if processor is None:
+        return
+    table = instructions(cfg)
+    chosen = [int(t) for t in eval_task_names(cfg.env)] or range(len(table))  # the selected tasks (LIBERO)
+    dims = state_dim(cfg.env)
+    if dims is None and p.model_path:
+        stats = processor.state_mean if processor.state_mean is not None else getattr(processor, "state_q01", None)
+        dims = len(stats) if stats is not None else None
+    cams = min(max(num_cameras(cfg.env), 1), type(p).cameras)
+    need, text = longest_prompt(processor, [table[t] for t in chosen], num_cameras=cams, state_dim=dims)
+    if need > p.max_prompt_len:
+        state = f" and the {dims}-D state discretised" if processor.state_in_prompt and dims else ""
+        raise ConfigError("policy.max_prompt_len", p.max_prompt_len,
+                          f"the {p.name} processor's prompt for the task {text!r} (BOS, its text{state}) takes {need} "
+                          f"tokens after the image tokens: use policy.max_prompt_len={need} (or more)")
+
+
 CHECKS = (check_pi0, check_training_keys, check_memory_plan)
+COMPONENT_CHECKS = (check_prompt_length,)  # run where the components are checked (tasks.policies.check_components)

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from tasks.config.registry import register_family
 from tasks.config.schema import PolicyConfig
-from tasks.policies.pi0.checks import CHECKS, inert_keys
+from tasks.policies.pi0.checks import CHECKS, COMPONENT_CHECKS, inert_keys
 
 
 # policy.lora_targets' default (tasks.policies.pi0.lora)
@@ -42,4 +42,7 @@ class PI0PolicyConfig(PolicyConfig):
     model: ClassVar[str] = "tasks.policies.pi0.model:PI0Policy"
     images: ClassVar[bool] = True
     cameras: ClassVar[int] = 2  # "rgb" and "wrist_rgb" (pixel_attention_mask marks the ones an env gives)
+    memory_plan: ClassVar[bool] = True  # cluster.gpu_memory_gib is checked against tasks.policies.pi0.memory's plan
+    # rules that read the env's instructions and a checkpoint's tokenizer (tasks.policies.check_components)
+    component_checks: ClassVar[tuple] = COMPONENT_CHECKS
     inert_keys = staticmethod(inert_keys)

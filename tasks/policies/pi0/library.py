@@ -72,6 +72,15 @@ def directory_config(family: str, path: str | Path):
     return config_class(family).from_pretrained(str(path), local_files_only=True)
 
 
+def offline_config(p):
+    """The transformers config the policy config `p` (pi0 / pi05) builds, read offline: `model_path`'s config.json
+    or the preset (parameter counts do not depend on the tokenizer: the published vocabulary). Raises as
+    `directory_config` / `preset_config`."""
+    if p.model_path:
+        return directory_config(p.name, p.model_path)
+    return preset_config(p.name, p.preset, chunk_size=p.num_action_chunks, num_steps=p.num_denoise_steps)
+
+
 @contextlib.contextmanager
 def no_progress_bars():
     """transformers' progress bars off inside the block (its "Loading weights" / "Writing model shards" bars would

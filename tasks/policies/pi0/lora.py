@@ -33,11 +33,12 @@ Weight sync: with frozen parameters, an update changes only the trainable ones. 
 of the trainable parameters (adapters + heads), `load_sync_state` loads them into a replica that holds the same frozen
 weights (strict about names and shapes): pi0 base in float32, 14,008 MB full vs 108 MB at rank 16 (+ the heads);
 full fine-tuning ships 12,955 MB (the unused expert embedding, 1,053 MB, frozen: `UNUSED`). The policy's
-`sync_state()` / `load_sync_state()` methods expose them to the one-rank actor (`Actor.sync_weights`: partial
-weights on top of the init's full weights, tasks.weights); rank 0 of the distributed update still returns full state
-dicts, and checkpoints and exports stay full. `merged_state_dict` folds the adapters into the base
-weights under the library's own key names (what plain `transformers` `from_pretrained` loads; the family's
-`save_pretrained` writes it), `load_base_state` loads such a plain state dict into an adapted model.
+`sync_state()` / `load_sync_state()` methods expose them to the actor (`Actor.sync_weights`, and on R FSDP ranks
+`tasks.actor.distributed.sync_weights_rank`, which gathers only the trainable tensors from the shards): partial
+weights on top of the init's full weights, tasks.weights; checkpoints and exports stay full. `merged_state_dict`
+folds the adapters into the base weights under the library's own key names (what plain `transformers`
+`from_pretrained` loads; the family's `save_pretrained` writes it), `load_base_state` loads such a plain state dict
+into an adapted model.
 """
 from __future__ import annotations
 
@@ -217,10 +218,11 @@ def trainable_names(policy: torch.nn.Module) -> list[str]:
 
 def sync_state(policy: torch.nn.Module, state_dict: Mapping[str, torch.Tensor] | None = None) -> dict:
     """The entries of the policy's state dict an update can change: the trainable parameters (LoRA: adapters and
-    the policy's heads; full fine-tuning: every parameter). `state_dict`: a full state dict of `policy` already taken
-    (e.g. `tasks.actor.state.model_state` of an FSDP2 policy, whose names are the plain module's); default the
-    policy's own (detached CPU copies). Frozen parameters and buffers are left out: a replica holds them from its
-    first full load and no update changes them."""
+    the policy's heads; full fine-tuning: every parameter). `state_dict`: a state dict of `policy` already taken that
+    holds at least those entries (a full one, or the trainable tensors gathered from an FSDP2 policy's shards, whose
+    names are the plain module's: tasks.actor.distributed.sync_weights_rank); default the policy's own (detached CPU
+    copies). Frozen parameters and buffers are left out: a replica holds them from its first full load and no
+    update changes them. Raises KeyError when `state_dict` lacks a trainable parameter."""
     names = trainable_names(policy)
     if state_dict is None:
         sd = policy.state_dict()

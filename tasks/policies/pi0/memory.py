@@ -1,7 +1,10 @@
 """The offline memory plan of a pi0 / pi05 policy per actor GPU, its family check against `cluster.gpu_memory_gib`,
 and the rules of the training keys (policy.lora_*, freeze, gradient_checkpointing: tasks.policies.pi0.lora).
 
-The plan (bytes on one actor GPU during the update; GiB = 2^30 bytes), for P parameters of which T train, over R
+The plan (bytes on one actor GPU during the update; GiB = 2^30 bytes), for P parameters of which T train (what
+the runtime's rule leaves trainable, tasks.policies.pi0.lora.set_trainable applied to the meta-device model: LoRA's
+adapters or every parameter, less those under a `policy.freeze` prefix and pi0's never-used expert token embedding,
+`lora.UNUSED`: 263 M of pi0 base's 3.5 B), over R
 FSDP2 ranks (`algorithm.num_actor_ranks`), micro-batch M (`tasks.config.batch.batch_plan`; SFT: sft.batch_size / R):
   weights      4 P / R            float32 master weights (the actor keeps fp32; bf16 is autocast), sharded
   gathered     4 (2 L + E)        R > 1 only: FSDP2's all-gathered units, the largest decoder layer L twice (the one
@@ -76,32 +79,26 @@ def check_training_keys(cfg) -> None:
 
 
 def _check_names(p) -> None:
-    """`policy.lora_targets` and `policy.freeze` name modules of the model the config builds: checked on the library
-    model built on the meta device (as the policy holds it: `hf.<name>`; the RL heads `value_head`, `noise_head`).
-    Raises ConfigError naming the key, the entry that matches nothing and the top modules to use."""
-    import torch
-
-    from tasks.policies.pi0 import library
-    from tasks.policies.pi0.lora import lora_target_names
-    from tasks.policies.pi0.model import HEAD_PREFIXES  # the policy's own modules beside `hf`
-    heads = tuple(h.rstrip(".") for h in HEAD_PREFIXES)
+    """`policy.lora_targets` and `policy.freeze` name modules of the model the config builds: checked on the policy's
+    parameter layout built on the meta device (tasks.policies.pi0.names: `hf.<name>` and the RL heads `value_head`,
+    `noise_head` as this config has them). Raises ConfigError naming the key, the entry that matches nothing, close
+    matches and the top modules to use."""
+    from tasks.policies import prefix_hint
+    from tasks.policies.pi0.names import meta_policy
     try:
         conf = library_config(p)
     except (OSError, ValueError):  # not a checkpoint of this family: the model_path check names that (components)
         return
-    with torch.device("meta"):
-        model = library.model_class(p.name)(conf)
-    if p.lora_rank:
-        lora_target_names(model, p.lora_targets)  # raises for a pattern matching no Linear module
-    names = ["hf." + n for n, _ in model.named_parameters()]
+    names = [n for n, _ in meta_policy(p, conf, freeze=()).named_parameters()]  # LoRA targets: ConfigError here
     for pre in p.freeze:
         pre = str(pre)
-        if pre.split(".")[0] in heads or any(n == pre or n.startswith(pre + ".") for n in names):
+        if any(n == pre or n.startswith(pre + ".") for n in names):
             continue
-        top = sorted({".".join(n.split(".")[:3]) for n in names} | set(heads))
+        hint = prefix_hint(pre, names)
+        top = sorted({".".join(n.split(".")[:3]) for n in names})
         raise ConfigError("policy.freeze", list(p.freeze),
-                          f"no parameter of the {p.name} policy is under {pre!r} (prefixes at a dot boundary); its "
-                          f"modules: {top}")
+                          f"no parameter of the {p.name} policy is under {pre!r} (prefixes at a dot boundary); "
+                          + (f"{hint} " if hint else "") + f"its modules: {top}")
 
 
 # ---------------------------------------------------------------- the model's shape, from its library config
@@ -158,33 +155,35 @@ def _has_state_token(hf_config) -> bool:
     return type(hf_config).__name__ == "PI0Config"
 
 
-def model_shape(hf_config, *, lora_rank: int = 0, lora_targets=(), heads: int = 0, num_cameras: int, prompt_len: int,
-                expert_passes: int, elem_bytes: int, checkpointing: bool) -> ModelShape:
+def model_shape(hf_config, *, lora_rank: int = 0, lora_targets=(), freeze=(), heads: int = 0, num_cameras: int,
+                prompt_len: int, expert_passes: int, elem_bytes: int, checkpointing: bool) -> ModelShape:
     """The ModelShape of the library model of `hf_config`, built on the meta device (no memory, < 1 s for base):
-    parameters counted from the module; with `lora_rank` > 0 the trainable ones are the adapters of the Linear modules
-    `lora_targets` match (r (in + out) each: tasks.policies.pi0.lora) plus `heads` (the policy's own heads), else
-    every parameter plus `heads`. Raises ConfigError (policy.lora_targets) for a pattern matching nothing."""
-    P, L, E, A = _counts(type(hf_config).__name__, hf_config.to_json_string(), int(lora_rank), tuple(lora_targets))
-    P, E = P + heads, E + heads
-    T = (A if lora_rank else P) + (heads if lora_rank else 0)
+    parameters counted from the module, plus `heads` (the policy's own heads, trainable); the trainable ones are
+    those the runtime's rule leaves trainable (tasks.policies.pi0.lora.set_trainable, applied to the meta model by
+    tasks.policies.pi0.names): with `lora_rank` > 0 the adapters of the Linear modules `lora_targets` match (r (in +
+    out) each), else every parameter; less those under a `freeze` prefix (the policy's names: `hf.<name>`) and the
+    parameters the library's forward never uses (lora.UNUSED: pi0's expert token embedding), which get no gradient
+    and no optimizer state. Raises ConfigError (policy.lora_targets / policy.freeze) for an entry matching nothing."""
+    from tasks.policies.pi0.names import _meta_policy
+    name, text = type(hf_config).__name__, hf_config.to_json_string()
+    P, L, E, A = _counts(name, text, int(lora_rank), tuple(lora_targets))
+    hf_freeze = tuple(str(f) for f in freeze if str(f) == "hf" or str(f).startswith("hf."))  # the heads: `heads`
+    meta = _meta_policy(name, text, int(lora_rank), 16.0, tuple(lora_targets) if lora_rank else (), hf_freeze,
+                        "mean_token", False, False)
+    T = sum(q.numel() for q in meta.hf.parameters() if q.requires_grad) + heads
     kw = dict(num_cameras=num_cameras, prompt_len=prompt_len, expert_passes=expert_passes, elem_bytes=elem_bytes)
-    return ModelShape(P, T, L, E, activation_bytes(hf_config, checkpointing=False, **kw),
+    return ModelShape(P + heads, T, L, E + heads, activation_bytes(hf_config, checkpointing=False, **kw),
                       activation_bytes(hf_config, checkpointing=True, **kw))
 
 
 @functools.lru_cache(maxsize=16)
 def _counts(cls_name: str, config_json: str, lora_rank: int, lora_targets: tuple) -> tuple[int, int, int, int]:
     """(parameters, largest decoder layer's, those outside decoder layers, LoRA adapter parameters) of the library
-    model of a config (its class name and JSON), built on the meta device; cached (the refusal tries its fixes)."""
-    import json
-
-    import torch
-    import transformers
-
+    model of a config (its class name and JSON), built on the meta device (tasks.policies.pi0.names, shared with
+    the trainable count); cached (the refusal tries its fixes)."""
     from tasks.policies.pi0.lora import decoder_layers, lora_target_names
-    config = getattr(transformers, cls_name)(**json.loads(config_json))
-    with torch.device("meta"):
-        model = getattr(transformers, cls_name.replace("Config", "ForConditionalGeneration"))(config)
+    from tasks.policies.pi0.names import _meta_policy
+    model = _meta_policy(cls_name, config_json, 0, 16.0, (), (), "mean_token", False, False).hf  # no adapters
     P = sum(p.numel() for p in model.parameters())
     A = 0
     if lora_rank:
@@ -277,12 +276,9 @@ def replica_shares_actor_gpu(placement: dict) -> bool:
 
 
 def library_config(p):
-    """The transformers config the policy config `p` builds (tasks.policies.pi0.library): `model_path`'s config.json
-    (read offline) or the preset (parameter counts do not depend on the tokenizer: the published vocabulary)."""
-    from tasks.policies.pi0 import library
-    if p.model_path:
-        return library.directory_config(p.name, p.model_path)
-    return library.preset_config(p.name, p.preset, chunk_size=p.num_action_chunks, num_steps=p.num_denoise_steps)
+    """The transformers config the policy config `p` builds (tasks.policies.pi0.library.offline_config)."""
+    from tasks.policies.pi0.library import offline_config
+    return offline_config(p)
 
 
 def micro_batch(cfg) -> int:
@@ -321,8 +317,8 @@ def config_plan(cfg, **over) -> MemoryPlan:
     rank = over.get("lora_rank", p.lora_rank)
     ckpt = over.get("checkpointing", p.gradient_checkpointing)
     elem = 2 if p.dtype == "bfloat16" else 4
-    shape = model_shape(library_config(p), lora_rank=rank, lora_targets=p.lora_targets, num_cameras=NUM_CAMERAS,
-                        prompt_len=p.max_prompt_len,
+    shape = model_shape(library_config(p), lora_rank=rank, lora_targets=p.lora_targets, freeze=p.freeze,
+                        num_cameras=NUM_CAMERAS, prompt_len=p.max_prompt_len,
                         expert_passes=p.num_denoise_steps if a.spec.estimator else 1, elem_bytes=elem,
                         checkpointing=ckpt)
     shares = replica_shares_actor_gpu(cfg.cluster.component_placement) and bool(a.spec.rollout)
@@ -346,6 +342,10 @@ def check_memory_plan(cfg) -> None:
     if not cap > 0:
         raise ConfigError("cluster.gpu_memory_gib", cap, "must be > 0 (GiB of one GPU), or null to skip the memory plan")
     p, a = cfg.policy, cfg.algorithm
+    try:
+        library_config(p)
+    except (OSError, ValueError):  # not a checkpoint of this family: the model_path check names that (components)
+        return
     plan = config_plan(cfg)
     if plan.total <= cap * GIB:
         return

@@ -123,6 +123,14 @@ class PI0Policy(nn.Module):
         from tasks.policies.pi0.lora import configure_training
         configure_training(self, self.hf, cfg)  # lora_*, freeze, gradient_checkpointing (tasks.policies.pi0.lora)
 
+    @classmethod
+    def offline_parameter_names(cls, cfg) -> list[str]:
+        """The `named_parameters()` names of the policy Config `cfg` builds, offline (tasks.policies.pi0.names: the
+        library's model on the meta device, LoRA applied, beside the heads): what tasks.policies.check_lr_scale reads.
+        Raises ConfigError / OSError / ValueError as tasks.policies.pi0.names.meta_policy."""
+        from tasks.policies.pi0.names import parameter_names
+        return parameter_names(cfg)
+
     @staticmethod
     def _pad_dim(lib_cfg) -> int:
         """The processor's `max_state_dim`: pi0 pads the state to it; PI05Processor pads actions to it (pi05's
@@ -190,10 +198,12 @@ class PI0Policy(nn.Module):
         except ValueError:  # prompts of several lengths above max_length: no tensor of one length
             enc = None
         if enc is None or enc["input_ids"].shape[1] != length:
+            from tasks.policies.pi0.processor import longest_prompt  # any state of these tasks fits that length
+            need, _ = longest_prompt(self.processor, texts, num_cameras=len(cams), state_dim=state.shape[-1])
             raise ConfigError("policy.max_prompt_len", self.cfg.max_prompt_len,
                               "a prompt the processor built (BOS, the task text" +
                               (", the discretised state" if not self.state_input else "") +
-                              ") is longer: raise it")
+                              f") is longer: use policy.max_prompt_len={need} (or more)")
         dev, dtype = self.hf.action_out_proj.weight.device, self.hf.action_out_proj.weight.dtype
         out = {k: v.to(dev) for k, v in enc.items()}
         out["pixel_values"] = out["pixel_values"].to(dtype)
@@ -239,14 +249,16 @@ class PI0Policy(nn.Module):
         from tasks.policies.pi0.lora import decoder_layers
         return decoder_layers(self.hf)
 
-    def sync_state(self) -> dict[str, torch.Tensor] | None:
+    def sync_state(self, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor] | None:
         """What a weight sync ships (tasks.weights' partial weights): CPU copies of the trainable parameters
         (tasks.policies.pi0.lora.sync_state: LoRA adapters and the heads, or everything but `policy.freeze` and the
-        unused expert embedding), or None when nothing is frozen (the full state dict is shipped)."""
+        unused expert embedding), or None when nothing is frozen (the full state dict is shipped). `state_dict`:
+        the entries to pick them from, already gathered (the sharded actor's trainable tensors:
+        tasks.actor.distributed.sync_weights_rank); default this module's own."""
         from tasks.policies.pi0.lora import sync_state
         if all(p.requires_grad for p in self.parameters()):
             return None
-        return sync_state(self)
+        return sync_state(self, state_dict)
 
     def load_sync_state(self, state: dict[str, torch.Tensor]) -> None:
         """Load a `sync_state` on top of the frozen weights this replica holds (tasks.policies.pi0.lora.

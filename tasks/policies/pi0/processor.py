@@ -131,3 +131,32 @@ def unnormalize_actions(processor, x: torch.Tensor) -> torch.Tensor:
     mean = torch.tensor(processor.actions_mean, dtype=x.dtype, device=x.device)
     std = torch.tensor(processor.actions_std, dtype=x.dtype, device=x.device)
     return x * (std + 1e-8) + mean
+
+
+def longest_prompt(processor, texts, *, num_cameras: int, state_dim: int | None) -> tuple[int, str]:
+    """(tokens, text): the most tokens after the image tokens of the prompts `processor` builds (its own
+    `build_prompts` and tokenizer, as its `__call__` does: BOS, the task text; pi05's ", State: ..." too) for `texts`
+    (strings) with `num_cameras` cameras, and the text that gives them. pi05's state (`state_dim` dims; None: not
+    known, left out, so the count is a lower bound) is taken at the 256-bin value whose text spends the most tokens,
+    in every dimension (PI05Processor.build_prompts: bucketize(v, linspace(-1, 1, 257)[:-1], right=True) - 1, values
+    -1..255): exact for the tiny byte-level tokenizer and for tokenizers that split digits (Gemma's)."""
+    texts = list(dict.fromkeys(texts))
+    images = [[None] * num_cameras] * len(texts)
+    skip = num_cameras * processor.image_seq_length
+
+    def counts(prompts: list[str]) -> list[int]:
+        return [len(ids) - skip for ids in processor.tokenizer(prompts)["input_ids"]]
+
+    state = None
+    if state_dim and getattr(processor, "state_in_prompt", False):
+        edges = torch.linspace(-1, 1, 256 + 1)[:-1]  # bin b >= 0 starts at edges[b]; below -1: bin -1
+        values = [-2.0] + edges.tolist()  # the normalised values of bins -1, 0, ..., 255
+        longest = texts[max(range(len(texts)), key=lambda i: counts(processor.build_prompts(
+            [texts[i]], images[:1], None))[0])]
+        per_bin = counts(processor.build_prompts([longest] * len(values), [images[0]] * len(values),
+                                                 torch.tensor(values)[:, None].repeat(1, state_dim)))
+        worst = values[max(range(len(values)), key=per_bin.__getitem__)]
+        state = torch.full((len(texts), state_dim), worst)
+    n = counts(processor.build_prompts(texts, images, state))
+    i = max(range(len(texts)), key=n.__getitem__)
+    return n[i], texts[i]

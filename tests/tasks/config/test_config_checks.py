@@ -79,3 +79,18 @@ def test_checks_that_need_several_sections_are_config_check_across():
     check_algorithm(cfg.algorithm)
     with pytest.raises(ConfigError, match="algorithm.critic_lr"):
         check_config(cfg)
+
+
+def test_gpu_memory_gib_without_a_memory_plan_is_a_note_not_a_refusal():
+    """cluster.gpu_memory_gib is checked against the families that declare a memory plan (pi0, pi05); for the others
+    it is said in one note line (a cluster-wide setting is not refused), and not said when unset or not training."""
+    from tasks.config import family_class
+    from tasks.config.checks.inert import unchecked_notes
+    cluster = family_class("cluster", "local")
+    mlp = Config(cluster=cluster(gpu_memory_gib=80))
+    notes = unchecked_notes(mlp)
+    assert len(notes) == 1 and notes[0].startswith("note: cluster.gpu_memory_gib=80")
+    assert "policy.name=mlp" in notes[0] and "pi0, pi05" in notes[0] and "\n" not in notes[0]
+    assert unchecked_notes(Config()) == [] and unchecked_notes(mlp, "record") == []
+    pi0 = Config(policy=family_class("policy", "pi0")(), cluster=cluster(gpu_memory_gib=80))
+    assert unchecked_notes(pi0) == []

@@ -95,7 +95,7 @@ def test_eval_params_and_store_warnings_read_only_the_familys_keys():
     assert E.eval_params(ms) == {"env.robot_visual_lod": 0.25}
     assert E.store_attrs(ms) == {"robot_visual_lod": 0.25}
     assert E.store_warnings(ms, E.store_attrs(ms)) == []  # a store of the same LOD: nothing to say
-    (w,) = E.store_warnings(ms, {})  # a store before the attr: the original meshes (1.0)
+    (w,) = E.store_warnings(ms, {"robot_visual_lod": 1.0})  # a store recorded with the original meshes
     assert "robot_visual_lod=1.0" in w and "set env.robot_visual_lod=1.0" in w
     assert E.store_warnings(dataclasses.replace(ms, obs_mode="state"), {}) == []  # no images, nothing differs
     lib = LiberoEnvConfig(env_id="libero_spatial", task_ids=[3, 1], num_trials=2)
@@ -122,8 +122,30 @@ def test_a_store_rebuilds_the_config_of_its_family():
                      reward_mode="normalized_dense")
     ms = E.config_from_store("maniskill", {"robot_visual_lod": 0.5}, {"robot_visual_lod": 0.1}, ms_common)
     assert isinstance(ms, ManiSkillEnvConfig) and ms.robot_visual_lod == 0.5  # the images' LOD over the run's
-    assert E.config_from_store("maniskill", {}, {"robot_visual_lod": 0.1}, ms_common).robot_visual_lod == 0.1
-    assert E.config_from_store("maniskill", {}, {}, ms_common).robot_visual_lod == 1.0
+    # a state store records no LOD: the run's (its replay videos show the arm as the run rendered it), else the
+    # family's default (a recording has no run config)
+    state_common = {**ms_common, "obs_mode": "state"}
+    assert E.config_from_store("maniskill", {}, {"robot_visual_lod": 0.1}, state_common).robot_visual_lod == 0.1
+    assert E.config_from_store("maniskill", {}, {}, state_common).robot_visual_lod \
+        == ManiSkillEnvConfig().robot_visual_lod
+    with pytest.raises(KeyError):  # an image store without it is of an older format: refused before this is asked
+        E.config_from_store("maniskill", {}, {"robot_visual_lod": 0.1}, ms_common)
+
+
+def test_a_family_says_which_store_attrs_an_older_store_lacks():
+    """`missing_store_attrs`: an image store of ManiSkill records `robot_visual_lod` (what its images show of the
+    arm); one written before the attribute lacks it, valued as recorded: its run's env.robot_visual_lod where the
+    run's config has it, else the original meshes (1.0). A state store, one that has it, or a family without the
+    hook (LIBERO) lacks nothing."""
+    rgb = {"simulator": "maniskill", "obs_mode": "rgb"}
+    assert E.missing_store_attrs("maniskill", rgb) == {"robot_visual_lod": 1.0}
+    assert E.missing_store_attrs("maniskill", rgb, {"robot_visual_lod": 0.1}) == {"robot_visual_lod": 0.1}
+    today = {**rgb, **E.store_attrs(ManiSkillEnvConfig(obs_mode="rgb", robot_visual_lod=0.25))}
+    assert E.missing_store_attrs("maniskill", today, {"robot_visual_lod": 0.1}) == {}
+    assert E.missing_store_attrs("maniskill", {**rgb, "obs_mode": "state"}) == {}
+    assert E.missing_store_attrs("libero", {"simulator": "libero", "obs_mode": "rgb"}) == {}
+    with pytest.raises(ConfigError, match="env.simulator"):
+        E.missing_store_attrs("mujoco", rgb)
 
 
 def test_the_family_rules_run_with_every_config_check():

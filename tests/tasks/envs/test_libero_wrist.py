@@ -22,8 +22,8 @@ def test_a_family_reading_one_camera_is_refused_naming_env_wrist_camera():
     assert "flow_vla" in str(e.value) and "wrist_camera=false" in str(e.value)
     with pytest.raises(ConfigError, match="env.wrist_camera"):
         _load("conf=libero_smoke", "env.wrist_camera=true", "env.obs_mode=state", "policy=mlp")
-    # pi0 declares two cameras: the LIBERO PPO confs validate (offline, no checkpoint, CPU)
-    for conf in ("libero_pi0_ppo", "libero_pi05_ppo"):
+    # pi0 declares two cameras: the LIBERO RL confs validate (offline, no checkpoint, CPU)
+    for conf in ("libero_pi0_ppo", "libero_pi05_ppo", "libero_pi0_grpo"):
         cfg = _load(f"conf={conf}", "policy.model_path=null", "policy.device=cpu", "policy.dtype=float32")
         assert cfg.env.wrist_camera and type(cfg.policy).cameras == 2
 

@@ -57,7 +57,9 @@ def test_model_shape_counts_equal_the_real_modules():
     torch.manual_seed(0)
     real = transformers.PI0ForConditionalGeneration(c)
     shape = memory.model_shape(c, num_cameras=1, prompt_len=4, expert_passes=1, elem_bytes=4, checkpointing=False)
-    assert shape.params == shape.trainable == sum(p.numel() for p in real.parameters())
+    assert shape.params == sum(p.numel() for p in real.parameters())
+    # full fine-tuning trains all but the expert's token embedding, which the forward never uses (lora.UNUSED)
+    assert shape.trainable == shape.params - real.model.dit.embed_tokens.weight.numel()
     layer = real.model.vlm.language_model.layers[0]
     assert shape.largest_layer == sum(p.numel() for p in layer.parameters())  # the Gemma layer is the widest here
     in_layers = {id(p) for m in real.modules() if hasattr(m, "self_attn") and hasattr(m, "mlp") for p in m.parameters()}
@@ -173,6 +175,39 @@ def test_base_accepted_with_lora_or_more_ranks_or_a_bigger_gpu(family):
     memory.check_memory_plan(replace(more, algorithm=replace(more.algorithm, num_actor_ranks=2)))
     memory.check_memory_plan(base_config(140, family))  # an H200
     memory.check_memory_plan(base_config(None, family))  # not declared: not checked
+
+
+@pytest.mark.parametrize("family, kw", [("pi0", {}), ("pi05", {}), ("pi0", {"freeze": ["hf.model.vlm.vision_tower"]}),
+                                        ("pi05", {"freeze": ["hf.model.vlm", "value_head"]}),
+                                        ("pi0", {"lora_rank": 4, "freeze": ["hf.model.dit"]})])
+def test_grads_and_adam_count_what_the_built_policy_trains(family, kw):
+    """The plan's grads (4 T) and Adam states (8 T) count the library model's parameters that the built policy
+    leaves trainable (requires_grad after tasks.policies.pi0.lora.configure_training: `policy.freeze`'s prefixes,
+    LoRA's frozen base, pi0's never-used expert embedding out); its weights (4 P) every base parameter."""
+    from tasks.policies import make_policy
+    p = family_class("policy", family)(preset="tiny", num_action_chunks=4, num_denoise_steps=2, **kw)
+    policy = make_policy(p, obs_dim=9, action_dim=7, image_size=32)
+    T = sum(q.numel() for q in policy.hf.parameters() if q.requires_grad)
+    P = sum(q.numel() for n, q in policy.hf.named_parameters() if not lora.is_adapter(n))
+    plan = memory.config_plan(Config(policy=p))
+    assert (plan.grads, plan.optimizer, plan.weights) == (4 * T, 8 * T, 4 * P)
+    if not kw:  # full fine-tuning: everything but pi0's expert token embedding (pi05's expert has none)
+        unused = sum(q.numel() for q in lora.unused_parameters(policy.hf))
+        assert T == P - unused and (unused > 0) == (family == "pi0")
+
+
+def test_a_freeze_list_lowers_the_base_plan_by_the_frozen_parameters_grads_and_adam():
+    """pi0 base: freezing the vision tower takes its parameters' 4 + 8 bytes each (grads, Adam) off one rank's plan;
+    the expert embedding (257,152 x 1,024) is never counted as trainable."""
+    full = memory.config_plan(base_config(None))
+    frozen = memory.config_plan(base_config(None, freeze=["hf.model.vlm.vision_tower"]))
+    with torch.device("meta"):
+        hf = transformers.PI0ForConditionalGeneration(library.preset_config("pi0", "base", chunk_size=50, num_steps=4))
+    tower = sum(q.numel() for q in hf.model.vlm.vision_tower.parameters())
+    P = sum(q.numel() for q in hf.parameters())
+    assert full.grads == 4 * (P - 257_152 * 1_024)
+    assert (full.grads - frozen.grads, full.optimizer - frozen.optimizer) == (4 * tower, 8 * tower)
+    assert full.weights == frozen.weights == 4 * P
 
 
 def test_no_single_fix_fits_says_so():
