@@ -187,7 +187,8 @@ class PerfRecorder:
 
     # ----- plumbing -----
     def _call(self, fn, default, what: str = "a perf read"):
-        from pipelines.runner.watcher import bounded, one_line
+        from pipelines.bounded import bounded
+        from pipelines.runner.watcher import one_line
         try:
             return bounded(fn, timeout=self.timeout_s, what=what)
         except Exception as exc:  # noqa: BLE001 - the report is best effort, the run is not

@@ -29,7 +29,7 @@ from asyncio import CancelledError
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from pipelines.bounded import bounded  # noqa: F401 (re-exported: pipelines.runner.perf)
+from pipelines.bounded import bounded
 from pipelines.clusters import (PlacementError, cluster_info, pause_fraction, plan_placement, rejoin,
                                 wait_for_workers, worker_health)
 from tasks.config import ConfigError
