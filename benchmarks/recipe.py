@@ -43,7 +43,10 @@ checkpoint, summed over resumes, start-up excluded; `stage_wall`). The best eval
 scored on, so its gain is optimistic; the last eval's is not; an RL run with a validation split (`--rl
 "env.eval.val_episodes=200"`: its `evals/val/` records) has its best step picked on that split's episodes instead
 (marked `val` in the table), which the eval's episodes then score without that bias. Below the table: the mean gain
-and in how many runs the lower bound is above 0. Exit: 0 done, 2 bad arguments (one line), 1 a stage failed (its
+and in how many runs the lower bound is above 0. The RL runs are tagged as one sweep (`dagrl.sweep=recipe-<OUT's
+name>[-<arm>]`, swept keys teacher and seed; pipelines.sweep.tag_run): `python -m pipelines.compare --sweep ID
+--run-root OUT/runs` gives per teacher the mean over seeds of the final and best eval with Student-t intervals and
+the paired differences between teachers (pipelines.sweep_report). Exit: 0 done, 2 bad arguments (one line), 1 a stage failed (its
 log named).
 """
 from __future__ import annotations
@@ -365,7 +368,17 @@ class Recipe:
             raise StageFailed(f"{stage} of teacher {name} seed {seed}: {run_dir} has no eval records or no checkpoint")
         rec = {"cmd": cmd, "run_id": seen["run_id"], "run_dir": str(run_dir), "wall_s": wall}
         write_text_atomic(marker, json.dumps(rec))
+        if stage == "rl":  # the RL runs as one sweep: `pipelines.compare --sweep <sweep_id> --run-root OUT/runs`
+            from pipelines.sweep import tag_run
+            tag_run(self.uri, seen["run_id"], self.sweep_id, {"teacher": name, "seed": str(seed)})
         return rec
+
+    @property
+    def sweep_id(self) -> str:
+        """The sweep id the RL stage's MLflow runs are tagged with (`dagrl.sweep`, swept keys teacher and seed):
+        `recipe-<OUT's name>[-<arm>]`; their report (mean over seeds per teacher with Student-t intervals, paired
+        differences between teachers): `python -m pipelines.compare --sweep ID --run-root OUT/runs`."""
+        return f"recipe-{self.out.name}" + (f"-{self.rl_arm}" if self.rl_arm else "")
 
     def sft_hf(self, sft_run: Path) -> Path:
         ckpt = best_checkpoint(sft_run) if self.sft_checkpoint == "best" else latest_checkpoint(sft_run)
@@ -522,6 +535,8 @@ def main(argv: list[str] | None = None, **kw) -> int:
             "written_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     print(write_table(rows, r.out, meta, r.table_stem), end="")
     print(f"recipe: table -> {r.out / (r.table_stem + '.md')}, {r.out / (r.table_stem + '.json')}")
+    if a.stop_after is None:
+        print(f"recipe: the RL runs as a sweep: python -m pipelines.compare --sweep {r.sweep_id} --run-root {r.runs}")
     return 0
 
 

@@ -12,6 +12,10 @@
 - `with_cluster(cfg, body)`: start the cluster, run the command's body, close the cluster, map the errors a body
   can raise to the exit codes every command documents (2 bad config or cluster, 1 a stalled run or a stopped step,
   130 interrupted: one line, also while the cluster starts or closes; `held_signals` keeps the close whole).
+- `SHARED_KEYS`, `as_overrides` / `as_flags`: `run_root=DIR` (and `tracking.uri=URI`) is the one documented
+  spelling on every command; `--run-root DIR` (`--tracking-uri URI`) is taken everywhere too;
+- `show(overrides)`: `--show`, also of an experiment that leaves required keys `???` (marked, named);
+- `entry(main)`: a command's process entry (Ctrl-C and SIGTERM as one line; a closed stdout pipe, `| head`, quiet).
 
 A leaf of `pipelines/`: it imports the modules it needs inside its functions and nothing imports it back from there.
 """
@@ -66,6 +70,40 @@ def split_flags(argv: list[str], flags: dict[str, str], prog: str) -> tuple[set[
     return given, overrides
 
 
+# Keys more than one command takes, in the one documented spelling `key=value` (pipelines.run's overrides: the
+# config's key) -> the flag spelling pipelines.replay, perf and compare took before, still taken by every command.
+SHARED_KEYS = {"run_root": "--run-root", "tracking.uri": "--tracking-uri"}
+
+
+def as_overrides(argv: list[str], prog: str, keys=tuple(SHARED_KEYS)) -> list[str]:
+    """The words with `--run-root DIR` / `--run-root=DIR` (the flag of each of `keys`, SHARED_KEYS) written as the
+    override `run_root=DIR`: for the commands that take `key=value` words (run, validate, record, eval).
+    Raises UsageError for such a flag without its value."""
+    flags = {SHARED_KEYS[k]: k for k in keys}
+    out, it = [], iter(argv)
+    for w in it:
+        flag, eq, value = w.partition("=")
+        if flag not in flags:
+            out.append(w)
+            continue
+        if not eq:
+            value = next(it, None)
+            if value is None or value.startswith("-"):
+                raise UsageError(f"{flag} needs a value: {flags[flag]}=VALUE (or {flag} VALUE); see {prog} --help")
+        out.append(f"{flags[flag]}={value}")
+    return out
+
+
+def as_flags(argv: list[str], keys=tuple(SHARED_KEYS)) -> list[str]:
+    """The words with `run_root=DIR` (each of `keys`, SHARED_KEYS, written as an override) as the flag and its
+    value, `--run-root DIR`: for the commands whose words argparse parses (replay, perf, compare)."""
+    out = []
+    for w in argv:
+        key, eq, value = w.partition("=")
+        out += [SHARED_KEYS[key], value] if eq and key in keys else [w]
+    return out
+
+
 def quiet() -> None:
     """Silence warnings and the loggers of ManiSkill, Dask distributed, alembic and MLflow (errors still show)."""
     warnings.filterwarnings("ignore")
@@ -78,12 +116,38 @@ def quiet() -> None:
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
 
 
-def start(argv: list[str] | None, doc: str) -> list[str] | None:
+def version() -> str:
+    """`dagrl X.Y.Z`: the installed distribution's version (importlib.metadata), else, when dagrl is not installed
+    (a bare checkout on sys.path), the `version` of pyproject.toml's [project] table beside the package."""
+    from importlib import metadata
+    try:
+        return f"dagrl {metadata.version('dagrl')}"
+    except metadata.PackageNotFoundError:
+        import re
+        from pathlib import Path
+        text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+        project = text.split("[project]", 1)[1].split("\n[", 1)[0]
+        found = re.search(r"""^version\s*=\s*["']([^"']+)""", project, re.M)
+        return f"dagrl {found.group(1)}"
+
+
+def asks_version(argv: list[str]) -> bool:
+    """True, after printing `version()`, when the words hold `--version` (every command: it then exits 0)."""
+    if "--version" in argv:
+        print(version())
+        return True
+    return False
+
+
+def start(argv: list[str] | None, doc: str, more=None) -> list[str] | None:
     """The command's words (`sys.argv[1:]` when `argv` is None), after `quiet()`; None when they ask for help
-    (`-h`/`--help`: `doc` printed, the command exits 0)."""
+    (`-h`/`--help`: `doc` printed, then `more()` when given, the command exits 0) or for the version (`--version`:
+    `version()` printed)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if {"-h", "--help"} & set(argv):
-        print(doc)
+        print(doc if more is None else f"{doc.rstrip()}\n\n{more()}")
+        return None
+    if asks_version(argv):
         return None
     quiet()
     return argv
@@ -92,13 +156,16 @@ def start(argv: list[str] | None, doc: str) -> list[str] | None:
 def overrides_and_flags(argv: list[str] | None, doc: str, prog: str,
                         flags: dict[str, str] | None = None) -> tuple[set[str], list[str]] | int:
     """`start` then `split_flags` for the Hydra-style commands (run, validate, record): (flags given, overrides),
-    or the exit code when there is nothing to run: 0 after `--help`, 2 after one line `error: ...` (an unknown
-    flag, a word that is not key=value)."""
-    argv = start(argv, doc)
+    or the exit code when there is nothing to run: 0 after `--help` (the command's text, then the experiments and
+    config groups: pipelines.catalog), 2 after one line `error: ...` (an unknown flag, a word that is not
+    key=value). `--run-root DIR` / `--tracking-uri URI` are taken as `run_root=DIR` / `tracking.uri=URI`
+    (`as_overrides`)."""
+    from pipelines.catalog import help_text
+    argv = start(argv, doc, help_text)
     if argv is None:
         return 0
     try:
-        return split_flags(argv, flags or {}, prog)
+        return split_flags(as_overrides(argv, prog), flags or {}, prog)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -121,11 +188,34 @@ def load(overrides, **kw):
     return cfg
 
 
+def show(overrides, command: str = "run", *, notes: bool = True) -> int:
+    """`--show` of `pipelines.run` / `pipelines.validate`: print the resolved config (stdout) and return 0; an
+    experiment that leaves required keys `???` (conf=pushcube_flow_grpo's policy.model_path) is shown too, those
+    keys marked `???` in it (`pipelines.config.missing_required`, `shown_yaml`) and, with `notes`, one line each on
+    stderr naming the key and its fix. 2 when the config is refused otherwise (one line `error: ...`)."""
+    from pipelines.config import missing_required, shown_yaml
+    from tasks.config import ConfigError
+    try:
+        missing = missing_required(overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    cfg = load([*overrides, *(f"{k}=null" for k in missing)], command=command)
+    if cfg is None:
+        return 2
+    print(shown_yaml(cfg, missing), end="")
+    for key, fix in missing.items() if notes else ():
+        print(f"note: {key}=??? is required and not given: {fix}", file=sys.stderr)
+    return 0
+
+
 def preflight(cfg, *, tracking: bool = True, writes=None) -> bool:
     """Quick checks of where the command will write, before any worker starts: each `(key, value, directory)` of
     `writes` (default: `run_root` itself) must be a directory that can be created or written
     (`storage.rundir.check_writable_dir`); then, with `tracking`, `tracking.uri` when set
-    (`storage.tracking.check_tracking_uri`: an http(s) server must answer its /health within a few seconds, a
+    (`storage.tracking.check_tracking_uri`: an http(s) server must answer its /health
+    within `tracking.wait_s` (one `dagrl: waiting for the MLflow server ...` line on stderr while it is still
+    starting), a
     sqlite file must be creatable or a complete store of this MLflow's schema, the scheme known), or without
     `tracking.uri` the default sqlite store under `run_root` (reported under `run_root`). False when one fails:
     then one line `error: KEY='VALUE': why; fix` is on stderr (the command exits 2)."""
@@ -137,7 +227,9 @@ def preflight(cfg, *, tracking: bool = True, writes=None) -> bool:
     if tracking:  # the store the run logs to: tracking.uri, else the default sqlite file under run_root
         from pipelines.runner.setup import tracking_uri
         key, value = ("tracking.uri", cfg.tracking.uri) if cfg.tracking.uri else ("run_root", cfg.run_root)
-        checks.append((key, str(value), check_tracking_uri, tracking_uri(cfg)))
+        wait = lambda uri: check_tracking_uri(uri, wait_s=cfg.tracking.wait_s,  # noqa: E731 - a server starting
+                                              on_wait=lambda line: print(f"dagrl: {line}", file=sys.stderr, flush=True))
+        checks.append((key, str(value), wait, tracking_uri(cfg)))
     for key, value, check, arg in checks:
         try:
             check(arg)
@@ -189,8 +281,10 @@ class held_signals(signal_handlers):
         self.name = self.name or signal.Signals(signum).name
 
 
-def with_cluster(cfg, body) -> int:
-    """Start the cluster of `cfg`, run `body(handle) -> exit code`, close the cluster. Exit 2 for a cluster that
+def with_cluster(cfg, body, start=None) -> int:
+    """Start the cluster of `cfg` (`start(cfg)`, default `pipelines.clusters.start_cluster`; a sweep passes one that
+    hands the same embedded cluster to its jobs, `pipelines.sweep`), run `body(handle) -> exit code`, close the
+    cluster. Exit 2 for a cluster that
     cannot start or a ConfigError, DamagedStore or DamagedEvalRecord raised by `body` (one line on stderr), 1 for
     a run with no healthy placement left (`RunStalled`), a step stopped by a non-finite value (`StepFailed`) or a
     run whose run directory or stores were removed under it (`storage.rundir.RunDirGone`), 130 when interrupted
@@ -217,13 +311,15 @@ def with_cluster(cfg, body) -> int:
     old_term = signal.signal(signal.SIGTERM, _term)
     try:
         try:
-            handle = start_cluster(cfg)
+            handle = (start or start_cluster)(cfg)
         except (ConnectionError, ConfigError, SimulatorUnavailable) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
             print("interrupted while the cluster was starting; nothing was run", file=sys.stderr)
             return 130
+        if getattr(handle, "note", None):  # e.g. the dashboard's port fallback (a busy 8787)
+            print(f"dagrl: {handle.note}", file=sys.stderr, flush=True)
         try:
             check_interrupted()  # one that came while it started and was swallowed there
         except KeyboardInterrupt:
@@ -293,7 +389,8 @@ def entry(main) -> int:
     `check_interrupted` (a SIGINT ignored at start stays ignored: `signal_handlers`). A SIGTERM (`timeout`, `kill`,
     a batch scheduler) is taken the same way while its handler is the default one (it killed the process silently,
     exit 143, before `with_cluster` put its own in place). An exception after a recorded Ctrl-C (a library turned
-    the KeyboardInterrupt into its own error) is one line `interrupted (ErrorType after the Ctrl-C)`, exit 130."""
+    the KeyboardInterrupt into its own error) is one line `interrupted (ErrorType after the Ctrl-C)`, exit 130.
+    A reader of stdout that went away (`| head`) ends the command quietly, exit 141 (`_closed_pipe`)."""
     import signal
     _interrupted.clear()
     old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -304,7 +401,11 @@ def entry(main) -> int:
     old_hook = sys.unraisablehook
     sys.unraisablehook = lambda unraisable: _quiet_unraisable_interrupt(unraisable, old_hook)
     try:
-        return main()
+        rc = main()
+        sys.stdout.flush()  # a reader gone (`| head`) shows here, not in the interpreter's flush at exit
+        return rc
+    except BrokenPipeError:
+        return _closed_pipe()
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -319,6 +420,19 @@ def entry(main) -> int:
         sys.unraisablehook = old_hook
         for sig in mine:
             signal.signal(sig, old[sig])
+
+
+def _closed_pipe() -> int:
+    """stdout's reader went away (`python -m pipelines.validate --help | head`): no traceback; stdout is pointed
+    at /dev/null so the interpreter's flush at exit does not fail again ("Exception ignored ... BrokenPipeError",
+    the Python docs' recipe for SIGPIPE), and the exit code is 141, a shell's for a command a closed pipe stopped
+    (128 + SIGPIPE), as `git log | head` gives."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a file (a test's capture): nothing is flushed at exit
+        pass
+    return 141
 
 
 def _quiet_unraisable_interrupt(unraisable, default) -> None:

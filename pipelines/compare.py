@@ -1,5 +1,7 @@
 """Compare runs side by side: `python -m pipelines.compare RUN [RUN ...] [--metric KEY ...] [--png out.png]
-[--tracking-uri URI] [--run-root DIR]`.
+[tracking.uri=URI] [run_root=DIR]`; a sweep's report: `python -m pipelines.compare --sweep ID [--threshold X]`
+(the runs of `pipelines.run -m` grouped by their swept keys other than seed, each configuration's mean over seeds
+with a Student-t 95 % interval, paired differences, a curve plot: pipelines.sweep_report).
 
 RUN is a dagrl run id (the run directory's name, e.g. 20261201-151530-98db: the MLflow runs carry it as the tag
 `dagrl.run_id` and as their run name), an MLflow run id, or an MLflow experiment name (then every active run of
@@ -27,8 +29,9 @@ Default store: the one `pipelines.run` writes by default, sqlite:///<run_root>/m
 Examples:
   python -m pipelines.compare 20261201-151530-98db 20261201-160102-3c0e
   python -m pipelines.compare pushcube_ppo --metric eval/success_once --metric env/return --png compare.png
-  python -m pipelines.compare smoke --run-root /tmp/runs
-  python -m pipelines.compare RUN --tracking-uri http://127.0.0.1:5000
+  python -m pipelines.compare smoke run_root=/tmp/runs
+  python -m pipelines.compare RUN tracking.uri=http://127.0.0.1:5000
+  python -m pipelines.compare --sweep 20261201-151530-98db --threshold 0.8
 
 Exit codes: 0 printed; 2 an unknown run or metric, a store that cannot be read, bad arguments (one line
 `error: ...` naming it and the fix).
@@ -149,7 +152,7 @@ def _unknown_run(client, experiments, name: str, uri: str) -> str:
     close = close_matches(name, known, n=5)
     return (f"RUN={name!r}: no dagrl run id, MLflow run id or experiment of that name in {uri} (close matches: "
             f"{', '.join(close[:5]) or 'none'}); pass a run directory's name (runs/<experiment>/<run_id>) or an "
-            f"experiment name, or the store it was logged to (--tracking-uri / --run-root)")
+            f"experiment name, or the store it was logged to (tracking.uri=URI / run_root=DIR)")
 
 
 def labels(runs) -> list[str]:
@@ -268,12 +271,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             except UsageError as exc:
                 raise CompareError(str(exc)) from None
     ap = _Parser(prog="python -m pipelines.compare", add_help=False)
-    ap.add_argument("runs", nargs="+", metavar="RUN")
+    ap.add_argument("runs", nargs="*", metavar="RUN")
+    ap.add_argument("--sweep", metavar="ID")  # a sweep's report (pipelines.sweep_report)
+    ap.add_argument("--threshold", type=float)  # with --sweep: steps and wall time to this value
     ap.add_argument("--metric", action="append", default=None)
     ap.add_argument("--png")
     ap.add_argument("--tracking-uri")
     ap.add_argument("--run-root", default=Config().run_root)
-    return ap.parse_args(argv)
+    from pipelines.cli import as_flags  # run_root=DIR, tracking.uri=URI: the spelling of every command (the
+    args = ap.parse_args(as_flags(argv))  # flags --run-root DIR, --tracking-uri URI are the same)
+    if bool(args.runs) == bool(args.sweep):
+        raise CompareError("give RUN names or --sweep ID (one of them); see python -m pipelines.compare --help")
+    if args.threshold is not None and not args.sweep:
+        raise CompareError("--threshold goes with --sweep ID (steps and wall time to it, per configuration)")
+    if args.sweep and args.metric and len(args.metric) > 1:
+        raise CompareError("--sweep reports one --metric (default eval/success_once)")
+    return args
 
 
 def compare(args: argparse.Namespace, *, echo=print) -> int:
@@ -281,8 +294,16 @@ def compare(args: argparse.Namespace, *, echo=print) -> int:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
     from storage.tracking import check_tracking_uri, default_tracking_uri
+    if args.sweep:  # pipelines.sweep_report: the runs tagged with the sweep id, grouped by configuration
+        from pipelines.sweep_report import SweepReportError, report_sweep
+        try:
+            return report_sweep(args.sweep, run_root=args.run_root, tracking_uri=args.tracking_uri,
+                                metric=(args.metric or [DEFAULT_EVAL_METRIC])[0], threshold=args.threshold,
+                                png=args.png, echo=echo)
+        except SweepReportError as exc:
+            raise CompareError(str(exc)) from None
     uri = args.tracking_uri or default_tracking_uri(Path(args.run_root).resolve())
-    what = "--tracking-uri" if args.tracking_uri else "--run-root"
+    what = "tracking.uri" if args.tracking_uri else "run_root"
     try:
         check_tracking_uri(uri, must_exist=True)
     except ValueError as exc:

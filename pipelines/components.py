@@ -46,7 +46,8 @@ def check_components(cfg: Config, command: str = "run") -> None:
 
 
 def check_model_path(cfg: Config) -> None:
-    """policy.model_path's config.json against the config: family, image size, chunk length, gripper convention,
+    """policy.model_path's config.json against the config: family, image size, chunk length, the keys the family
+    says a checkpoint fixes (`check_checkpoint_keys`: the mlp's hidden sizes and activation), gripper convention,
     the env it was trained on (`check_source_env`: config.json `env`, completed by its run's config.yaml) and the
     state / action lengths the env's adapter knows offline. Raises ConfigError."""
     import json
@@ -74,6 +75,7 @@ def check_model_path(cfg: Config) -> None:
     if saved_c != p.num_action_chunks:
         raise ConfigError(key, p.model_path, f"was saved with policy.num_action_chunks={saved_c}, this config has "
                                              f"{p.num_action_chunks}")
+    check_checkpoint_keys(p, meta)
     from tasks.envs import action_dim, check_gripper_convention, env_ids_share_robot, state_dim, state_hint
     check_gripper_convention(key, p.model_path, (meta.get("env") or {}).get("gripper_convention"), cfg.env)
     src = model_source_env(p.model_path, meta)
@@ -91,6 +93,37 @@ def check_model_path(cfg: Config) -> None:
         raise ConfigError(key, p.model_path, f"outputs {meta['action_dim']}-D actions, env.simulator="
                                              f"{cfg.env.simulator} takes {want_a}-D ones: use a checkpoint trained "
                                              f"on this simulator")
+
+
+def check_checkpoint_keys(p, meta: dict) -> None:
+    """The keys the policy family says a checkpoint fixes (its config class's `checkpoint_keys`: the mlp's
+    hidden_sizes and activation) against the values saved in config.json `policy`; a key the checkpoint does not
+    record is not compared.
+
+    Raises:
+        ConfigError(policy.model_path): one line naming every differing policy.KEY with the saved and the configured
+            value, and the fix (those values on the command line, or a checkpoint made with this config's)."""
+    import json
+    saved = meta.get("policy") or {}
+    diff = [(k, saved[k], getattr(p, k)) for k in type(p).checkpoint_keys
+            if k in saved and json.dumps(saved[k]) != json.dumps(_plain(getattr(p, k)))]
+    if diff:
+        fix = " ".join(f"policy.{k}={_word(s)}" for k, s, _ in diff)
+        raise ConfigError("policy.model_path", p.model_path,
+                          f"was saved with {', '.join(f'policy.{k}={_word(s)}' for k, s, _ in diff)}, this config has "
+                          f"{', '.join(f'policy.{k}={_word(_plain(o))}' for k, _, o in diff)} (weights of another "
+                          f"shape or meaning); set {fix}, or use a checkpoint trained with this config's")
+
+
+def _plain(value):
+    """A config value as its config.json holds it (tuples as lists)."""
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+
+def _word(value) -> str:
+    """A saved config.json value as a command-line override's value (`[64,64]`, `tanh`)."""
+    import json
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
 
 
 def other_family_fix(meta: dict, name: str) -> str:

@@ -71,6 +71,7 @@ def load_config(overrides: Sequence[str] = (), *, components: bool = True, comma
     cfg = to_config(dcfg, overrides=overrides)
     cuda = 0
     if components:
+        cfg = sft_dataset(cfg)  # sft.store a LeRobot dataset: checked, read through its converted store
         check_components(cfg, command)
         from pipelines.clusters.placement import _cuda_device_count
         from pipelines.clusters import check_placement
@@ -86,3 +87,52 @@ def load_config(overrides: Sequence[str] = (), *, components: bool = True, comma
             notes.append(line)
     check_params(cfg)
     return cfg, dcfg
+
+
+def sft_dataset(cfg: Config) -> Config:
+    """cfg, or where `sft.store` of an SFT config names a LeRobot dataset directory (meta/info.json) a copy whose
+    `sft.store` is the dataset's converted demonstration store (`tasks.demo_datasets.dataset_store`: checked against
+    the config first, converted once under `<run_root>/datasets/`, reused after: a run's config.yaml and MLflow
+    params name that store, whose `lerobot_dataset` attribute names the dataset). Raises ConfigError (sft.store)
+    naming the dataset field and the fix."""
+    from tasks.demo_datasets import dataset_store, is_dataset
+    if cfg.algorithm.spec.estimator or not cfg.sft.store or not is_dataset(cfg.sft.store):
+        return cfg
+    from tasks.config import replace_key
+    return replace_key(cfg, "sft.store", str(dataset_store(cfg)))
+
+
+def missing_required(overrides: Sequence[str] = ()) -> dict[str, str]:
+    """The keys the experiment (or a group file it chooses) leaves `???` and the command line does not give:
+    {key: its fix} (`check_required`'s, in its order); {} when every one is given. `--show` shows such an
+    experiment with them marked (`shown_yaml`) instead of refusing it; every other command refuses it.
+
+    Raises:
+        ConfigError: an error of the command line itself (an unknown experiment, Hydra's grammar)."""
+    from tasks.config import ConfigError
+    missing: dict[str, str] = {}
+    while True:  # check_required names the first one: given as null, the next one shows
+        try:
+            check_required([*overrides, *(f"{k}=null" for k in missing)])
+            return missing
+        except ConfigError as exc:
+            if exc.value != MISSING or exc.key in missing:
+                raise
+            missing[exc.key] = exc.fix
+
+
+def shown_yaml(cfg: Config, missing: dict[str, str] | None = None) -> str:
+    """`to_yaml(cfg)` for `--show`; each key of `missing` (`missing_required`: composed as null) is shown as
+    `KEY: ???  # required, not given`, and a first comment line names them."""
+    text = to_yaml(cfg)
+    if not missing:
+        return text
+    path: list[str] = []
+    out = [f"# not given (the experiment leaves them ???, required before it runs): {', '.join(missing)}"]
+    for line in text.splitlines():
+        body = line.lstrip(" ")
+        path = path[:(len(line) - len(body)) // 2] + [body.split(":", 1)[0]]  # YAML's 2-space nesting
+        if ".".join(path) in missing:
+            line = f"{line.split(':', 1)[0]}: ???  # required, not given"
+        out.append(line)
+    return "\n".join(out) + "\n"

@@ -368,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:
         return 0
     try:
-        args = parse_args(argv)
+        from pipelines.cli import as_overrides  # --run-root DIR: run_root=DIR, the spelling of every command
+        args = parse_args(as_overrides(argv, "python -m pipelines.eval"))
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

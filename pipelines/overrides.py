@@ -14,10 +14,14 @@ GROUPS = ("env", "policy", "algorithm", "rollout", "runner", "sft", "cluster")
 
 
 # How values with commas, lists and dicts are written on the command line (Hydra's override grammar; tested in
-# tests/pipelines/test_config.py). An unquoted comma makes a sweep (several runs), which dagrl refuses.
+# tests/pipelines/test_config.py). An unquoted comma makes a sweep (several runs), which dagrl refuses outside
+# `pipelines.run -m` (pipelines.sweep).
 QUOTING = ("a value with commas is a quoted string: key='\"0,1\"' (the shell passes key=\"0,1\" to Hydra), "
            "a list is [a,b], a dict is {k: v} with commas inside its keys escaped ({actor\\,env: all}), and a "
            "new dict key needs a leading + (+policy.sizes.patch_size=4)")
+
+
+SWEEP_HINT = "for one run per value, a sweep: python -m pipelines.run -m KEY=A,B"
 
 
 def parse_overrides(overrides: Sequence[str]) -> list:
@@ -39,8 +43,8 @@ def parse_overrides(overrides: Sequence[str]) -> list:
             ov = parser.parse_override(o)
         except HydraException:
             raise _grammar_error(key, value) from None
-        if ov.is_sweep_override():
-            raise ConfigError(key, value, _comma_fix(key, value))
+        if ov.is_sweep_override():  # a sweep only under `pipelines.run -m` (pipelines.sweep expands it first)
+            raise ConfigError(key, value, f"{_comma_fix(key, value)}; {SWEEP_HINT}")
         typed = _as_typed(o, ov)
         out.append(ov if typed == o else parser.parse_override(typed))
     return out

@@ -1,6 +1,7 @@
-"""A run's performance report on demand: `python -m pipelines.perf RUN [--run-root DIR] [--json] [--write]`.
+"""A run's performance report on demand: `python -m pipelines.perf RUN [run_root=DIR] [--json] [--write]`.
 
-RUN is a dagrl run id (the run directory's name, looked up as `<run-root>/*/<RUN>`) or a run directory. The report
+RUN is a dagrl run id (the run directory's name, looked up as `<run_root>/*/<RUN>`, run_root `runs` unless given,
+as every command writes it; `--run-root DIR` is the same) or a run directory. The report
 is built from the run dir's perf events (`<run dir>/perf/events.jsonl`, written by the Runner as the run goes;
 pipelines.runner.perf has the definitions): a run still going, or one that ended without writing its summary, is
 reported up to its last event. A run ends by writing the same summary to `<run dir>/perf_summary.json` itself.
@@ -13,7 +14,7 @@ as JSON instead. --write also writes it to `<run dir>/perf_summary.json`, under 
 Examples:
   python -m pipelines.perf 20261201-151530-98db
   python -m pipelines.perf runs/smoke/20261201-151530-98db --json
-  python -m pipelines.perf 20261201-151530-98db --run-root /tmp/runs --write
+  python -m pipelines.perf 20261201-151530-98db run_root=/tmp/runs --write
 
 Exit codes: 0 printed; 2 an unknown run, a run dir without perf events, or --write on a live run (one line
 `error: ...` with the fix).
@@ -47,19 +48,21 @@ def parser():
     ap = ArgumentParser(prog="python -m pipelines.perf", description=__doc__.split("\n\n")[0],
                         epilog=__doc__[__doc__.index("Examples:"):], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", metavar="RUN", help="a dagrl run id or a run directory")
-    ap.add_argument("--run-root", default="runs", help="where run ids are looked up (default: runs)")
+    ap.add_argument("--run-root", default="runs", help=argparse.SUPPRESS)  # run_root=DIR (pipelines.cli.as_flags)
     ap.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")
     ap.add_argument("--write", action="store_true", help="also write <run dir>/perf_summary.json")
+    from pipelines.cli import version
+    ap.add_argument("--version", action="version", version=version())
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m pipelines.perf RUN [--run-root DIR] [--json] [--write]`; returns the exit code (2: bad input,
+    """`python -m pipelines.perf RUN [run_root=DIR] [--json] [--write]`; returns the exit code (2: bad input,
     one `error:` line)."""
-    from pipelines.cli import UsageError
+    from pipelines.cli import UsageError, as_flags
     ap = parser()
     try:
-        args = ap.parse_args(argv)
+        args = ap.parse_args(as_flags(list(sys.argv[1:] if argv is None else argv), ("run_root",)))
     except UsageError as exc:  # one line, exit 2, as every dagrl command
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -68,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_dir = run_dir_of(args.run, args.run_root)
     except (FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}; pass a run id under --run-root or a run directory", file=sys.stderr)
+        print(f"error: {exc}; pass a run id under run_root=DIR or a run directory", file=sys.stderr)
         return 2
     events = read_events(run_dir)
     if not any(e["kind"] == "session" for e in events):

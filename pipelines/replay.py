@@ -1,4 +1,4 @@
-"""`python -m pipelines.replay RUN_OR_STORE [--episodes IDS] [--num-episodes N] [--video PATH.mp4] [--json]`
+"""`python -m pipelines.replay RUN_OR_STORE [run_root=DIR] [--episodes IDS] [--num-episodes N] [--video X.mp4] [--json]`
 
 The command only: parse, resolve and open the store, call. The store's episode index is storage.episodes, the
 re-simulation of one episode tasks.replay (plain functions, no Dask).
@@ -7,7 +7,7 @@ Re-simulates episodes of a trajectory store from their reset seed and stored act
 simulator reproduces what the store recorded.
 
 RUN_OR_STORE is a `trajectories.zarr` directory, a run directory holding one, or a run id looked up under
-`--run-root` (default `runs`) as `<run-root>/*/<run id>`.
+`run_root=DIR` (default `runs`; `--run-root DIR` is the same) as `<run_root>/*/<run id>`.
 
 What is compared, per episode (one fresh simulator instance, `tasks.envs.make_single_env`, built from the store's
 attributes: env_id, obs_mode, control_mode, reward_mode, max_episode_steps; sim_backend and ignore_terminations
@@ -48,7 +48,7 @@ repeatable: `--episode 2 --episode 5-6`), replayed in the order given. Default (
 complete episodes worth watching (`storage.episodes.worth_watching`, from the stored rewards and success flags):
 the successful episode with the highest stored return, the failed one with the lowest, then alternately the
 highest and lowest returns left; an episode that cannot be replayed (its start predates the store) gives way to
-the next in that order. The report says why each was picked.
+the next in that order. The report says why each was picked. No complete episode: the partial ones, with a note.
 
 `--video PATH.mp4` renders the replayed episodes one after another (the reset frame, then one frame per executed
 action, at the task's control frequency) from a second simulator instance created with `render_mode="rgb_array"`.
@@ -64,7 +64,7 @@ be trusted then: re-record the run or restore the store from a whole copy.
 
 Examples:
   python -m pipelines.replay runs/pushcube_ppo/20261201-151530-98db            # 3 episodes worth watching
-  python -m pipelines.replay 20261201-151530-98db --episodes 0,3,10-12 --json  # a run id under --run-root
+  python -m pipelines.replay 20261201-151530-98db run_root=/tmp/runs --episodes 0,3,10-12 --json  # a run id
   python -m pipelines.replay RUN --num-episodes 2 --video replay.mp4 --video-size 256
 
 Exit codes: 0 every replayed episode verified, 1 otherwise, 2 bad input: a bad argument, a path that is not a store,
@@ -83,7 +83,8 @@ import numpy as np
 
 # the store's episode index lives in storage.episodes, the re-simulation in tasks.replay (re-exported here)
 from storage.episodes import (INDEX_FIELDS as _INDEX_FIELDS, Episode, EpisodeData, StoreIndex,  # noqa: F401
-                              find_episodes, load_index, read_episode_data, stored_outcomes, worth_watching)
+                              find_episodes, id_ranges, load_index, no_complete_note, read_episode_data,
+                              stored_outcomes, worth_watching)
 from pipelines.cli import quiet
 # the input (store, run directory or run id; the checked store; the run's env section): pipelines.replay_input
 from pipelines.replay_input import (CONFIG_FILE, STORE_DIR, ReplayInputError, _reading, open_store,  # noqa: F401
@@ -222,9 +223,8 @@ def replay(store_path: Path, *, episode_ids: list[int] | None = None, num_episod
         if num_episodes < 1:
             raise ReplayInputError(f"--num-episodes {num_episodes}: must be >= 1")
         complete = {i: ep for i, ep in episodes.items() if ep.complete}
-        if not complete:
-            raise ReplayInputError(f"no complete episode in the complete steps of {store_path}; pass --episodes "
-                                   f"IDS to replay a partial one (ids: {', '.join(map(str, list(episodes)[:8]))})")
+        partial = not complete  # a store shorter than an episode (a smoke run's): its partial ones, noted below
+        complete = complete or dict(episodes)
         with _reading(store, ["rewards"], idx.steps):
             outcomes = stored_outcomes(store, idx, complete)
         order = worth_watching(outcomes)
@@ -239,6 +239,10 @@ def replay(store_path: Path, *, episode_ids: list[int] | None = None, num_episod
         env = make_single_env(cfg)
     except SimulatorUnavailable as exc:
         raise ReplayInputError(str(exc)) from None
+    if not episode_ids and partial:  # how long an episode is (tasks.envs.max_episode_steps) against the store
+        from tasks.envs import max_episode_steps
+        notes.append(no_complete_note(cfg.env_id, max_episode_steps(cfg), store.fields["actions"].shape[0],
+                                      len(idx.steps), idx.T, list(episodes)))
     O, D = store.fields["obs"].shape[-1], store.fields["actions"].shape[-1]
     if (env.obs_dim, env.action_dim) != (O, D):
         env.close()
@@ -289,7 +293,7 @@ def replay(store_path: Path, *, episode_ids: list[int] | None = None, num_episod
                 "control_mode": cfg.control_mode, "reward_mode": cfg.reward_mode, "sim_backend": cfg.sim_backend,
                 "max_episode_steps": cfg.max_episode_steps, "ignore_terminations": cfg.ignore_terminations},
         "layout": {"T": store.T, "num_envs": store.num_envs, "num_action_chunks": store.fields["actions"].shape[0],
-                   "complete_steps": _ranges([int(e) for e in idx.steps]),
+                   "complete_steps": id_ranges([int(e) for e in idx.steps]),
                    "num_complete_steps": len(idx.steps), "steps_allocated": store.num_steps},
         "tolerance": TOLERANCE, "replay_seconds": round(time.perf_counter() - t0, 2),
         "episodes": rows, "skipped": skipped, "notes": notes,
@@ -327,18 +331,6 @@ def _check_task_trial(store, row: dict, env) -> None:
     if stored != replayed:
         row["verified"] = False
         row["notes"].append(f"the seed reset to (task_id, trial_id) {replayed}, the store recorded {stored}")
-
-
-def _ranges(xs: list[int]) -> str:
-    """[0, 1, 2, 5] -> "0-2, 5"."""
-    parts: list[str] = []
-    for x in xs:
-        if parts and x == last + 1:
-            parts[-1] = f"{parts[-1].split('-')[0]}-{x}"
-        else:
-            parts.append(str(x))
-        last = x
-    return ", ".join(parts) or "none"
 
 
 def format_report(rep: dict) -> str:
@@ -420,18 +412,20 @@ def _parser() -> argparse.ArgumentParser:
                        description="Re-simulate stored episodes from (seed, actions) and verify them against the "
                                    "trajectory store; optionally render a video.")
     p.add_argument("run_or_store", metavar="RUN_OR_STORE",
-                   help="a trajectories.zarr, a run directory, or a run id (looked up under --run-root)")
+                   help="a trajectories.zarr, a run directory, or a run id (under run_root=DIR, default runs)")
     p.add_argument("--episodes", "--episode", dest="episodes", type=parse_episodes, action="append", metavar="IDS",
                    help="episode ids and ranges, e.g. 0,3,10-12 (repeatable); default: --num-episodes complete "
                         "episodes worth watching (the highest-return success, the lowest-return failure, then "
                         "alternately the highest and lowest returns left)")
     p.add_argument("--num-episodes", type=_positive, default=DEFAULT_NUM_EPISODES, metavar="N",
                    help=f"how many episodes to pick by default (default {DEFAULT_NUM_EPISODES})")
-    p.add_argument("--run-root", default="runs", help="where run ids are looked up (default: runs)")
+    p.add_argument("--run-root", default="runs", help=argparse.SUPPRESS)  # run_root=DIR (pipelines.cli.as_flags)
     p.add_argument("--video", type=Path, metavar="PATH.mp4", help="render the replayed episodes to this mp4")
     p.add_argument("--video-size", type=int, metavar="PIXELS",
                    help="square frame size of the video (default: the task's render camera, 512 for PushCube)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    from pipelines.cli import version
+    p.add_argument("--version", action="version", version=version())
     return p
 
 
@@ -460,13 +454,16 @@ def _check_video(path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipelines.replay ...` (module docstring). Returns the exit code."""
-    from pipelines.cli import UsageError
+    from pipelines.cli import UsageError, as_flags
     argv = list(sys.argv[1:] if argv is None else argv)
     if {"-h", "--help"} & set(argv):
         _parser().print_help()
         return 0
-    try:
-        args = _parser().parse_args(argv)
+    from pipelines.cli import asks_version
+    if asks_version(argv):
+        return 0
+    try:  # run_root=DIR, the spelling of every command (pipelines.cli.as_flags)
+        args = _parser().parse_args(as_flags(argv, ("run_root",)))
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

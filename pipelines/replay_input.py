@@ -36,11 +36,11 @@ def resolve_store(arg: str, run_root: str | os.PathLike = "runs") -> Path:
                                f"directory holding one; pass <run_root>/<experiment>/<run_id> or its {STORE_DIR}")
     if os.sep in arg or "/" in arg or arg.endswith(".zarr") or arg in (".", ".."):
         raise ReplayInputError(f"{arg} does not exist; pass an existing {STORE_DIR}, run directory, or a run id "
-                               f"(looked up under --run-root)")
+                               f"(looked up under run_root=DIR)")
     try:
         run_dir = find_run_dir(run_root, arg)
     except (FileNotFoundError, ValueError) as exc:
-        raise ReplayInputError(f"{exc}; pass the run directory or its {STORE_DIR}, or set --run-root") from None
+        raise ReplayInputError(f"{exc}; pass the run directory or its {STORE_DIR}, or set run_root=DIR") from None
     if not (run_dir / STORE_DIR).exists():
         raise ReplayInputError(f"run {arg} ({run_dir}) has no {STORE_DIR} (was storage.save_trajectories false?)")
     return run_dir / STORE_DIR
@@ -68,7 +68,7 @@ def open_store(path: Path):
     missing = [f for f in _REQUIRED_FIELDS if f not in store.fields]
     if missing:
         raise ReplayInputError(f"trajectory store {path} lacks fields {missing} needed for replay; it was not "
-                               "written by pipelines.run (see tasks.trajectory, README \"Trajectory fields\")")
+                               "written by pipelines.run (see tasks.trajectory, docs/reference/trajectory.md)")
     attrs = store.attrs
     need = [k for k in ("env_id", "obs_mode", "control_mode", "reward_mode") if k not in attrs]
     if need:

@@ -12,7 +12,13 @@ failure during training (a lost cluster, or a step stopped by a non-finite value
 nothing re-created), 130 interrupted. The first SIGINT (Ctrl-C) or SIGTERM during training finishes the step in flight, writes a checkpoint and exits 130
 (resume with `runner.resume=<run_id>` or `runner.resume=latest`); a second one exits at once.
 
-Extra flags: `--show` prints the resolved config and exits. An unknown flag, or a word that is not a Hydra
+Extra flags: `--show` prints the resolved config and exits (also of an experiment that leaves required keys `???`:
+marked and named). `--help` also lists the experiments and the config groups' options.
+`-m` / `--multirun`: a sweep, Hydra's way: every
+`key=a,b,...` (a comma list; also Hydra's `range(...)`) is swept and the jobs are the grid of all combinations, each
+checked before the first starts, run one after another on one embedded cluster, tagged in MLflow with the sweep id;
+its report: `python -m pipelines.compare --sweep ID` (pipelines.sweep). Without `-m` a comma list is refused (one
+line). An unknown flag, or a word that is not a Hydra
 override (`key=value`, `+key=value`, `~key`), exits 2 with one line.
 
 Examples:
@@ -21,6 +27,7 @@ Examples:
   python -m pipelines.run conf=pushcube_flow_grpo policy.model_path=SFT_RUN/checkpoints/global_step_30/hf
   python -m pipelines.run runner.resume=latest                      # continue the newest run of the experiment
   python -m pipelines.run conf=smoke --show                         # print the resolved config, start nothing
+  python -m pipelines.run -m conf=smoke seed=1,2,3 algorithm.lr=1e-4,3e-4   # a sweep: 6 runs, then its report
 """
 from __future__ import annotations
 
@@ -33,18 +40,22 @@ from pipelines.cli import (load, overrides_and_flags, preflight, signal_handlers
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipelines.run ...` (module docstring). Returns the exit code."""
     words = overrides_and_flags(argv, __doc__, "python -m pipelines.run",
-                                {"--show": "print the resolved config and exit"})
+                                {"--show": "print the resolved config and exit",
+                                 "-m": "a sweep: run every combination of the comma lists (--multirun)",
+                                 "--multirun": "as -m"})
     if isinstance(words, int):
         return words
     flags, overrides = words
-    from pipelines.config import to_yaml
+    if flags & {"-m", "--multirun"}:  # Hydra's multirun: the grid of the comma lists (pipelines.sweep)
+        from pipelines.sweep import run_sweep
+        return run_sweep(overrides, train=_train, show="--show" in flags)
     from tasks.config import ConfigError
+    if "--show" in flags:  # also an experiment whose required keys are left ??? (shown marked: pipelines.cli.show)
+        from pipelines.cli import show
+        return show(overrides, command="run")
     cfg = load(overrides, command="run")  # the one check path (pipelines.validate's too)
     if cfg is None:
         return 2
-    if "--show" in flags:
-        print(to_yaml(cfg))
-        return 0
     if not preflight(cfg):  # run_root writable, tracking.uri reachable: before a resume reads it, before any worker
         return 2
     if cfg.runner.resume is None:  # a new run: the Runner takes its new run dir's lock before writing into it
@@ -100,13 +111,22 @@ class graceful_stop(signal_handlers):
         self._stop(name)
 
 
-def _train(cfg, handle, run_lock=None) -> int:
+def _train(cfg, handle, run_lock=None, *, tags=None, record=None) -> int:
+    """Train one run on `handle`'s cluster; returns the exit code. `tags`: MLflow tags set on the run as soon as it
+    exists (a sweep's, `pipelines.sweep`); `record`: a dict given the run's `run_id`, `run_dir`, `mlflow_run_id`
+    and `tracking_uri` then."""
     from pipelines.runner import Runner
     print(f"dagrl: experiment {cfg.experiment} | dashboard {handle.dashboard_link}", flush=True)
     from tasks.evalstats import fmt_rate
     runner = Runner(cfg, handle, run_lock=run_lock)
+    if tags:
+        runner.tracker.set_tags(tags)
+    if record is not None:
+        record.update(run_id=runner.state.run_id, run_dir=str(runner.run_dir), mlflow_run_id=runner.tracker.run_id,
+                      tracking_uri=runner.tracking_uri)
     print(f"dagrl: run {runner.state.run_id} | run dir {runner.run_dir} | MLflow {runner.tracking_uri} "
           f"(run {runner.tracker.run_id})", flush=True)
+    start_step, start_env_steps = runner.state.step, runner.state.env_steps  # a resume starts at its checkpoint
     with graceful_stop(runner):
         res = runner.run()
     if res.interrupted is not None:
@@ -122,10 +142,27 @@ def _train(cfg, handle, run_lock=None) -> int:
                  f"{ev['eval/num_episodes']:.0f} episodes ({best_text(runner.state, ev)})"
                  if ev.get("eval/num_episodes")  # else no eval ran in this session: nothing to summarise
                  else f"no eval in this session (the run's evals: {runner.run_dir / 'evals'})")
-    print(f"dagrl: done: {res.steps} steps, {res.env_steps} env steps in {res.wall_s:.0f}s | {evaluated} | "
-          f"peak memory {res.peak_rss_gb:.2f} GiB")
-    print(f"dagrl: trajectories {res.store_path} | view: mlflow ui --backend-store-uri {res.tracking_uri}")
+    print(f"dagrl: done: {session_text(res.steps, res.env_steps, res.wall_s, start_step, start_env_steps)} | "
+          f"{evaluated} | peak memory {res.peak_rss_gb:.2f} GiB")
+    from storage.tracking import view_hint
+    where = [f"trajectories {res.store_path}"] if res.store_path is not None else []  # SFT: it stores none
+    where.append(f"view: {view_hint(res.tracking_uri, runner.tracker.experiment_id, res.mlflow_run_id)}")
+    print("dagrl: " + " | ".join(where))
     return 0
+
+
+def session_text(step: int, env_steps: int, wall_s: float, start_step: int = 0, start_env_steps: int = 0) -> str:
+    """What the done line says of the training: the run's step at the end, then what THIS driver session did (the
+    steps from `start_step`, the checkpoint's step a resume started from; env steps, when any; its wall, s), e.g.
+    `step 26 | this session: steps 17-26 (10), 1600 env steps in 128 s; the perf table above is the whole run's`.
+    The perf table (pipelines.runner.perf.format_table) covers every session of the run; a new run's one session
+    is the whole run."""
+    n = step - start_step
+    did = (f"steps {start_step + 1}-{step} ({n})" if n > 1 else f"step {step} (1)" if n == 1 else
+           f"no training step (the checkpoint was at step {start_step})")
+    played = env_steps - start_env_steps  # none for SFT (its samples come from a store): not said
+    text = f"step {step} | this session: {did}{f', {played} env steps' if played else ''} in {wall_s:.0f} s"
+    return text if start_step == 0 else f"{text}; the perf table above is the whole run's"
 
 
 def best_text(state, ev: dict) -> str:

@@ -13,6 +13,8 @@ checks that its workers have the devices and resources the placement needs (noth
 With `--connect` it also prints the workers it found (name, address, resources, memory limit, threads, status)
 and the components the placement puts on each. `--connect` with the embedded cluster (cluster.kind=local) is an
 error.
+`--show` prints the resolved config, also of an experiment that leaves required keys `???` (shown marked, then
+refused: exit 2). `--help` also lists the experiments and the config groups' options.
 Exit codes: 0 valid, 2 invalid, an unknown flag or a word that is not an override (one line on stderr).
 
 Examples:
@@ -106,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         # the check path of pipelines.run (or of pipelines.record for a config that sets record.* keys)
         from pipelines.config import command_for
         command = command_for(overrides)
+        if "--show" in flags:  # an experiment that leaves required keys ???: shown marked, then refused below
+            from pipelines.config import missing_required
+            if missing_required(overrides):
+                from pipelines.cli import show
+                show(overrides, command, notes=False)
         cfg, _ = load_config(overrides, command=command, require_teacher=False)
         from pipelines.clusters import check_placement
         placement = check_placement(cfg, command=command)

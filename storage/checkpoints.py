@@ -457,7 +457,7 @@ def read_best(run_dir: str | os.PathLike) -> dict | None:
 
 def best_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     """The complete checkpoint the best pointer names (``checkpoints/global_step_<N>``), or None (no pointer, or
-    its checkpoint is incomplete or gone). Its ``hf/`` subdirectory (VLA policies) is what ``policy.model_path``
+    its checkpoint is incomplete or gone). Its ``hf/`` subdirectory (the policy's export) is what ``policy.model_path``
     takes; ``<run_dir>/checkpoints/best/hf`` is the same directory through the link."""
     record = read_best(run_dir)
     if record is None:

@@ -146,3 +146,30 @@ def worth_watching(outcomes: dict[int, tuple[float, bool]]) -> list[tuple[int, s
     for k in range(len(rest)):  # top, bottom, second from the top, ...
         picked.append((rest[k // 2], WATCH_ORDER[2]) if k % 2 == 0 else (rest[len(rest) - 1 - k // 2], WATCH_ORDER[3]))
     return picked
+
+
+def no_complete_note(env_id: str, max_episode_steps: int | None, C: int, steps: int, T: int, ids: list[int]) -> str:
+    """Why a store has no complete episode, and what to do: an episode of `env_id` lasts up to `max_episode_steps`
+    env steps (None: until it ends), i.e. ceil(max_episode_steps / C) chunk steps of `C` actions, and the store's
+    `steps` complete training steps hold steps x T chunk steps per env (T = rollout.chunk_steps)."""
+    held = f"the store holds {steps * T} chunk steps per env ({steps} training step(s) of rollout.chunk_steps={T})"
+    if max_episode_steps:
+        chunks = -(-int(max_episode_steps) // C)  # ceil: the last chunk may run fewer actions
+        length = (f"a {env_id} episode lasts up to {max_episode_steps} env steps ({chunks} chunk steps of {C} "
+                  f"action(s)) unless it ends earlier")
+        store = (f"; a run with runner.max_steps x rollout.chunk_steps >= {chunks} stores complete ones")
+    else:
+        length, store = f"a {env_id} episode lasts until it ends", ""
+    return (f"no episode is complete in the store: {length}, and {held}; replayed the partial episodes instead "
+            f"(--episodes IDS picks any of ids {id_ranges(sorted(ids))}){store}")
+
+
+def id_ranges(ids: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2, 5" (sorted ids)."""
+    parts: list[list[int]] = []
+    for i in ids:
+        if parts and i == parts[-1][1] + 1:
+            parts[-1][1] = i
+        else:
+            parts.append([i, i])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in parts) or "none"

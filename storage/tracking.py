@@ -46,6 +46,9 @@ _STATUSES = ("FINISHED", "FAILED", "KILLED")
 RUN_ID_TAG = "dagrl.run_id"  # the dagrl run id (run dir name) every MLflow run of that dagrl run carries
 PREVIOUS_TAG = "dagrl.previous_run"
 SUPERSEDED_TAG = "dagrl.superseded_by"
+SWEEP_TAG = "dagrl.sweep"  # the sweep id of a run started by `pipelines.run -m` (pipelines.sweep)
+SWEPT_TAG_PREFIX = "dagrl.swept."  # + a swept key: the value this run was given (`dagrl.swept.algorithm.lr`)
+CARRIED_TAG_PREFIXES = (SWEEP_TAG, SWEPT_TAG_PREFIX)  # tags a resume or rollback copies into its new MLflow run
 
 
 def default_tracking_uri(path: str | Path) -> str:
@@ -492,6 +495,8 @@ class Tracker:
         dagrl_id = src_run.data.tags.get(RUN_ID_TAG, src_run.info.run_name)
         tags = [RunTag(RUN_ID_TAG, dagrl_id), RunTag(PREVIOUS_TAG, src), RunTag("dagrl.fork_reason", reason),
                 RunTag("dagrl.forked_at_step", str(k))]
+        tags += [RunTag(key, value) for key, value in src_run.data.tags.items()  # a sweep's tags follow the run
+                 if key.startswith(CARRIED_TAG_PREFIXES)]
         self._client.log_batch(new, tags=tags)
         if copy_params:
             params = [Param(key, value) for key, value in src_run.data.params.items()]
@@ -518,7 +523,8 @@ class Tracker:
         self._client.log_batch(run_id, tags=[RunTag(SUPERSEDED_TAG, by),
                                              RunTag("dagrl.superseded_at_step", str(step))])
         if run.info.status == "RUNNING":
-            self._client.set_terminated(run_id, "KILLED")
+            with _no_run_url_lines():
+                self._client.set_terminated(run_id, "KILLED")
         self._client.delete_run(run_id)
 
     # ---- artifacts and status --------------------------------------------------------------------------
@@ -534,29 +540,82 @@ class Tracker:
         with self._writing():
             self._client.log_text(self._run_id, text, artifact_file)
 
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        """Tag this MLflow run (values `str()`-ed), e.g. a sweep's `dagrl.sweep` / `dagrl.swept.<key>` (tags with
+        a prefix of CARRIED_TAG_PREFIXES are copied into the new run of a resume or rollback: `continue_from`)."""
+        if tags:
+            with self._writing():
+                self._client.log_batch(self._run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
     def set_terminated(self, status: str = "FINISHED") -> None:
         if status not in _STATUSES:
             raise ValueError(f"status must be one of {_STATUSES}, got {status!r}")
-        with self._writing():
+        with self._writing(), _no_run_url_lines():
             self._client.set_terminated(self._run_id, status)
 
     def __repr__(self) -> str:
         return f"Tracker(uri={self.uri!r}, experiment={self.experiment!r}, run_id={self._run_id!r})"
 
 
+_URL_LINES_OFF = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
+
+
+@contextlib.contextmanager
+def _no_run_url_lines():
+    """While a run is set terminated: MLflow's client prints `🏃 View run NAME at: URL` and `🧪 View experiment at:
+    URL` to stdout for a run on a tracking server (`TrackingServiceClient._log_url`, mlflow 3), in the middle of
+    dagrl's own lines; its variable MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT turns that off. A value the user set is
+    left as it is; the run's link is in dagrl's last line instead (`view_hint`)."""
+    if _URL_LINES_OFF in os.environ:
+        yield
+        return
+    os.environ[_URL_LINES_OFF] = "true"
+    try:
+        yield
+    finally:
+        os.environ.pop(_URL_LINES_OFF, None)
+
+
+def view_hint(uri: str, experiment_id: str | None = None, run_id: str | None = None) -> str:
+    """How to look at a run logged to `uri` (the end-of-run line's `view: ...`): for an http(s) tracking server its
+    own UI, `open <uri>/#/experiments/<experiment_id>/runs/<run_id>` (the link MLflow's client prints; `mlflow ui
+    --backend-store-uri http://...` fails there with UnsupportedModelRegistryStoreURIException: a server is not a
+    store `mlflow ui` can serve); for databricks the workspace's UI; for a store (sqlite, file, a database)
+    `mlflow ui --backend-store-uri <uri>`, which serves it on http://127.0.0.1:5000."""
+    from urllib.parse import urlparse
+    scheme = urlparse(uri).scheme.lower() or uri.lower()  # "databricks" alone is a uri too
+    if scheme in ("http", "https"):
+        link = uri.split("?", 1)[0].rstrip("/")
+        if experiment_id is not None:
+            link += f"/#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+        return f"open {link}"
+    if scheme.startswith("databricks"):
+        return f"open the run in the Databricks workspace of {uri}" + (f" (MLflow run {run_id})" if run_id else "")
+    return f"mlflow ui --backend-store-uri {uri}"
+
+
 # ---- pre-flight -------------------------------------------------------------------------------------------
 TRACKING_SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks")
-PROBE_TIMEOUT_S = 3.0  # an http(s) tracking server's /health must answer within this
+PROBE_TIMEOUT_S = 3.0  # one request to an http(s) tracking server's /health must answer within this
+# the documented way to start a tracking server (README, docker-compose.yml's `mlflow` service): without its job
+# runner (MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false: mlflow.server starts no `mlflow.server.jobs._job_runner`
+# process; dagrl submits no MLflow jobs)
+SERVER_COMMAND = ("MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow server --host 127.0.0.1 --port 5000 "
+                  "--backend-store-uri sqlite:///mlflow.db --serve-artifacts")
 
 
-def check_tracking_uri(uri: str, *, must_exist: bool = False, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+def check_tracking_uri(uri: str, *, must_exist: bool = False, timeout_s: float = PROBE_TIMEOUT_S,
+                       wait_s: float = 0.0, on_wait=None) -> None:
     """Pre-flight of a tracking URI, quick and before any worker starts (`pipelines.run`) or anything is read
     (`pipelines.compare`):
 
     - ``http(s)://host:port``: GET ``<uri>/health`` (MLflow's liveness endpoint, open even with auth) must answer
-      200 within ``timeout_s`` (nothing listening, a wrong host or a timeout fail here, not after minutes of the
-      client's retries); https honours MLFLOW_TRACKING_INSECURE_TLS and MLFLOW_TRACKING_SERVER_CERT_PATH as
-      MLflow's client does;
+      200; a request that gets no answer (refused: nothing listening yet; no reply within ``timeout_s``: a server
+      still loading) is tried again, once a second, until ``wait_s`` seconds have passed (`pipelines.cli.preflight`:
+      `tracking.wait_s`; a loaded machine's `mlflow server` took 73 s to answer), with ``on_wait(line)`` called
+      once after the first failed try (the caller prints it); a wrong host or port then fails within ``wait_s``,
+      not after minutes of the client's retries, naming the bound; https honours MLFLOW_TRACKING_INSECURE_TLS and
+      MLFLOW_TRACKING_SERVER_CERT_PATH as MLflow's client does;
     - ``sqlite:///<path>``: the database file (``must_exist``: a store to read, it must exist) or, when it does
       not exist yet, its nearest existing parent directory must be writable (probed with a temporary file); an
       existing file must be a complete store of the installed MLflow's schema, or empty (`_sqlite_store_problem`:
@@ -580,7 +639,7 @@ def check_tracking_uri(uri: str, *, must_exist: bool = False, timeout_s: float =
                          f"e.g. tracking.uri=http://127.0.0.1:5000 for a server, or leave tracking.uri unset for "
                          f"the sqlite store under run_root")
     if base in ("http", "https"):
-        return _probe_http(uri, timeout_s)
+        return _probe_http(uri, timeout_s, wait_s, on_wait)
     if base == "sqlite":
         path = _sqlite_path(uri)
         if path is None or str(path) in ("", ".", ":memory:"):
@@ -624,12 +683,12 @@ def _check_local_store(path: Path, *, must_exist: bool, what: str) -> None:
     check_writable_dir(path if wants_dir else path.parent)  # the directory it will be created in
 
 
-def _probe_http(uri: str, timeout_s: float) -> None:
+def _probe_http(uri: str, timeout_s: float, wait_s: float = 0.0, on_wait=None) -> None:
+    """`check_tracking_uri` of an http(s) uri: GET <uri>/health until it answers or `wait_s` (s) have passed."""
     import urllib.error
     import urllib.request
     url = uri.split("?", 1)[0].rstrip("/") + "/health"
-    fix = ("start the server (e.g. `mlflow server --host 127.0.0.1 --port 5000 --backend-store-uri "
-           "sqlite:///mlflow.db --serve-artifacts`) or fix tracking.uri")
+    fix = f"start the server (e.g. `{SERVER_COMMAND}`) or fix tracking.uri"
     context = None
     if url.startswith("https"):  # the TLS settings MLflow's client honours (a self-signed server's certificate)
         import os
@@ -638,14 +697,28 @@ def _probe_http(uri: str, timeout_s: float) -> None:
             context = ssl._create_unverified_context()  # noqa: S323 - what the user asked MLflow for
         elif os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH"):
             context = ssl.create_default_context(cafile=os.environ["MLFLOW_TRACKING_SERVER_CERT_PATH"])
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s, context=context) as resp:  # noqa: S310 - http(s) only
-            status = resp.status
-    except urllib.error.HTTPError as exc:
-        raise ValueError(f"{url} answered HTTP {exc.code} ({exc.reason}): not an MLflow tracking server, or "
-                         f"behind a proxy that hides /health; {fix}") from None
-    except (urllib.error.URLError, OSError) as exc:  # refused, unknown host, timeout
-        reason = getattr(exc, "reason", exc)
-        raise ValueError(f"no MLflow server answered {url} ({reason}; waited up to {timeout_s:g} s); {fix}") from None
+    deadline = time.monotonic() + max(0.0, wait_s)
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s, context=context) as resp:  # noqa: S310 - http(s)
+                status = resp.status
+            break
+        except urllib.error.HTTPError as exc:
+            raise ValueError(f"{url} answered HTTP {exc.code} ({exc.reason}): not an MLflow tracking server, or "
+                             f"behind a proxy that hides /health; {fix}") from None
+        except (urllib.error.URLError, OSError) as exc:  # refused, unknown host, timeout: maybe still starting
+            left = deadline - time.monotonic()
+            if left <= 0:
+                reason = getattr(exc, "reason", exc)
+                if wait_s <= 0:
+                    raise ValueError(f"no MLflow server answered {url} ({reason}; waited up to {timeout_s:g} s); "
+                                     f"{fix}") from None
+                raise ValueError(f"no MLflow server answered {url} within {wait_s:g} s (tracking.wait_s; last "
+                                 f"try: {reason}); {fix}; for a server still starting (a minute on a loaded "
+                                 f"machine) raise tracking.wait_s") from None
+            if on_wait is not None:
+                on_wait(f"waiting for the MLflow server at {url} (up to {wait_s:g} s: tracking.wait_s)")
+                on_wait = None
+            time.sleep(min(1.0, left))
     if status != 200:
         raise ValueError(f"{url} answered HTTP {status}, not 200; {fix}")

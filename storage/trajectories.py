@@ -12,7 +12,7 @@ Layout of a store at ``path`` (a directory), schema version 2::
 
 ``N`` is the training step (a store written by ``pipelines.record``: the recording round), ``T`` the chunk steps,
 ``B`` the envs, ``S`` the shards. The field names, shapes and meanings of a training run's store are the stored
-fields of ``tasks.trajectory`` (the one spec; README "Trajectory fields").
+fields of ``tasks.trajectory`` (the one spec; docs/reference/trajectory.md).
 
 Older formats (schema version 1, a store without the attempt arrays or without ``store_id``) are refused where a
 store is opened (:class:`OldStore`: one line naming the store and ``python -m pipelines.upgrade``, which rewrites it

@@ -451,14 +451,20 @@ def check_fixed_episodes(outcomes: Mapping, seed: int, n: int, *, what: str, key
 
 
 def baseline(run_evals: Mapping[int, Mapping], start: tuple[str, Mapping] | None,
-             step: int) -> tuple[dict, int | str] | None:
+             step: int, *, warm_start: bool) -> tuple[dict, int | str] | None:
     """The eval that the run's eval at `step` pairs its gain against (`pick_baseline`'s rule): (its outcome map,
-    its label: a step of this run, or the start checkpoint's label), or None when there is nothing to pair with
-    or the eval at `step` is the baseline itself.
+    its label: a step of this run, or the start checkpoint's label), or None when there is nothing to pair with,
+    the eval at `step` is the baseline itself, or the run did not start from a checkpoint (`warm_start` False:
+    no `policy.model_path`; a gain of an RL run from scratch over its own first eval says nothing of what training
+    from a start did, so such a run reports no gain and no regression).
 
     Args:
         run_evals: {step: record} of the run's evals (its timeline), the one at `step` included.
-        start: `start_checkpoint_eval(policy.model_path)`: (label, record), or None."""
+        start: `start_checkpoint_eval(policy.model_path)`: (label, record), or None.
+        warm_start: the run's weights started from a checkpoint (`policy.model_path` set; a resumed run keeps its
+            config's)."""
+    if not warm_start:
+        return None
     base = pick_baseline(run_evals, None if start is None else start[1])
     if base is None or base == ("run", step):
         return None

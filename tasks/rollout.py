@@ -1,7 +1,7 @@
 """Rollout task functions: env stepping with a resident policy replica, trajectory assembly, evaluation.
 
 A trajectory (one shard, one training step) is a dict of numpy arrays and a few bookkeeping entries; its fields,
-shapes, dtypes and meanings are declared once in `tasks.trajectory` (FIELDS, Meta; README "Trajectory fields"):
+shapes, dtypes and meanings are declared once in `tasks.trajectory` (FIELDS, Meta; docs/reference/trajectory.md):
 T chunk steps, B envs of the shard, C actions per chunk, D action dim, O obs dim, V value outputs.
 
 `weights` arguments are versioned weights {"version", "state_dict"} or a handle of them (tasks.weights: the

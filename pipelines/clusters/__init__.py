@@ -4,6 +4,9 @@ Kinds (pipelines/clusters/<kind>.py, each registered with `tasks.config.registry
   local.py    the embedded local cluster this driver starts (the default; conf/cluster/local.yaml)
   address.py  an existing scheduler at `cluster.address` (conf/cluster/address.yaml; docker-compose.yml)
   slurm.py    Slurm batch jobs this driver submits (conf/cluster/slurm.yaml), through jobqueue.py (dask-jobqueue)
+  pbs.py, lsf.py, sge.py  PBS, LSF and Grid Engine batch jobs (conf/cluster/<kind>.yaml): each kind's module is its
+              config class, its `batch.BatchSystem` (directive spellings, queue listing) and its queue parse;
+              batch.py builds the jobs, scripts, checks and start of every batch kind from that description
   kubernetes.py  a DaskCluster of the Dask operator this driver creates (conf/cluster/kubernetes.yaml; deploy/), its
               resources built in kubernetes_spec.py
 Shared: placement.py (`cluster.component_placement`: parsing, offline checks, planning on live workers),

@@ -38,8 +38,8 @@ def check_cluster(cfg: Config) -> None:
     for f in TLS_FILES:
         path = getattr(sec, f)
         if path and not os.path.isfile(os.path.expanduser(path)):
-            raise ConfigError(f"{_SEC}.{f}", path, "no such file; give the path of a PEM file (README \"Running on "
-                                                   "an existing cluster\", cluster.security)")
+            raise ConfigError(f"{_SEC}.{f}", path, "no such file; give the path of a PEM file "
+                                                   "(docs/guides/clusters.md, \"TLS\"; cluster.security)")
     for role in ("client", "scheduler", "worker"):
         if getattr(sec, f"tls_{role}_key") and not getattr(sec, f"tls_{role}_cert"):
             raise ConfigError(f"{_SEC}.tls_{role}_key", getattr(sec, f"tls_{role}_key"),

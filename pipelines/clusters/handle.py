@@ -13,12 +13,20 @@ from tasks.config import Config
 @dataclass
 class ClusterHandle:
     """A started or connected cluster: `client` (a distributed Client), `cluster` (the processes this driver
-    started and must close, e.g. the embedded SpecCluster; None for an existing scheduler) and the dashboard link
-    to print."""
+    started and must close, e.g. the embedded SpecCluster; None for an existing scheduler), the dashboard link
+    to print and `note`: one line the command prints on stderr once the cluster is up (None: nothing to say), e.g.
+    the embedded dashboard's port fallback (pipelines.clusters.local.dashboard_note)."""
 
     client: object
     cluster: object | None
     dashboard_link: str
+    note: str | None = None
+
+    def lost_jobs(self, names: list[str]) -> str:
+        """What the cluster's job watch says of the batch jobs that held workers `names` and left the queue (the
+        job, its replacement: pipelines.clusters.jobqueue.JobWatch.describe), '' for a cluster without jobs."""
+        watch = getattr(self.cluster, "dagrl_job_watch", None)
+        return watch.describe(names) if watch is not None else ""
 
     def close(self) -> None:
         """Close the client and, for the embedded cluster, its processes. On a starved machine a nanny may not

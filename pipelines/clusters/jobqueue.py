@@ -1,4 +1,4 @@
-"""What a batch-scheduler cluster kind does with dask-jobqueue (pipelines/clusters/slurm.py uses it): one SpecCluster
+"""What a batch-scheduler cluster kind does with dask-jobqueue (pipelines/clusters/batch.py uses it): one SpecCluster
 whose scheduler runs in this driver and whose workers are batch jobs, one job per worker name the placement needs;
 waiting for the jobs' workers with a progress line; re-submitting a job that ended while the run goes on; cancelling
 every job when the cluster closes.
@@ -106,7 +106,8 @@ def _job_ids(cluster) -> dict[str, str]:
 
 
 def wait_for_jobs(cluster, client, jobs: list[JobSpec], *, timeout_s: float, queue: Callable[[list[str]], dict],
-                  what: str, timeout_key: str, echo=print, submitted: float | None = None, logs: str = "") -> float:
+                  what: str, timeout_key: str, echo=print, submitted: float | None = None, logs: str = "",
+                  no_reason: str = "") -> float:
     """Wait until every worker of `jobs` has joined the scheduler, printing a progress line whenever it changes
     (`<what>: jobs P pending, R running; workers joined J/N`).
 
@@ -116,6 +117,7 @@ def wait_for_jobs(cluster, client, jobs: list[JobSpec], *, timeout_s: float, que
             when the queue does not answer.
         what: the scheduler's name for the lines ("slurm"); timeout_key: the config key of `timeout_s`.
         submitted: time.monotonic() of the submission (default: now). logs: where the jobs write their output.
+        no_reason: said after the jobs still waiting when the queue gives no reason a job waits (SGE's qstat).
     Returns:
         seconds from `submitted` until every worker joined.
     Raises:
@@ -154,7 +156,8 @@ def wait_for_jobs(cluster, client, jobs: list[JobSpec], *, timeout_s: float, que
                      if i in states else f"{n} (job {i})" if i else f"{n} (not submitted)"
                      for n, i in waiting.items()]
             raise ConnectionError(f"{timeout_key}={timeout_s:g}: {n_joined} of {want} workers joined within "
-                                  f"{timeout_s:g} s; still waiting: {', '.join(parts)}; raise {timeout_key} for a "
+                                  f"{timeout_s:g} s; still waiting: {', '.join(parts)}"
+                                  f"{' (' + no_reason + ')' if no_reason else ''}; raise {timeout_key} for a "
                                   f"busy queue, or ask for less (fewer jobs, fewer cores or less memory per job, a "
                                   f"shorter walltime, another partition)")
         time.sleep(1.0)
@@ -183,6 +186,18 @@ class JobWatch:
                 await self.check()
             except Exception as exc:  # noqa: BLE001 - a failed query is tried again at the next tick
                 logger.debug("job watch: %s", exc)
+
+    def describe(self, names: list[str]) -> str:
+        """One clause on the jobs that held workers `names` (a job's workers are named after it: `gpu-0`,
+        `gpu-0-1`) and left the queue: "<what> job ID (NAME) left the queue, replaced by job NEW" (the latest loss
+        of each), joined by ", "; '' when none of them did."""
+        last = dict(self.replaced)  # job name -> the id that ended last
+        out = []
+        for job in sorted({j for j in last for n in names if n == j or n.startswith(f"{j}-")}):
+            new = getattr(self.cluster.workers.get(job), "job_id", None)
+            out.append(f"{self.what} job {last[job]} ({job}) left the queue, "
+                       + (f"replaced by job {new}" if new else "not replaced"))
+        return ", ".join(out)
 
     async def check(self) -> list[str]:
         """One look: the names of the jobs it re-submitted."""

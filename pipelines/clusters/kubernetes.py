@@ -216,22 +216,22 @@ class KubernetesClusterConfig(ClusterConfig):
     name: str = "dagrl"  # the DaskCluster (pods <name>-scheduler, <name>-default-worker-*, <name>-gpu-worker-*)
     namespace: Optional[str] = None  # null: the kubeconfig context's namespace (in a pod: its own)
     image: Optional[str] = None  # required: the Dockerfile's image (EXTRAS=server,cuda,kubernetes) the nodes pull
-    image_pull_policy: str = "IfNotPresent"
+    image_pull_policy: str = "IfNotPresent"  # the pods' imagePullPolicy: IfNotPresent | Always | Never
     service_type: str = "ClusterIP"  # the scheduler's Service: ClusterIP | NodePort | LoadBalancer
     env_pods: Optional[int] = None  # env (CPU=1) worker pods; null: one per GPU device
     gpus_per_worker: int = 1  # GPUs of one GPU pod (its gpu_resource limit); 0: a logical GPU worker on a CPU node
     gpu_worker_command: str = "cuda"  # cuda: `dask cuda worker` (a worker per GPU); dask: `dask worker` (one a pod)
     gpu_resource: str = "nvidia.com/gpu"  # the device plugin's extended resource
-    scheduler_cpu: str = "1"
-    scheduler_memory: str = "2Gi"
-    env_worker_cpu: str = "1"
-    env_worker_memory: str = "4Gi"
-    env_worker_cpu_limit: Optional[str] = None
-    env_worker_memory_limit: Optional[str] = None
+    scheduler_cpu: str = "1"  # the scheduler pod's CPU request
+    scheduler_memory: str = "2Gi"  # the scheduler pod's memory request
+    env_worker_cpu: str = "1"  # an env worker pod's CPU request
+    env_worker_memory: str = "4Gi"  # an env worker pod's memory request
+    env_worker_cpu_limit: Optional[str] = None  # its CPU limit; null: none
+    env_worker_memory_limit: Optional[str] = None  # its memory limit; null: the request
     gpu_worker_cpu: str = "4"  # also the torch threads of its Dask workers (divided among them)
-    gpu_worker_memory: str = "32Gi"
-    gpu_worker_cpu_limit: Optional[str] = None
-    gpu_worker_memory_limit: Optional[str] = None
+    gpu_worker_memory: str = "32Gi"  # a GPU worker pod's memory request
+    gpu_worker_cpu_limit: Optional[str] = None  # its CPU limit; null: none
+    gpu_worker_memory_limit: Optional[str] = None  # its memory limit; null: the request
     gpu_node_selector: dict[str, str] = field(default_factory=dict)  # e.g. {nvidia.com/gpu.product: NVIDIA-H100...}
     pod_env: dict[str, str] = field(default_factory=dict)  # environment variables of every pod
     runs_volume_claim: Optional[str] = None  # required: a ReadWriteMany PVC holding run_root (deploy/runs-pvc.yaml)

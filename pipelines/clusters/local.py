@@ -37,7 +37,7 @@ class LocalClusterConfig(ClusterConfig):
     num_gpu_workers: int = 1  # logical GPU workers on a CPU-only machine (with CUDA: one per device)
     # torch intra-op threads of each GPU-resource (actor) worker; None: the cores the env workers leave
     # (os.cpu_count() - num_env_workers, at least 1). Idle threads sleep (OMP_WAIT_POLICY=PASSIVE) rather than
-    # spin, so more threads than free cores degrade gracefully (README "Where the update's time goes")
+    # spin, so more threads than free cores degrade gracefully (docs/guides/tracking_performance.md)
     actor_threads: Optional[int] = None
     dashboard_address: str = "127.0.0.1:8787"  # the scheduler's dashboard (":8787": every interface)
     start_timeout_s: float = 120.0  # every worker up within this, else one-line error
@@ -213,4 +213,19 @@ def start(cfg: Config) -> ClusterHandle:
         ClusterHandle(client, cluster, "").close()
         raise ConnectionError(f"cluster.start_timeout_s={c.start_timeout_s:g}: only {have} of the embedded cluster's "
                               f"{len(workers)} workers registered within {c.start_timeout_s:g} s; {fix}")
-    return ClusterHandle(client, cluster, client.dashboard_link)
+    return ClusterHandle(client, cluster, client.dashboard_link,
+                         dashboard_note(c.dashboard_address, client.dashboard_link))
+
+
+def dashboard_note(asked: str, link: str) -> str | None:
+    """One line when the embedded dashboard is not on the port `cluster.dashboard_address` (`asked`, `HOST:PORT` or
+    `:PORT`) names: distributed takes another port when that one is busy (another run's or Dask cluster's dashboard)
+    and says so only in a log dagrl silences. None when it is there, or when `asked` leaves the port to the system
+    (port 0) or the link has no port."""
+    from urllib.parse import urlparse
+    want = asked.rsplit(":", 1)[-1]
+    got = urlparse(link).port
+    if not want.isdigit() or int(want) == 0 or got is None or got == int(want):
+        return None
+    return (f"dashboard on port {got}: port {want} (cluster.dashboard_address={asked}) is taken, by another dagrl "
+            f"run or Dask cluster on this machine; cluster.dashboard_address=127.0.0.1:PORT chooses another")

@@ -3,8 +3,9 @@
 `Evaluator` is the runner's collaborator for evals. It plays the eval graph (and the validation split's) through
 the scheduler (`Scheduler.compute`: watched, retried after a loss), writes each eval's per-episode record
 (`<run_dir>/evals/step_<N>.json`, tasks.evalstats) and asks tasks.evalstats' pure functions of eval records for the
-decisions: the best eval so far (`best_after`), the baseline of the gains (`baseline`: the run's step-0 eval, else
-the start checkpoint's own eval on the same episodes, else the run's first), the paired gain (`gain_metrics`) and
+decisions: the best eval so far (`best_after`), the baseline of the gains of a run started from a checkpoint
+(`baseline`: the run's step-0 eval, else the start checkpoint's own eval on the same episodes, else the run's
+first; a run from scratch has none), the paired gain (`gain_metrics`) and
 the regression warning (`Comparison.significant_drop`). pipelines.eval scores a checkpoint with the same functions.
 """
 from __future__ import annotations
@@ -33,7 +34,9 @@ class Evaluator:
         Every eval plays the same fixed episodes (episode i: reset seed `env.eval.seed + i`); the metrics hold the
         means, the Wilson 95 % interval of each success rate (`eval/success_once_ci_low` / `_ci_high`, the same for
         success_at_end; tasks.evalstats) and the paired gain with Newcombe's interval (`eval/gain_success_once`,
-        `_ci_low`, `_ci_high`) over the run's baseline eval (tasks.evalstats.baseline): its step-0 eval; else,
+        `_ci_low`, `_ci_high`) over the run's baseline eval (tasks.evalstats.baseline), for a run that started from
+        a checkpoint (`policy.model_path`; a run from scratch has no gain and no regression warning): its step-0
+        eval; else,
         when `policy.model_path` is a checkpoint whose run evaluated it on the same episodes (an SFT run's
         `checkpoints/global_step_N/hf`), that eval - so a run with `runner.val_at_start=false` has a gain from its
         first eval on; else its first eval. The per-episode outcomes go to `<run_dir>/evals/step_<N>.json` (seed ->
@@ -65,7 +68,8 @@ class Evaluator:
         self.perf.phase("eval", st.step, m["time/eval"] + m.get("time/val", 0.0))
         self.last = m
         start = evalstats.start_checkpoint_eval(self.cfg.policy.model_path)  # one small file, once per eval
-        base = evalstats.baseline({**earlier, st.step: {**extra, "episodes": outcomes}}, start, st.step)
+        base = evalstats.baseline({**earlier, st.step: {**extra, "episodes": outcomes}}, start, st.step,
+                                  warm_start=bool(self.cfg.policy.model_path))  # from scratch: no gain
         c = None
         if base is not None:
             gain, c = evalstats.gain_metrics(outcomes, base[0])

@@ -84,9 +84,9 @@ class Runner:
         try:  # an interrupt or error while setting up must not leave the MLflow run RUNNING
             self.perf = PerfRecorder(self.client, self.run_dir, st.run_id, roles=self._roles,
                                      colocated=cfg.rollout.inference == "colocated",
-                                     samples_per_step=cfg.batch_size)
+                                     samples_per_step=cfg.batch_size, sft_batch_size=cfg.sft.batch_size)
             self.recovery = Recovery(cfg, st, watch=self.watch, ctx=self.ctx, checkpoint=self.checkpoint,
-                                     rollback=self._rollback, echo=say)
+                                     rollback=self._rollback, echo=say, jobs=getattr(handle, "lost_jobs", None))
             self.sched = Scheduler(cfg, self.client, st, watch=self.watch, ctx=self.ctx, recovery=self.recovery,
                                    perf=self.perf)
             self.evals = Evaluator(cfg, st, ctx=self.ctx, sched=self.sched, perf=self.perf, echo=say)
@@ -275,12 +275,7 @@ class Runner:
             self._last_ckpt = self.checkpoint(st.elapsed_s + time.perf_counter() - t_start)
         if bar is not None:
             bar.n = st.step  # the run's step, also after a rollback (`_rollback` sets it back at once)
-            post = {"env_sps": f"{m['rollout/env_steps_per_s']:.0f}",
-                    "success": f"{m.get('env/success_once', float('nan')):.2f}"} \
-                if "rollout/env_steps_per_s" in m else {"loss": f"{m['train/sft_loss']:.3f}"}
-            if self.last_eval:
-                post["eval"] = f"{self.last_eval['eval/success_once']:.2f}"
-            bar.set_postfix(post)
+            bar.set_postfix(progress_postfix(m, self.last_eval))
         if self.after_step is not None:
             self.after_step(self)
 
@@ -386,3 +381,19 @@ class Runner:
         actor's recovery takes, without the re-placement); `tag`: the init graph's key tag."""
         self._rollback(ckpt)
         self.sched.init_actor(None if ckpt is None else str(ckpt), tag=tag)
+
+
+def progress_postfix(m: dict, last_eval: dict | None) -> dict[str, str]:
+    """The progress bar's fields after a step with metrics `m`: an RL step's env steps/s and the success rate of the
+    training episodes that ended in it (`env/success_once`; `-` when none ended: a step shorter than an episode,
+    the smoke run's), an SFT step's loss; then the last eval's success_once (`last_eval`'s), when there is one."""
+    import math
+    if "rollout/env_steps_per_s" in m:
+        done = m.get("env/success_once", float("nan"))
+        post = {"env_sps": f"{m['rollout/env_steps_per_s']:.0f}",
+                "success": f"{done:.2f}" if math.isfinite(done) else "-"}
+    else:
+        post = {"loss": f"{m['train/sft_loss']:.3f}"}
+    if last_eval:
+        post["eval"] = f"{last_eval['eval/success_once']:.2f}"
+    return post

@@ -41,7 +41,8 @@ Definitions (seconds unless stated):
 - env steps/s = env steps / rollout seconds (the sum over steps of `time/rollout_total_max`: the slowest shard's
   rollout, inference included when colocated); env steps/s (wall) = env steps / the sum of the step walls.
 - update samples/s = sum over steps of (samples x epochs run) / the sum of `time/update`; samples =
-  env.num_envs x rollout.chunk_steps (one per env and chunk step, the update's flattened batch).
+  env.num_envs x rollout.chunk_steps (one per env and chunk step, the update's flattened batch); an SFT step's
+  samples = its minibatch updates (`train/minibatch_updates`) x sft.batch_size, one epoch.
 - peak memory of a process: its high-water RSS (GiB); of a role: the sum over its processes (an upper bound of their
   simultaneous peak); of the cluster: the sum over every process seen (driver, scheduler, workers, workers since
   lost), the figure the run's last line prints. Nannies are not counted.
@@ -170,11 +171,13 @@ class PerfRecorder:
     or memory read that errors or takes over `timeout_s` is skipped (and counted in `perf_read_errors`)."""
 
     def __init__(self, client, run_dir: Path, run_id: str, *, roles, colocated: bool, samples_per_step: int,
-                 timeout_s: float = 10.0):
+                 timeout_s: float = 10.0, sft_batch_size: int = 0):
         """roles: () -> {worker address: role} of the current placement ("env_workers", "gpu_workers");
-        samples_per_step: the update's samples per training step (env.num_envs x rollout.chunk_steps)."""
+        samples_per_step: the update's samples per training step (env.num_envs x rollout.chunk_steps);
+        sft_batch_size: an SFT step's samples per minibatch update (sft.batch_size)."""
         self.client, self.run_dir, self.run_id = client, Path(run_dir), run_id
         self.roles, self.colocated, self.samples_per_step = roles, colocated, samples_per_step
+        self.sft_batch_size = sft_batch_size
         self.timeout_s = timeout_s
         self.errors: list[str] = []  # the perf reads skipped (failed or over timeout_s), one line each
         self._times: dict[str, tuple[float, float]] = {}  # key -> (compute, transfer) not yet accounted
@@ -255,7 +258,8 @@ class PerfRecorder:
               "path": on_path, "busy": busy, "overhead_s": max(0.0, wall - path_s),
               "overlap_s": max(0.0, path_s - wall), "env_steps": int(env_steps),
               "rollout_s": float(m.get("time/rollout_total_max", 0.0)), "update_s": float(m.get("time/update", 0.0)),
-              "samples": self.samples_per_step if "time/rollout_total_max" in m else 0,
+              "samples": (self.samples_per_step if "time/rollout_total_max" in m  # SFT: its minibatches
+                          else int(m.get("train/minibatch_updates", 0)) * self.sft_batch_size),
               "epochs": float(m.get("train/epochs_run", 1.0)), "tasks": len(times)}
         self._accounted_step = step - 1
         ev["busy_other"] = self._other_busy(("init",))
@@ -401,10 +405,15 @@ def summarize(events: list[dict]) -> dict:
 
 
 def format_table(s: dict) -> str:
-    """The summary as the table the run prints (seconds, shares of the run wall, GiB)."""
+    """The summary as the table the run prints (seconds, shares of the run wall, GiB). Its first line says what it
+    counts: the whole run, every driver session of it (`perf, whole run (2 sessions): 26 step(s) in 185.8 s of run
+    wall, the sessions' walls summed`; a resumed run's done line counts its own session). A run with no env steps
+    (SFT: its samples come from a store) has no env steps/s, only the update's samples/s."""
     def num(x, fmt="{:.1f}"):
         return "-" if x is None else fmt.format(x)
-    lines = [f"perf: {s['steps']} step(s) in {s['wall_s']:.1f} s of run wall ({s['sessions']} session(s))",
+    n = s["sessions"]
+    lines = [f"perf, whole run ({n} session{'' if n == 1 else 's'}): {s['steps']} step(s) in {s['wall_s']:.1f} s of "
+             f"run wall" + (", the sessions' walls summed" if n > 1 else ""),
              f"  {'phase':<20}{'wall s':>9}{'share':>8}{'busy s':>9}"]
     for ph in RUN_PHASES:
         v = s["phases_s"].get(ph, 0.0)
@@ -412,9 +421,9 @@ def format_table(s: dict) -> str:
         lines.append(f"  {ph:<20}{v:>9.2f}{100 * s['phases_share'].get(ph, 0.0):>7.1f}%{num(b, '{:.2f}'):>9}")
     if s["busy_s"].get("retried"):
         lines.append(f"  {'(retried attempts)':<20}{'':>9}{'':>8}{s['busy_s']['retried']:>9.2f}")
-    lines.append(f"  env steps/s {num(s['env_steps_per_s'], '{:.0f}')} (rollout), "
-                 f"{num(s['env_steps_per_s_wall'], '{:.0f}')} (step wall) | update samples/s "
-                 f"{num(s['update_samples_per_s'], '{:.0f}')}")
+    env = (f"env steps/s {num(s['env_steps_per_s'], '{:.0f}')} (rollout), "
+           f"{num(s['env_steps_per_s_wall'], '{:.0f}')} (step wall) | " if s["env_steps"] else "")
+    lines.append(f"  {env}update samples/s {num(s['update_samples_per_s'], '{:.0f}')}")
     mem = s["memory"]
     roles = ", ".join(f"{r} {v['peak_rss_gib']:.2f}" + (f" ({v['processes']})" if v["processes"] > 1 else "")
                       + (f" [GPU {v['gpu_peak_gib']:.2f}]" if v.get("gpu_peak_gib") else "")

@@ -20,6 +20,11 @@ Every way a run gives up ends in `give_up`, which raises `RunStalled` with ONE l
 | a task of the checkpoint graph failed (disk full, permissions)        | Scheduler.compute                    |
 | placed workers lost or stalled in the init graph (no retry path)      | Scheduler.init_actor                 |
 
+A recovery that goes on says so in one line too (`recover`): the lost workers, what is retried, and in brackets
+the batch jobs that held them (a batch kind's job watch: the job that left the queue and its replacement) and,
+after a lost actor, the checkpoint it is restored from and the `runner.resume=` command that continues from it
+should the run stop.
+
 N is the training step that failed, numbered as MLflow's (the first step is 1); for an evaluation or checkpoint
 graph it is the step they follow. The checkpoint is written (of the last finished step, with the watch narrowed to
 the actor's workers: a lost env worker does not stop it) whenever the actor's workers are healthy; else the line
@@ -37,9 +42,10 @@ class Recovery:
     """The run's side of a loss (module docstring). `stopping`: a give-up is writing its checkpoint (no retry
     then: Scheduler.retrying)."""
 
-    def __init__(self, cfg, state, *, watch, ctx, checkpoint, rollback, echo=print):
+    def __init__(self, cfg, state, *, watch, ctx, checkpoint, rollback, echo=print, jobs=None):
         self.cfg, self.state, self.watch, self.ctx, self.echo = cfg, state, watch, ctx, echo
         self.checkpoint, self.rollback = checkpoint, rollback
+        self.jobs = jobs  # worker names -> what the cluster says of their batch jobs ('' when none: ClusterHandle)
         self.stopping = False
 
     def give_up(self, failed: str, fix: str, *, actor_healthy: bool, step: int | None = None,
@@ -77,6 +83,20 @@ class Recovery:
             return "then start it again (no checkpoint to resume from)"
         return f"then resume with `python -m pipelines.run conf=<this config> runner.resume={self.state.run_id}`"
 
+    def _details(self, lost: set[str], actor_lost: bool, ckpt) -> str:
+        """The recovery line's tail: the batch jobs that held the `lost` workers (`jobs`: the job, its replacement)
+        and, after a lost actor, the checkpoint it is restored from and the command that resumes from it should
+        the run stop (` (...)`; empty when there is nothing to add)."""
+        parts = []
+        if actor_lost:
+            parts.append(f"from {ckpt}" if ckpt is not None else "no checkpoint yet: a fresh actor from step 0")
+        said = self.jobs(self.watch.worker_names(lost)) if self.jobs is not None else ""
+        if said:
+            parts.append(said)
+        if actor_lost and ckpt is not None:
+            parts.append(f"should this run stop, {self._resume_hint(ckpt).removeprefix('then ')}")
+        return f" ({'; '.join(parts)})" if parts else ""
+
     def recover(self, lost: set[str], step: int, busy: set[str] = frozenset(),
                 during: str | None = None) -> tuple[str | None, str] | None:
         """Re-place the run on the healthy workers (`Watcher.plan_recovery`: stuck workers restarted, paused ones
@@ -103,16 +123,17 @@ class Recovery:
             plan = self.watch.plan_recovery(lost, busy, run_id=st.run_id, generation=st.actor_generation)
         except NoPlacement as exc:
             self.give_up(exc.failed, exc.fix, actor_healthy=exc.actor_healthy)
+        ckpt = latest_checkpoint(self.ctx.run_dir) if plan.actor_lost else None
         self.echo(f"dagrl: worker(s) {sorted(lost)} {'lost or stalled' if plan.stalled else 'lost'} during "
                   f"{during or f'step {step + 1}'}; "
                   f"{'restoring the actor from the last checkpoint and ' if plan.actor_lost else ''}retrying"
-                  + (f" without {sorted(plan.paused)}" if plan.paused else ""))
+                  + (f" without {sorted(plan.paused)}" if plan.paused else "")
+                  + self._details(lost, plan.actor_lost, ckpt))
         self.watch.replace_placement(plan.placement)
         from tasks import resident
         self.watch.run_on(resident.release, f"{st.run_id}/shard/", what="releasing the env shards")
         if not plan.actor_lost:
             return None
-        ckpt = latest_checkpoint(self.ctx.run_dir)
         self.rollback(ckpt)  # RunState from the checkpoint (or fresh), one timeline in store/MLflow
         ranks = self.watch.ranks
         if ranks > 1:

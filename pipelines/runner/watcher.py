@@ -240,6 +240,10 @@ class Watcher:
     def name(self, addr: str) -> str:
         return f"{self._names.get(addr, '?')} ({addr})"
 
+    def worker_names(self, addrs) -> list[str]:
+        """The worker names (`env-0`, `gpu-0`) of `addrs` as last seen, sorted; an address never seen is left out."""
+        return sorted(str(self._names[a]) for a in addrs if a in self._names)
+
     def _lost_workers(self) -> set[str]:
         """Placed workers gone (or restarted with a new id), confirmed by a second look 2 s later: on a starved
         machine one scheduler_info() answer was seen to list none of the live workers (`cluster_info` asks the

@@ -1,4 +1,4 @@
-"""`python -m pipelines.upgrade RUN_DIR` (or a RUN_ID under `--run-root`, or `STORE`): rewrite a run directory (or a recorded trajectory store)
+"""`python -m pipelines.upgrade RUN_DIR` (or a RUN_ID under `run_root=DIR`, or `STORE`): rewrite a run directory (or a recorded trajectory store)
 written in an older format, once, into today's.
 
 Readers accept today's format only: an older checkpoint is refused where it is verified or loaded
@@ -253,9 +253,12 @@ def resolve_target(arg: str, run_root: str | os.PathLike = "runs") -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipelines.upgrade", description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", help="a run directory (<run_root>/<experiment>/<run_id>), its run id (looked up under "
-                                    "--run-root), or a recorded trajectory store (record.out)")
-    ap.add_argument("--run-root", default="runs", help="where run ids are looked up (default: runs)")
-    args = ap.parse_args(argv)
+                                    "run_root=DIR, default runs), or a recorded trajectory store (record.out)")
+    ap.add_argument("--run-root", default="runs", help=argparse.SUPPRESS)  # run_root=DIR (pipelines.cli.as_flags)
+    from pipelines.cli import version
+    ap.add_argument("--version", action="version", version=version())
+    from pipelines.cli import as_flags  # run_root=DIR, the spelling of every command (--run-root DIR: the same)
+    args = ap.parse_args(as_flags(list(sys.argv[1:] if argv is None else argv), ("run_root",)))
     from storage.locks import LockBusy
     try:
         upgrade(resolve_target(args.run_dir, args.run_root))

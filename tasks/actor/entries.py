@@ -101,7 +101,7 @@ def actor_state(run_id: str) -> dict:
 
 def actor_export(run_id: str, checkpoint_path: str, env_meta: dict | None = None) -> str | None:
     """Write the resident actor's policy to `<checkpoint_path>/hf` (:func:`write_export`; policies that have a
-    `save_pretrained`: the VLAs), its averaged weights when kept (`algorithm.ema_decay`). Returns the directory,
+    `save_pretrained`: every family), its averaged weights when kept (`algorithm.ema_decay`). Returns the directory,
     or None without an actor or such a policy."""
     import os
     actor: Actor | None = resident.get(f"{run_id}/actor")

@@ -45,6 +45,9 @@ MODULES: dict[str, dict[str, str]] = {
         "local": "pipelines.clusters.local",
         "address": "pipelines.clusters.address",
         "slurm": "pipelines.clusters.slurm",
+        "pbs": "pipelines.clusters.pbs",
+        "lsf": "pipelines.clusters.lsf",
+        "sge": "pipelines.clusters.sge",
         "kubernetes": "pipelines.clusters.kubernetes",
     },
 }
@@ -102,10 +105,14 @@ def _load(section: str, name: str | None = None) -> None:
 
 
 def families(section: str) -> dict[str, type]:
-    """The registered families of `section`: name -> config class (every family of MODULES imported first)."""
+    """The registered families of `section`: name -> config class (every family of MODULES imported first), in
+    MODULES' order (then any family registered outside it), whatever order their modules were imported in: what is
+    built from the families (the union Hydra composes against, the reference pages) does not depend on imports."""
     _section(section)
     _load(section)
-    return dict(_CLASSES[section])
+    order = list(MODULES.get(section, {}))
+    return dict(sorted(_CLASSES[section].items(),
+                       key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])))
 
 
 def family_class(section: str, name: str) -> type:

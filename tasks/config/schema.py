@@ -49,15 +49,15 @@ def estimator_spec(name: str) -> EstimatorSpec:
 class EvalConfig:
     """Evaluation on separate env instances with fixed seeds and deterministic actions."""
 
-    num_envs: int = 8
-    num_episodes: int = 16
+    num_envs: int = 8  # eval envs, split over the env shards like the training envs
+    num_episodes: int = 16  # episodes per evaluation (reset seeds seed .. seed + num_episodes - 1)
     seed: int = 1_000_000  # eval episode i uses reset seed `seed + i`, identical at every evaluation
     ignore_terminations: bool = True  # run every eval episode to its time limit: success_at_end is meaningful
     # a validation split: > 0 plays val_episodes more fixed episodes (reset seed `val_seed + i`, disjoint from the
     # eval's) at every eval, and they, not the eval's, choose the run's best checkpoint (`checkpoints/best`), so
     # the eval episodes score a checkpoint they did not pick. 0: the eval's episodes choose it (optimistic)
     val_episodes: int = 0
-    val_seed: int = 2_000_000
+    val_seed: int = 2_000_000  # validation episode i uses reset seed `val_seed + i`
 
     def split(self, name: str) -> "EvalConfig":
         """The episodes of split `name` as an EvalConfig: "eval" (this one) or "val" (num_episodes = val_episodes,
@@ -77,18 +77,19 @@ class EnvConfig:
     """Simulator and env task: the keys every env family has. `num_envs` training envs are split into `num_shards`
     env shards. `simulator` selects the family (tasks/envs/<simulator>/configuration.py adds its own keys)."""
 
-    simulator: str = "maniskill"
-    env_id: str = "PushCube-v1"
+    simulator: str = "maniskill"  # selects the env family: maniskill | libero
+    env_id: str = "PushCube-v1"  # the env task (ManiSkill: its env id, e.g. PickCube-v1; LIBERO: the suite)
     obs_mode: str = "state"  # state: the flat state vector; rgb: the state vector plus one camera image
     image_size: int = 64  # square camera image (pixels) with obs_mode=rgb, captured once per chunk step
-    control_mode: str = "pd_joint_delta_pos"
-    reward_mode: str = "normalized_dense"
-    sim_backend: str = "physx_cpu"
+    control_mode: str = "pd_joint_delta_pos"  # the robot controller the actions drive (ManiSkill's control_mode)
+    reward_mode: str = "normalized_dense"  # the env task's reward: normalized_dense | dense | sparse
+    sim_backend: str = "physx_cpu"  # physx_cpu: CPU simulation; physx_cuda: ManiSkill's GPU simulation
     max_episode_steps: Optional[int] = None  # None: the env task's own limit (50 for PushCube-v1)
-    num_envs: int = 16
-    num_shards: int = 2
-    auto_reset: bool = True
-    ignore_terminations: bool = False
+    num_envs: int = 16  # training envs over all env shards
+    num_shards: int = 2  # env shards: vectorised groups of num_envs / num_shards envs, each resident on one worker
+    auto_reset: bool = True  # an env whose episode ended starts the next one in the same rollout; false: it idles
+    # until the rollout ends (one episode per env per rollout; tasks.envs.shard)
+    ignore_terminations: bool = False  # run training episodes to their time limit through terminal states
     seed: int = 0  # training episode k of global env g uses reset seed seed + g + k * num_envs
     eval: EvalConfig = field(default_factory=EvalConfig)
 
@@ -102,8 +103,9 @@ class PolicyConfig:
     """Policy family: the keys every family has. `name` selects the family (tasks/policies/<name>/configuration.py
     adds its own keys; `model` there names its nn.Module). `num_action_chunks` C actions are predicted per call."""
 
-    name: str = "mlp"  # mlp | flow_vla (pi0-style flow matching) | token_vla (OpenVLA-OFT-style action tokens)
-    num_action_chunks: int = 1
+    name: str = "mlp"  # mlp | flow_vla (pi0-style flow matching) | token_vla (OpenVLA-OFT-style action tokens) |
+    # pi0 | pi05 (transformers' pi0 / pi0.5)
+    num_action_chunks: int = 1  # C: actions per policy call (an action chunk), executed before the next call
     model_path: Optional[str] = None  # local checkpoint directory (save_pretrained layout) to start from
     # ----- device and precision of rollout replicas and the one-rank actor / SFT update (tasks.device) -----
     device: str = "cpu"  # cpu | cuda (the worker's CUDA device; needs CUDA)
@@ -119,6 +121,10 @@ class PolicyConfig:
     # the family's rules that need its components (an env's instruction table, a checkpoint's files): functions of
     # the whole Config raising ConfigError, run by tasks.policies.check_components (run, validate, eval, record)
     component_checks: ClassVar[tuple] = ()
+    # the family's keys a checkpoint fixes (its weights' shapes or meaning): a `model_path` whose config.json
+    # `policy` holds other values is refused offline, naming the key and both values
+    # (pipelines.components.check_model_path); e.g. the mlp's hidden_sizes and activation
+    checkpoint_keys: ClassVar[tuple] = ()
 
 
 @dataclass(frozen=True)
@@ -130,28 +136,28 @@ class AlgorithmConfig:
     # sft.store, no estimator)
     group_size: int = 1  # grpo, rloo: envs per group sharing a reset state; groups never straddle env shards
     filter_rewards: bool = False  # grpo: mask out of the loss the groups whose mean score is outside the bounds
-    rewards_lower_bound: float = 0.0
-    rewards_upper_bound: float = 1.0
-    gamma: float = 0.8
-    gae_lambda: float = 0.9
-    reward_type: str = "chunk_level"
-    logprob_type: str = "chunk_level"
-    reward_scale: float = 1.0
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    dual_clip: Optional[float] = None
-    value_clip: Optional[float] = None
-    entropy_coef: float = 0.0
-    value_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    lr: float = 3e-4
+    rewards_lower_bound: float = 0.0  # filter_rewards: the lowest group mean score kept
+    rewards_upper_bound: float = 1.0  # filter_rewards: the highest group mean score kept
+    gamma: float = 0.8  # discount factor of the returns
+    gae_lambda: float = 0.9  # GAE's lambda
+    reward_type: str = "chunk_level"  # chunk_level: one reward per chunk step; action_level: one per action
+    logprob_type: str = "chunk_level"  # the granularity of the log-prob ratio: chunk_level | action_level
+    reward_scale: float = 1.0  # factor on the env's rewards before the advantages
+    clip_ratio_low: float = 0.2  # PPO: the ratio is clipped to [1 - clip_ratio_low, 1 + clip_ratio_high]
+    clip_ratio_high: float = 0.2  # PPO: upper side of the clip range (above)
+    dual_clip: Optional[float] = None  # dual-clip PPO's c (> 1) bounding the loss where advantages < 0; None: off
+    value_clip: Optional[float] = None  # clip of the new values around the rollout's (PPO value clipping); None: off
+    entropy_coef: float = 0.0  # weight of the entropy bonus in the actor loss
+    value_coef: float = 0.5  # weight of the critic loss
+    max_grad_norm: float = 0.5  # gradients clipped to this global norm at every optimizer step
+    lr: float = 3e-4  # learning rate (Adam)
     # linear learning-rate decay over the updates (ManiSkill / CleanRL ppo.py `anneal_lr`, there over the run's
     # iterations): the update from weight version v uses lr x max(0, 1 - v / lr_anneal_steps), every param group
     # alike; None: constant. A function of the version, so a resumed run continues the same schedule
     lr_anneal_steps: Optional[int] = None
-    update_epochs: int = 8
-    num_minibatches: int = 8
-    normalize_advantages: bool = True
+    update_epochs: int = 8  # passes over the training step's samples per update
+    num_minibatches: int = 8  # optimizer steps per epoch (minibatch = batch / num_minibatches)
+    normalize_advantages: bool = True  # standardise the advantages over the whole batch before the loss
     target_kl: Optional[float] = 0.1  # stop the update's epochs early once approx_kl exceeds it
     critic_lr: Optional[float] = None  # learning rate of a VLA's value head (None: algorithm.lr for everything)
     lr_scale: dict[str, float] = field(default_factory=dict)  # parameter-name prefix -> factor on the learning rate
@@ -191,7 +197,7 @@ class AlgorithmConfig:
 class RolloutConfig:
     """One rollout per training step: `chunk_steps` policy calls per env (T)."""
 
-    chunk_steps: int = 100
+    chunk_steps: int = 100  # T: policy calls per env per rollout (one training step)
     chunk_steps_per_node: int = 50  # graph granularity: chunk steps carried by one env_step node
     inference: str = "colocated"  # colocated: policy replica inside env_step nodes; disaggregated: policy_infer nodes
     pipeline_stage_num: int = 1  # disaggregated: each env shard's envs in p stage groups, one policy_infer node per
@@ -203,18 +209,18 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class RunnerConfig:
-    max_steps: int = 1000
-    max_env_steps: Optional[int] = None
-    max_wall_time_s: Optional[float] = None
+    max_steps: int = 1000  # training steps of the run
+    max_env_steps: Optional[int] = None  # stop once the training envs took this many env steps; None: no limit
+    max_wall_time_s: Optional[float] = None  # stop once the run trained this long (seconds, resumes included)
     val_check_interval: int = 10  # evaluate every N training steps (and after the last)
     val_at_start: bool = False  # also evaluate before the first training step (the starting policy's score)
     save_interval: int = 20  # checkpoint every N training steps (and after the last)
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2  # the newest N checkpoints are kept (and the best one besides)
     # true: after every checkpoint the run drops its ManiSkill (CPU) env and eval shards and re-creates them from
     # the cursors just saved, as a resume does, so a resume from a checkpoint written inside the loop (periodic,
     # best eval) continues the uninterrupted run bit for bit. The CPU simulator keeps solver and contact state
-    # across `reset` that no checkpoint holds (README "Resume"). Costs ~0.35 s per env per checkpoint (close +
-    # build); false (default): a resumed run is a continuation, not a replay
+    # across `reset` that no checkpoint holds (docs/guides/resume.md). Costs a close and a build of every env per
+    # checkpoint; false (default): a resumed run is a continuation, not a replay
     exact_resume: bool = False
     resume: Optional[str] = None  # a run id or "latest"
     # stop once eval/success_once reaches this value (val/success_once with a validation split:
@@ -227,17 +233,16 @@ class RunnerConfig:
     # not heard from this long; then the step is retried on the healthy workers, or the run stops with a checkpoint
     max_staleness: int = 0  # asynchronous steps: rollouts in flight ahead of the update (k); the rollout of step
     # n+k runs on weights v(n) while update n runs, and the update corrects with decoupled PPO. 0: synchronous
-    progress: bool = True
+    progress: bool = True  # show a progress bar (tqdm: training steps; pipelines.record: episodes)
     # an eval films its first N episodes (at most env.eval.num_episodes; mp4 with step, reward, return, success
     # on the frames, <= 10 fps; tasks.video; which evals: eval_video_interval), logged to MLflow under
-    # videos/step_<step>; 0: none; GPU simulation: none. A frame costs ~0.05-0.3 s on a CPU (lavapipe) with the
-    # load: one 26-frame PushCube episode ~1.3 s on the idle 2-core VM (2026-12-05), ~10-15 s for 2 under load
+    # videos/step_<step>; 0: none; GPU simulation: none. Rendering a frame on a CPU is slow:
+    # filming is the eval's serial tail
     eval_videos: int = 2
     eval_video_size: int = 256  # the square frames' side in pixels
     # film only the evals whose training step is a multiple of this (the step-0 eval counts), and the eval after
     # the run's last step (runner.max_steps, or whatever ended the run); 1: every eval. The video is the eval's
-    # serial tail (the default job: ~1.3 s of its ~2.9 s eval on the idle 2-core VM, 2026-12-05), so a long run
-    # films every few evals
+    # serial tail, so a long run films every few evals
     eval_video_interval: int = 1
     # training steps (numbered as MLflow's: the first is 1) run under distributed.performance_report, written to
     # <run dir>/profile/step_N.html and logged to MLflow under profile/ (pipelines.runner.perf); [] : none
@@ -264,14 +269,14 @@ class SecurityConfig:
     needs); `pipelines.clusters.security` builds the `distributed.Security` from the files of the kind's roles.
     """
 
-    tls_ca_file: Optional[str] = None
-    tls_client_cert: Optional[str] = None
-    tls_client_key: Optional[str] = None
-    tls_scheduler_cert: Optional[str] = None
-    tls_scheduler_key: Optional[str] = None
-    tls_worker_cert: Optional[str] = None
-    tls_worker_key: Optional[str] = None
-    require_encryption: bool = False
+    tls_ca_file: Optional[str] = None  # the CA that signed the certificates
+    tls_client_cert: Optional[str] = None  # this driver's client certificate
+    tls_client_key: Optional[str] = None  # its key (if not in the cert's file)
+    tls_scheduler_cert: Optional[str] = None  # the embedded scheduler's certificate
+    tls_scheduler_key: Optional[str] = None  # its key
+    tls_worker_cert: Optional[str] = None  # the embedded workers' certificate
+    tls_worker_key: Optional[str] = None  # its key
+    require_encryption: bool = False  # refuse unencrypted connections
     temporary: bool = False  # the embedded cluster only: a per-run self-signed certificate (needs `cryptography`)
 
 
@@ -280,16 +285,16 @@ class ClusterConfig:
     """Where the workers come from: the keys every cluster kind has. `kind` selects the kind (local: the embedded
     cluster; address: an existing scheduler), whose class in pipelines/clusters/<kind>.py adds its own keys."""
 
-    kind: str = "local"
-    threads_per_worker: int = 1
-    memory_limit: str = "3GiB"
+    kind: str = "local"  # selects the cluster kind: local | address | slurm | pbs | lsf | sge | kubernetes
+    threads_per_worker: int = 1  # threads of each Dask worker the kind starts
+    memory_limit: str = "3GiB"  # memory limit of each Dask worker the kind starts (Dask's memory_limit)
     security: SecurityConfig = field(default_factory=SecurityConfig)  # Dask TLS (SecurityConfig)
     # RLinf-style placement of components on devices (GPU i = GPU worker i): keys are a component or a
     # comma-separated list of them, values "all", "N", "A-B", "A,B", "A-B,C"; e.g. {actor: "0-3", env: "0-1",
     # rollout: "2-3"} or {"actor,env,rollout": all}. Empty (or a component left out): actor on device 0, rollout
     # with the actor, env shards round-robin over every env (CPU) worker. pipelines/clusters/ parses and plans it.
     # On the command line: actor='"0,1"' (quoted: Hydra reads a bare comma as a sweep) and
-    # '+cluster.component_placement={actor\,env\,rollout: all}' (README "Commas, lists, dicts"). rollout is where
+    # '+cluster.component_placement={actor\,env\,rollout: all}' (docs/configuration.md, "Overrides"). rollout is where
     # disaggregated policy_infer nodes run (stage j on rollout device j mod n); with colocated inference it must be
     # placed with env (inference runs inside env_step), else refused (the placement checks).
     component_placement: dict[str, str] = field(default_factory=lambda: {"actor": "", "env": "", "rollout": ""})
@@ -312,11 +317,14 @@ class ClusterConfig:
 class TrackingConfig:
     uri: Optional[str] = None  # None: sqlite:///<run_root>/mlflow.db
     experiment: Optional[str] = None  # None: the config's `experiment`
+    # seconds the pre-flight waits for an http(s) `uri` to answer its /health (a server still starting; 0: one try
+    # of 3 s); storage.tracking.check_tracking_uri
+    wait_s: float = 120.0
 
 
 @dataclass(frozen=True)
 class StorageConfig:
-    save_trajectories: bool = True
+    save_trajectories: bool = True  # write each step's stored trajectory fields to the run's zarr store
 
 
 @dataclass(frozen=True)
@@ -354,9 +362,9 @@ class RecordConfig:
 class Config:
     """The whole config. Checked by `tasks.config.checks.check_config` (once, by `pipelines.compose.load_config`)."""
 
-    experiment: str = "pushcube_ppo"
-    seed: int = 1
-    run_root: str = "runs"
+    experiment: str = "pushcube_ppo"  # the run's name: <run_root>/<experiment>/<run_id>, its MLflow experiment
+    seed: int = 1  # the run's seed (policy initialisation, sampling, minibatch order; tasks.seeding)
+    run_root: str = "runs"  # where run directories, recorded stores and the default MLflow store are written
     # the sections with families default to their default family's class (tasks.config.registry.DEFAULTS)
     env: EnvConfig = field(default_factory=lambda: default_class("env", EnvConfig)())
     policy: PolicyConfig = field(default_factory=lambda: default_class("policy", PolicyConfig)())

@@ -17,7 +17,8 @@ Every policy is an `nn.Module` with:
   values(obs) -> [B] or [B, C]
   needs_prompt: bool; tokenize(texts: list[str]) -> int64 [B, L] (VLAs)
   sft_loss(obs, actions [N, C, D]) -> scalar loss for behaviour cloning (VLAs: flow matching / token CE)
-  save_pretrained(path) / from_pretrained(path) (VLAs: a local directory, never a hub download)
+  save_pretrained(path) / from_pretrained(path) (every family: a local directory, never a hub download; the
+      `hf/` export of every checkpoint, the directory `policy.model_path` takes)
 Families are imported lazily so heavy dependencies (transformers for VLAs) stay optional.
 """
 from __future__ import annotations

@@ -19,13 +19,13 @@ class VLAConfig(PolicyConfig):
     use_state: bool = True  # condition on the env's state vector (pi0's proprio input)
     # SFT from scratch standardises the state per dimension with the mean / std of sft.store's samples (kept in the
     # checkpoint; std floored at 0.01): without it a linear projection of raw values sees the gripper's 0.035 m
-    # open/close swing next to ~1 m positions, and a LIBERO clone ignored the state (README "LIBERO")
+    # open/close swing next to ~1 m positions, and a LIBERO clone ignored the state (docs/guides/libero.md)
     normalize_state: bool = False
     # flow_vla, SFT from scratch: standardise the action targets per dimension with the mean / std of sft.store's
     # executed actions (kept in the checkpoint; std floored at 0.01; the policy un-normalises what it outputs), as
     # pi0/openpi and Diffusion Policy normalise actions: without it the flow loss weighs a dimension by its raw
     # scale, and LIBERO's small rotation deltas (std 0.005-0.06 next to 0.4-0.5 for position) were cloned with a
-    # bias that turned the gripper away in closed loop (README "LIBERO"). Only a family whose model can
+    # bias that turned the gripper away in closed loop (docs/guides/libero.md). Only a family whose model can
     # un-normalise (`set_action_norm`) reads it (`normalizes_actions`)
     normalize_actions: bool = False
     max_prompt_len: int = 48  # instruction tokens (byte-level tokenizer), padded/truncated

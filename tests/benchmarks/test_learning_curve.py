@@ -1,4 +1,4 @@
-"""benchmarks/learning_curve.py's reach-and-hold check (issue 13: eval >= 0.9 once, never below 0.8 after)."""
+"""benchmarks/learning_curve.py's reach-and-hold check (eval >= 0.9 once, never below 0.8 after)."""
 import pytest
 
 

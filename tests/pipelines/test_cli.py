@@ -1,4 +1,4 @@
-"""The command-line entry points as a new user meets them (issue 14, item 6): `--help` with examples, one line and
+"""The command-line entry points as a new user meets them: `--help` with examples, one line and
 exit 2 on bad words, `validate --connect` listing the workers, `pipelines.replay --episodes` and its default
 pick, and Ctrl-C: one line, also while the cluster starts or closes (in-process with real signals sent to this
 process at fixed points, and once through a real `pipelines.run` whose process group gets SIGINT)."""
@@ -54,17 +54,17 @@ def test_help_shows_examples_that_the_command_accepts(name, capsys):
     assert len(examples) >= 2, out
     for words in examples:
         words = [w.replace("RUN", "20261201-151530-98db") for w in words]
-        if name == "replay":
-            replay._parser().parse_args(words)
+        if name == "replay":  # the words as the command parses them (run_root=DIR: pipelines.cli.as_flags)
+            replay._parser().parse_args(cli.as_flags(words, ("run_root",)))
         elif name == "compare":
             compare.parse_args(words)
         elif name == "perf":
-            perf.parser().parse_args(words)
+            perf.parser().parse_args(cli.as_flags(words, ("run_root",)))
         elif name == "eval":
             eval_cli.parse_args(words)
         else:
             flags, overrides = cli.split_flags(words, {"--show": "", "--connect": ""} if name == "validate"
-                                               else {"--show": ""} if name == "run" else {}, name)
+                                               else {"--show": "", "-m": "", "--multirun": ""} if name == "run" else {}, name)
             assert all("=" in o for o in overrides)
 
 
@@ -499,7 +499,7 @@ def test_a_sigterm_before_the_commands_handlers_is_one_line_and_exit_130():
 
 
 def test_a_ctrl_c_python_cannot_raise_is_recorded_not_printed(capsys, monkeypatch):
-    """A KeyboardInterrupt of the entry's handler inside a gc callback (distributed's GCDiagnosis; seen 2026-12-05)
+    """A KeyboardInterrupt of the entry's handler inside a gc callback (distributed's GCDiagnosis)
     is "unraisable": Python printed it with a traceback and went on. Under `entry` it is recorded and quiet, and
     the next check_interrupted stops the command (exit 130, one line); another unraisable error still prints."""
     import gc

@@ -107,7 +107,7 @@ def test_bad_security_file_is_one_line_exit_2(pem, capsys):
                  f"cluster.security.tls_ca_file={missing}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1:]  # after the notes on smoke's own local-cluster keys
     assert err == [f"error: cluster.security.tls_ca_file={missing!r}: no such file; give the path of a PEM file "
-                   f"(README \"Running on an existing cluster\", cluster.security)"]
+                   f"(docs/guides/clusters.md, \"TLS\"; cluster.security)"]
     # the embedded cluster's keys are inert with cluster.kind=address: refused like the other local-cluster keys
     assert main(["conf=smoke", "cluster=address", "cluster.address=tls://127.0.0.1:8786",
                  f"cluster.security.tls_ca_file={pem['cert']}",

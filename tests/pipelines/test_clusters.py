@@ -18,7 +18,7 @@ from tasks.config.schema import ClusterConfig
 INTERFACE = ("start", "check_machine", "devices", "env_served", "rejoin", "describe", "attach")
 
 
-@pytest.mark.parametrize("kind", ["local", "address", "slurm", "kubernetes"])
+@pytest.mark.parametrize("kind", ["local", "address", "slurm", "pbs", "lsf", "sge", "kubernetes"])
 def test_every_kind_is_one_module_with_the_interface(kind):
     """The kind's config class subclasses the shared base (the keys every kind has) and selects itself by its
     `kind`; its module (where the class lives) provides every function of `pipelines.clusters.ClusterKind`."""

@@ -1,4 +1,4 @@
-"""`python -m pipelines.compare` (issue 14, item 3) on MLflow runs created here with known params and metrics (a
+"""`python -m pipelines.compare` on MLflow runs created here with known params and metrics (a
 tmp sqlite store, no cluster), and once on the real `conf=smoke` run of the session (`smoke_run`). Expected values
 are derived from what each test logged: the differing params, the final value (last step), the best (max, or min
 for losses) and its earliest step, the newest point of a step logged twice."""
@@ -163,8 +163,8 @@ def _one_error(rc, err, *words):
 def test_unknown_run_names_close_matches(store, capsys):
     root, _ = store
     typo = RUN_A[:-1] + "b"
-    rc, _, err = _main(capsys, RUN_A, typo, "--run-root", str(root))
-    _one_error(rc, err, f"RUN={typo!r}", RUN_A, "--run-root")
+    rc, _, err = _main(capsys, RUN_A, typo, f"run_root={root}")  # the documented spelling (--run-root: the same)
+    _one_error(rc, err, f"RUN={typo!r}", RUN_A, "run_root=DIR")
 
 
 def test_unknown_metric_names_the_run(store, capsys):
@@ -175,13 +175,13 @@ def test_unknown_metric_names_the_run(store, capsys):
 
 def test_unreadable_stores(tmp_path, capsys):
     rc, _, err = _main(capsys, RUN_A, "--run-root", str(tmp_path / "nowhere"))
-    _one_error(rc, err, "--run-root", "no database file", str(tmp_path / "nowhere" / "mlflow.db"))
+    _one_error(rc, err, "run_root", "no database file", str(tmp_path / "nowhere" / "mlflow.db"))
     assert not (tmp_path / "nowhere").exists()  # reading never creates a store
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     rc, _, err = _main(capsys, RUN_A, "--tracking-uri", f"http://127.0.0.1:{port}")
-    _one_error(rc, err, "--tracking-uri", f"http://127.0.0.1:{port}/health")
+    _one_error(rc, err, "tracking.uri", f"http://127.0.0.1:{port}/health")
 
 
 def test_help_and_bad_arguments(capsys, store, tmp_path):
@@ -233,7 +233,7 @@ def test_default_metrics_rule_and_best_direction():
 
 
 def test_diverged_values_read_as_inf_and_are_never_best(tmp_path, capsys):
-    """MLflow's SQL store keeps +-inf as +-float max (issue 47 item 3): compare prints them as inf/-inf and never
+    """MLflow's SQL store keeps +-inf as +-float max: compare prints them as inf/-inf and never
     ranks them best; the best is the extreme of the finite values, nan when no value is finite."""
     import sys
     from mlflow.tracking import MlflowClient

@@ -1,4 +1,4 @@
-"""docker-compose.yml proven without Docker (issue 14, item 5): the file is parsed (yaml.safe_load) and every
+"""docker-compose.yml proven without Docker: the file is parsed (yaml.safe_load) and every
 service's `command` runs as a local process -- the Dask scheduler, the env workers, the GPU worker, the MLflow
 server -- and then the driver's command (`conf=smoke` appended) against them. So the file cannot drift from what
 works: a service the test cannot map fails the test.
@@ -21,14 +21,14 @@ What is mapped, and nothing else (`Compose.localize`):
 The server's `--allowed-hosts` is checked as the driver's container would meet it: a request with the Host header
 `mlflow:5000` is answered, one with another host is refused (403).
 
-It is also THE local tracking-server test (issue 14, item 4): the `mlflow` service is a local `mlflow server` bound
+It is also THE local tracking-server test: the `mlflow` service is a local `mlflow server` bound
 to 127.0.0.1 on an ephemeral port with a database backend (sqlite here) and a served artifact store, and the smoke
 run against it logs what the embedded sqlite default logs (the flattened resolved config as params, every step's
 and eval's metrics, config.yaml as an artifact in the server's store, nothing in run_root/mlflow.db), and a resume
 (`runner.resume=latest`, one more step) continues the timeline there as in sqlite (storage.tracking).
 
-In the default suite. Measured on the loaded 2-core machine (2026-12-01) before the resume was added: 217 s and 199 s
-(~70 s of it the MLflow server's start-up); the time with the resume is in the README ("Tests").
+In the default suite; its measured time is on benchmarks/results/suite_timings.md (about a third of it the MLflow
+server's start-up).
 """
 from __future__ import annotations
 
@@ -374,7 +374,7 @@ def test_compose_commands_run_the_smoke_experiment(tmp_path):
                 _wait("scheduler listening", lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0,
                       procs, logs)
         print(f"\ncompose test times (s from start): {times}", file=sys.stderr)
-        assert "dagrl: done: 3 steps" in driver_out, driver_out[-3000:]
+        assert "dagrl: done: step 3 | this session: steps 1-3 (3)" in driver_out, driver_out[-3000:]
 
         # the workers ran the tasks: each executed some (env shards on CPU=1, the actor on GPU=1)
         with Client(f"tcp://127.0.0.1:{c.port('scheduler', 8786)}", timeout=60) as cl:

@@ -95,7 +95,7 @@ def test_overrides_are_typed():
      "unknown key"),
     (["+algorithm.adv_type=gae"], "algorithm.adv_type", "unknown key"),
     (["algorithm.name=gae"], "algorithm.name", "known: ['ppo', 'grpo', 'rloo', 'sft']"),
-    (["conf=pushcube_flow_sft", "sft.store=/nonexistent.zarr"], "sft.store", "no zarr store there"),
+    (["conf=pushcube_flow_sft", "sft.store=/nonexistent.zarr"], "sft.store", "no zarr store or LeRobot dataset"),
     (["conf=pushcube_flow_ppo", "policy.model_path=/nonexistent"], "policy.model_path",
      "not a save_pretrained checkpoint directory"),
     (["conf=pushcube_flow_ppo", "policy.model_path=null", "policy.noise_method=flow_ode"], "policy.noise_method",

@@ -1,4 +1,4 @@
-"""Failing cleanly (issue 47 items 6 and 8): a run's files vanishing under it, Dask's own worker tracebacks beside
+"""Failing cleanly: a run's files vanishing under it, Dask's own worker tracebacks beside
 dagrl's one-line reports, the dashboard's identity.json, a resume of a complete run, and the cluster's view on a
 loaded machine.
 

@@ -1,5 +1,5 @@
 """Every key of the config is read by code that acts on it (the invariants that replaced the golden file of resolved
-configs; issue 48 item 7). A key no code reads does nothing: the user who sets it is misled (RLinf issue #288).
+configs). A key no code reads does nothing: the user who sets it is misled (RLinf issue #288).
 
 `test_every_key_arrives_where_code_reads_it`: the composed, validated config of each VARIANTS entry is made
 recording: every section object it holds (whatever family class the composition picked: the fields of the actual

@@ -1,4 +1,4 @@
-"""The LIBERO evaluation protocol through `python -m pipelines.eval` (issue 12 item 5), on the real simulator.
+"""The LIBERO evaluation protocol through `python -m pipelines.eval`, on the real simulator.
 
 A tiny random flow VLA (save_pretrained in tmp, the LIBERO gripper convention in its config.json) evaluated on
 libero_spatial tasks 0 and 1 x their first 2 eval init states (trials 40, 41 of the disjoint split), 5-step

@@ -1,4 +1,4 @@
-"""LIBERO with a pi0 checkpoint (issue 49 item 6), end to end through the real simulator: a tiny random pi0 made
+"""LIBERO with a pi0 checkpoint, end to end through the real simulator: a tiny random pi0 made
 here with LIBERO's dims (8-D state, 7-D actions; a plain transformers directory in tmp, as a downloaded checkpoint
 is), and a tiny pi0.5 alike, runs the eval protocol (`pipelines.eval`) and two PPO steps of conf=libero_pi0_ppo
 (conf=libero_pi05_ppo), both with the agentview and the wrist camera (env.wrist_camera) at 32 px on libero_spatial

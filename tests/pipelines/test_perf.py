@@ -192,7 +192,7 @@ def test_the_summary_agrees_with_the_runs_metrics(finished):
     # Dask's compute of the update nodes holds the update's own timer (which runs inside them)
     assert s["busy_s"]["update"] >= sum(upd.values())
     assert s["evals"] == 1 and s["checkpoints"] == 1 and s["retries"]["total"] == 0
-    assert any(line.startswith("perf: 3 step(s)") for line in said)
+    assert any(line.startswith("perf, whole run (1 session): 3 step(s)") for line in said)
 
 
 def test_memory_covers_every_process_role(finished, cluster):

@@ -1,4 +1,4 @@
-"""Adapter-only weight sync with 2 FSDP actor ranks (tasks.actor.distributed.sync_weights_rank; issue 49), through
+"""Adapter-only weight sync with 2 FSDP actor ranks (tasks.actor.distributed.sync_weights_rank), through
 the whole graph on the embedded cluster: pi0 tiny with rank-4 LoRA on 2 logical GPU workers (one gloo group), 2
 colocated env shards.
 

@@ -1,4 +1,4 @@
-"""Pre-flight of where a run writes (issue 14, item 4): a bad `tracking.uri` or an unwritable `run_root` (and
+"""Pre-flight of where a run writes: a bad `tracking.uri` or an unwritable `run_root` (and
 `pipelines.record`'s output directory) ends `pipelines.run` / `pipelines.record` with one line
 `error: KEY='VALUE': why; fix` and exit 2 BEFORE any cluster starts (`pipelines.clusters.start_cluster` is replaced by
 a function that fails the test) and before anything is written under `run_root`."""
@@ -62,9 +62,14 @@ def _assert_one_line(rc, err, key, value, *words):
 
 def test_unreachable_tracking_server(tmp_path, capsys, no_cluster):
     uri = f"http://127.0.0.1:{_free_port()}"
-    rc, err = _run(capsys, f"run_root={tmp_path / 'runs'}", f"tracking.uri={uri}")
+    rc, err = _run(capsys, f"run_root={tmp_path / 'runs'}", f"tracking.uri={uri}", "tracking.wait_s=0")  # one try
     _assert_one_line(rc, err, "tracking.uri", uri, f"{uri}/health", "mlflow server")  # why and the fix
     assert no_cluster == [] and not (tmp_path / "runs").exists()
+    # with a wait (a server still starting): one line saying it waits and for how long, then the error naming
+    # the bound and the key that sets it (tests/storage/test_tracking_hints.py: the wait itself)
+    rc, err = _run(capsys, f"run_root={tmp_path / 'runs'}", f"tracking.uri={uri}", "tracking.wait_s=1")
+    assert err[0] == f"dagrl: waiting for the MLflow server at {uri}/health (up to 1 s: tracking.wait_s)"
+    _assert_one_line(rc, err[1:], "tracking.uri", uri, "within 1 s (tracking.wait_s", "raise tracking.wait_s")
 
 
 def test_an_http_server_that_is_not_mlflow(tmp_path, capsys, no_cluster):
@@ -145,7 +150,8 @@ def test_checks_come_before_a_resume_reads_the_tracking_store(tmp_path, capsys, 
         raise AssertionError("resolve_resume ran before the pre-flight")
     monkeypatch.setattr(setup, "resolve_resume", must_not_run)
     uri = f"http://127.0.0.1:{_free_port()}"
-    rc, err = _run(capsys, f"run_root={tmp_path}", f"tracking.uri={uri}", "runner.resume=latest")
+    rc, err = _run(capsys, f"run_root={tmp_path}", f"tracking.uri={uri}", "runner.resume=latest",
+                   "tracking.wait_s=0")
     _assert_one_line(rc, err, "tracking.uri", uri, "/health")
 
 

@@ -1,4 +1,4 @@
-"""Exact resume (issue 9 item 3): a run resumed from its checkpoint at step k reproduces the uninterrupted run
+"""Exact resume: a run resumed from its checkpoint at step k reproduces the uninterrupted run
 STEP FOR STEP on CPU - every MLflow metric of the shared steps and the final weights (and optimizer state) equal,
 bit for bit - for the MLP PPO smoke config, a tiny flow-VLA GRPO config and a 2-rank actor. These short runs
 stay exact because the simulator's history does not change their episodes: a ManiSkill CPU env keeps solver and
@@ -182,7 +182,7 @@ def test_two_rank_actor_resume_is_exact(tmp_path):
     assert sorted(mu["train/weight_version"]) == [1, 2]
 
 
-# ----- interruption (issue 9 item 7) -----
+# ----- interruption -----
 def test_second_signal_exits_at_once_first_only_requests_a_stop():
     import io
     import signal
@@ -360,8 +360,8 @@ def _run_metrics(root, args: list[str]) -> dict[tuple[str, int], float]:
     return {(k, s): v for k, s, v in rows if not k.startswith(WALL_CLOCK) and k not in EXCLUDED}
 
 
-@pytest.mark.slow  # 523 s on the idle 2-core VM: three default-job runs of 25-50 steps (64 envs, contacts: the case that shows the history)
-@pytest.mark.timeout(1500)  # > pyproject's 600 s: it timed out at 600 s on the VM's boot of 2026-12-06 (the default job ~40 % slower there)
+@pytest.mark.slow  # three default-job runs of 25-50 steps (64 envs, contacts: the case that shows the history)
+@pytest.mark.timeout(1500)  # > pyproject's 600 s: the default job's speed varies by ~40 % between VM boots (suite_timings.md)
 def test_exact_resume_of_the_default_job_replays_the_uninterrupted_run(tmp_path):
     """The default PushCube job (64 envs, 50-step episodes: the robot pushes the cube) with runner.exact_resume:
     stopped at step 25 (a periodic checkpoint) and resumed to 50, every metric of steps 1-50 equals the

@@ -1,4 +1,4 @@
-"""What `python -m pipelines.run` prints and returns when a run cannot go on (issue 9 leftovers):
+"""What `python -m pipelines.run` prints and returns when a run cannot go on:
 
 - a `runner.resume` that cannot be honoured (no such run, no checkpoint, another shard layout, a changed training
   key) is found OFFLINE by `pipelines.runner.setup.resolve_resume`: exit 2, one line `error: ...`, no cluster;

@@ -1,4 +1,4 @@
-"""One live driver per run directory, through the commands (issue 47 item 1): `pipelines.run runner.resume=<id>` or
+"""One live driver per run directory, through the commands: `pipelines.run runner.resume=<id>` or
 `runner.resume=latest` on a run another driver (a real process) holds is refused before any cluster starts, one line
 naming the holder, exit 2, nothing in the run dir changed; once that driver is SIGKILLed the same command takes the
 run over with a note and holds it while it trains, released at its end; `pipelines.record` into a store another
@@ -145,7 +145,7 @@ def test_two_real_drivers_on_one_run(tmp_path):
         assert re.search(rf"pid {a.pid} on host .* since .*python -m pipelines.run conf=smoke", lines[0]), lines
         out, err = a.communicate(timeout=600)
         assert a.returncode == 0, err
-        assert "done: 60 steps" in out
+        assert "done: step 60 | this session: steps 1-60 (60)" in out
         assert not (run_dir / LOCK_FILE).exists()
     finally:
         if a.poll() is None:

@@ -1,4 +1,4 @@
-"""The step scheduler's store attempts (issue 9 leftover): the attempt id `TrajectoryStore.reserve` returns for a
+"""The step scheduler's store attempts: the attempt id `TrajectoryStore.reserve` returns for a
 submission reaches every `store_s` node, so a write of a given-up attempt that runs late (a released task still
 executing) does not count for the retry's attempt. No cluster."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Command-line values of string keys are kept exactly as typed (issue 47 item 3): Hydra's grammar reads `2026_12` as
+"""Command-line values of string keys are kept exactly as typed: Hydra's grammar reads `2026_12` as
 the integer 202612, `1e3` as 1000.0, `true` as True, and the structured config then held "202612", "1000.0", "True"
 (a run directory and MLflow experiment the user did not name). `pipelines.config.as_typed` hands such values to Hydra
 quoted; number keys keep Hydra's reading; `null` stays None for an Optional string and is refused for another."""

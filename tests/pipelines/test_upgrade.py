@@ -337,7 +337,7 @@ def _old_cursor_checkpoint(run_dir: Path, counts: list[int]) -> Path:
 
 def _old_evals(run_dir: Path, cfg) -> dict:
     """Eval records (eval at steps 0, 2; val at 2) as the runner writes them for `cfg`, then without `eval_layout`
-    (the format before 2026-12-04). Returns {(split, step): the record as written}."""
+    (the older format). Returns {(split, step): the record as written}."""
     from tasks.evalstats import _eval_files, episode_outcomes, eval_layout, write_eval
     out = {}
     for split, step in (("eval", 0), ("eval", 2), ("val", 2)):

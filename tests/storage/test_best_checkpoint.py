@@ -193,7 +193,8 @@ def test_runner_baseline_is_step0_else_the_start_checkpoints_eval_else_the_first
     now = _outcomes([1] * 30 + [0] * 18)
 
     def base(model_path, step, run_evals):  # what the runner's eval at `step` pairs with (policy.model_path)
-        return baseline(run_evals, start_checkpoint_eval(str(model_path)), step)
+        return baseline(run_evals, start_checkpoint_eval(model_path and str(model_path)), step,
+                        warm_start=model_path is not None)
 
     rec = lambda o, seed=1_000_000: {"eval_seed": seed, "eval_layout": LAYOUT, "episodes": o}  # noqa: E731
     # val_at_start=false: the first eval (step 6) pairs with the SFT run's eval of the checkpoint it started from
@@ -222,6 +223,12 @@ def test_runner_baseline_is_step0_else_the_start_checkpoints_eval_else_the_first
     # no model_path, or one that is not a run's checkpoint
     assert base(None, 6, {6: rec(now)}) is None
     assert base(tmp_path / "exported_hf", 6, {6: rec(now)}) is None
+    # a warm start whose checkpoint has no eval record: its own first eval, from its second eval on
+    assert base(tmp_path / "exported_hf", 12, {6: rec(zero), 12: rec(now)}) == (zero, 6)
+    # an RL run from scratch (no model_path): no gain at all, neither over its step-0 eval (random weights) nor over
+    # its first eval (the rule that read `gain +0.984 ... vs step 10` on such a run)
+    assert base(None, 12, {6: rec(zero), 12: rec(now)}) is None
+    assert base(None, 6, {0: rec(zero), 6: rec(now)}) is None
 
 
 def test_runner_best_unmarked_and_one_timeline(tmp_path):

@@ -224,7 +224,7 @@ def _equal(a, b):
 
 
 @pytest.mark.parametrize("value, where", [
-    ({"torch": torch.get_rng_state(), "numpy": np.random.get_state()}, "rng.numpy[1]"),  # issue 9 item 3
+    ({"torch": torch.get_rng_state(), "numpy": np.random.get_state()}, "rng.numpy[1]"),
     ({"numpy": np.random.get_state()}, "rng.numpy[1]"),  # no tensor: used to go to a pickle
     ({"a": [1, {"b": np.float32(0.5)}]}, "rng.a[1].b"),
     ({"arr": np.zeros(3)}, "rng.arr"),

@@ -277,7 +277,7 @@ def test_vla_confs_eval_200_fixed_episodes(conf, monkeypatch, tmp_path):
 
 def test_a_non_finite_eval_value_is_never_the_best():
     """checkpoints/best follows `improves`: a finite value strictly above the best so far; NaN (no episodes) and
-    +-inf (a diverged figure) never replace it, and a finite value replaces a non-finite best (issue 47 item 3)."""
+    +-inf (a diverged figure) never replace it, and a finite value replaces a non-finite best."""
     from tasks.evalstats import improves
     assert improves(0.5, -1.0) and improves(0.75, 0.5) and not improves(0.5, 0.5) and not improves(0.25, 0.5)
     for bad in (math.nan, math.inf, -math.inf):

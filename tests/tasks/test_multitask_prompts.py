@@ -1,4 +1,4 @@
-"""Per-env prompts (issue 12): a shard whose envs are on different tasks prompts each env with its own task's
+"""Per-env prompts: a shard whose envs are on different tasks prompts each env with its own task's
 instruction, the trajectory stores the task_id, and the update rebuilds the same per-sample prompts from it.
 
 A 2-task fake simulator (pure numpy, images) and the tiny flow VLA, untrained: its log-probs depend on the prompt,

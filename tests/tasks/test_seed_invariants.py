@@ -1,4 +1,4 @@
-"""Seeds are distinct where the design needs them distinct (issue 48 item 7: invariants instead of restated constants).
+"""Seeds are distinct where the design needs them distinct (invariants instead of restated constants).
 
 Every value below is computed by tasks.seeding's functions; the test never restates a formula or a constant. What
 it asserts is what the rules are for (tasks/seeding.py's table, column "why"):

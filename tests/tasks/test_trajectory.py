@@ -8,17 +8,17 @@ import pytest
 
 from tasks import trajectory as tj
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "trajectory.md"  # generated: pipelines.reference
 BEGIN, END = "<!-- trajectory-fields:begin -->", "<!-- trajectory-fields:end -->"
 
 
-def test_readme_table_is_the_spec_rendering():
-    text = README.read_text()
-    assert text.count(BEGIN) == 1 and text.count(END) == 1, "README needs one trajectory-fields block"
+def test_reference_page_table_is_the_spec_rendering():
+    text = PAGE.read_text()
+    assert text.count(BEGIN) == 1 and text.count(END) == 1, f"{PAGE} needs one trajectory-fields block"
     table = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
-    assert table == tj.markdown(), "README's trajectory table differs: paste `python -m tasks.trajectory --markdown`"
+    assert table == tj.markdown(), f"{PAGE}'s trajectory table differs: run `python -m pipelines.reference`"
     out = subprocess.run([sys.executable, "-m", "tasks.trajectory", "--markdown"], capture_output=True, text=True,
-                         check=True, cwd=README.parent).stdout.strip()
+                         check=True, cwd=PAGE.parents[2]).stdout.strip()
     assert out == tj.markdown()
 
 

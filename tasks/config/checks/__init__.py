@@ -32,6 +32,9 @@ def check_config(cfg: Config) -> Config:
     if "/" in cfg.experiment or not cfg.experiment:
         raise ConfigError("experiment", cfg.experiment, "use a non-empty name without '/'")
     check_seed("seed", cfg.seed)
+    if not cfg.tracking.wait_s >= 0:
+        raise ConfigError("tracking.wait_s", cfg.tracking.wait_s, "must be >= 0 (seconds the pre-flight waits for "
+                          "an http(s) tracking server to answer; 0: one try)")
     check_env(cfg.env)
     check_family(cfg, "env")
     check_policy(cfg.policy)

@@ -53,9 +53,10 @@ def check_across(cfg: Config) -> None:
         if not cfg.sft.store:
             raise ConfigError("sft.store", cfg.sft.store, "algorithm.name=sft needs a trajectory store path")
         import os
-        if not os.path.isfile(os.path.join(cfg.sft.store, "zarr.json")):
-            raise ConfigError("sft.store", cfg.sft.store, "no zarr store there; record one with "
-                                                           "`python -m pipelines.record` first")
+        if not (os.path.isfile(os.path.join(cfg.sft.store, "zarr.json"))  # a store, or a LeRobot dataset
+                or os.path.isfile(os.path.join(cfg.sft.store, "meta", "info.json"))):
+            raise ConfigError("sft.store", cfg.sft.store, "no zarr store or LeRobot dataset (meta/info.json) there; "
+                                                           "record one with `python -m pipelines.record` first")
         if cfg.sft.value_coef < 0:
             raise ConfigError("sft.value_coef", cfg.sft.value_coef, "use >= 0 (0: no value warm start)")
         if cfg.sft.bc_coef < 0 or (cfg.sft.bc_coef == 0 and not cfg.sft.value_coef > 0):

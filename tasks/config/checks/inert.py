@@ -31,6 +31,32 @@ def config_value(cfg: Config, key: str):
     return obj
 
 
+def command_keys(cfg: Config, command: str = "run") -> list[tuple[str, str]]:
+    """The keys (or section prefixes) `command` does not read whatever their values, each with why: (key, reason).
+    pipelines.record reads the env of the recording, C, record.*, the cluster; pipelines.run everything but
+    record.* (docs/reference/config.md's "commands" column is this). Raises ValueError for an unknown command."""
+    if command not in COMMANDS:
+        raise ValueError(f"command {command!r}: use one of {COMMANDS}")
+    out: list[tuple[str, str]] = []
+
+    def off(keys, why: str) -> None:
+        out.extend((k, why) for k in keys)
+
+    if command == "record":
+        why = ("is not read by pipelines.record (it reads env.*, policy.num_action_chunks, record.*, cluster.*, "
+               "runner.progress, runner.pause_timeout_s, runner.stall_timeout_s, experiment, run_root; the "
+               "teacher's policy comes from its run): drop it")
+        off(["algorithm", "rollout", "sft", "tracking", "storage", "env.eval", "seed"], why)
+        off([f"runner.{f.name}" for f in dataclasses.fields(RunnerConfig)
+             if f.name not in ("progress", "pause_timeout_s", "stall_timeout_s")], why)  # record's waits: watched
+        off([f"policy.{f.name}" for f in dataclasses.fields(cfg.policy) if f.name != "num_action_chunks"], why)
+        off(["env.auto_reset"], "a recording runs one whole episode per env and round (auto_reset is always off): "
+                                "drop it")
+    else:
+        off(["record"], "is read by `python -m pipelines.record` only: drop it, or record with pipelines.record")
+    return out
+
+
 def inert_keys(cfg: Config, command: str = "run", cuda_count: int = 0) -> list[tuple[str, str]]:
     """The keys that do nothing for this config under `command`, each with why and the fix: (key, reason).
 
@@ -48,19 +74,7 @@ def inert_keys(cfg: Config, command: str = "run", cuda_count: int = 0) -> list[t
     def off(keys, why: str) -> None:
         out.extend((k, why) for k in keys)
 
-    # ----- per command: what pipelines.record reads (the env of the recording, C, record.*, the cluster) -----
-    if command == "record":
-        why = ("is not read by pipelines.record (it reads env.*, policy.num_action_chunks, record.*, cluster.*, "
-               "runner.progress, runner.pause_timeout_s, runner.stall_timeout_s, experiment, run_root; the "
-               "teacher's policy comes from its run): drop it")
-        off(["algorithm", "rollout", "sft", "tracking", "storage", "env.eval", "seed"], why)
-        off([f"runner.{f.name}" for f in dataclasses.fields(RunnerConfig)
-             if f.name not in ("progress", "pause_timeout_s", "stall_timeout_s")], why)  # record's waits: watched
-        off([f"policy.{f.name}" for f in dataclasses.fields(p) if f.name != "num_action_chunks"], why)
-        off(["env.auto_reset"], "a recording runs one whole episode per env and round (auto_reset is always off): "
-                                "drop it")
-    else:
-        off(["record"], "is read by `python -m pipelines.record` only: drop it, or record with pipelines.record")
+    out.extend(command_keys(cfg, command))  # per command: the keys it never reads
 
     # ----- env -----
     if e.obs_mode != "rgb":

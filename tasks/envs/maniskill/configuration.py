@@ -21,7 +21,7 @@ class ManiSkillEnvConfig(EnvConfig):
     robot_visual_lod: float = 1.0
     # CPU envs: set the joint-position controller's drive targets directly and compute the env task's observation,
     # success and reward from the simulator's poses read once per step (tasks.envs.maniskill.fast_step:
-    # bit-identical to ManiSkill's step; PushCube-v1 1.85x, PickCube-v1 1.34x faster per env step); what it does not
+    # bit-identical to ManiSkill's step, faster per env step); what it does not
     # cover stays ManiSkill's. False: always ManiSkill's step
     fast_step: bool = True
     inert_keys = staticmethod(checks.inert_keys)  # value-dependent keys that do nothing (tasks.config.checks.inert)

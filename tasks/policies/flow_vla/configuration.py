@@ -17,7 +17,7 @@ class FlowVLAConfig(VLAConfig):
     noise_method: str = "flow_sde"  # flow_sde | flow_noise (piRL)
     noise_level: float = 0.5  # flow_sde: a in sigma_t = a * sqrt(t / (1 - t))
     noise_std_min: float = 0.08  # flow_noise: bounds of the learned noise std
-    noise_std_max: float = 0.16
+    noise_std_max: float = 0.16  # flow_noise: upper bound of the learned noise std
     model: ClassVar[str] = "tasks.policies.flow_vla.model:FlowVLAPolicy"
     images: ClassVar[bool] = True
     inert_keys = staticmethod(inert_keys)

@@ -14,14 +14,12 @@ def check_sizes(cfg) -> None:
         raise ConfigError("policy.activation", p.activation, f"use one of {sorted(ACTIVATIONS)}")
 
 
-def check_fresh(cfg) -> None:
-    """The mlp starts fresh and has one learning rate."""
-    p, a = cfg.policy, cfg.algorithm
-    if p.model_path is not None:
-        raise ConfigError("policy.model_path", p.model_path,
-                          "the mlp policy starts fresh; model_path is for VLAs (flow_vla, token_vla)")
+def check_one_lr(cfg) -> None:
+    """The mlp has one learning rate. (It starts fresh or from `policy.model_path`, an mlp export: checked against
+    the config by pipelines.components.check_model_path, as every family's.)"""
+    a = cfg.algorithm
     if a.critic_lr is not None:
         raise ConfigError("algorithm.critic_lr", a.critic_lr, "is for VLAs' value heads; the mlp has one lr: null")
 
 
-CHECKS = (check_sizes, check_fresh)
+CHECKS = (check_sizes, check_one_lr)

@@ -27,7 +27,7 @@ class PI0PolicyConfig(PolicyConfig):
     noise_method: str = "flow_sde"  # flow_sde | flow_noise (piRL)
     noise_level: float = 0.5  # flow_sde: a in sigma_t = a * sqrt(t / (1 - t))
     noise_std_min: float = 0.08  # flow_noise: bounds of the learned noise std
-    noise_std_max: float = 0.16
+    noise_std_max: float = 0.16  # flow_noise: upper bound of the learned noise std
     max_prompt_len: int = 48  # prompt tokens after the image tokens (the processor's text, padded / truncated)
     value_head: str = "mean_token"  # mean_token | first_token | last_token: pooling of the VLM prefix features
     value_detach: bool = False  # the critic's gradient stops at the prefix features

@@ -9,7 +9,8 @@ queue, and `pipelines.validate cluster=slurm` printing the job scripts.
 Slow suite (`cluster` tier), on the real one-node Slurm of conftest.py (`slurm_queue`: no job left in squeue after
 each test): `python -m pipelines.run conf=smoke cluster=slurm` through sbatch jobs plays the same evaluation
 episodes as `cluster=local` with the same seeds; an env worker's job cancelled with `scancel` mid-run is replaced
-and the run finishes with the store's steps and MLflow's steps each exactly once.
+and the run finishes with the store's steps and MLflow's steps each exactly once; the actor's job cancelled mid-run
+is replaced and the actor restored from the last checkpoint, said in one line naming the job and how to resume.
 """
 from __future__ import annotations
 
@@ -312,20 +313,10 @@ def test_smoke_run_on_slurm_plays_the_local_runs_evaluations(slurm_queue, local_
     assert list((tmp_path / "slurm-logs").glob("dagrl-env-0-*.err"))  # the jobs wrote their logs there
 
 
-@pytest.mark.slow
-@pytest.mark.cluster
-@pytest.mark.timeout(900)
-def test_scancel_of_an_env_workers_job_mid_run_is_replaced(slurm_queue, local_evals, tmp_path):
-    """Shard 1's worker cancels its own Slurm job (`scancel $SLURM_JOB_ID`) as step 2's first env node starts on it:
-    the job watch submits a replacement, the run's recovery retries step 2 on it, the run finishes with every step
-    stored once and each MLflow step logged once, and evaluates as the uninterrupted local run did (nothing lost
-    or doubled); closing the cluster leaves no job in squeue."""
-    import cloudpickle
+def _scancel_at(address: str, key: str):
+    """A worker plugin that cancels its own Slurm job (`scancel $SLURM_JOB_ID`) when task `key` starts executing on
+    the worker at `address` (the jobs receive it by value: cloudpickle.register_pickle_by_value of this module)."""
     from distributed.diagnostics.plugin import WorkerPlugin
-
-    from pipelines.clusters import start_cluster
-    from pipelines.runner import Runner
-    from storage.trajectories import TrajectoryStore
 
     class ScancelAt(WorkerPlugin):
         def __init__(self, address, key):
@@ -341,6 +332,23 @@ def test_scancel_of_an_env_workers_job_mid_run_is_replaced(slurm_queue, local_ev
                 import subprocess
                 subprocess.run(["scancel", os.environ["SLURM_JOB_ID"]], check=False)
 
+    return ScancelAt(address, key)
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+@pytest.mark.timeout(900)
+def test_scancel_of_an_env_workers_job_mid_run_is_replaced(slurm_queue, local_evals, tmp_path):
+    """Shard 1's worker cancels its own Slurm job (`scancel $SLURM_JOB_ID`) as step 2's first env node starts on it:
+    the job watch submits a replacement, the run's recovery retries step 2 on it, the run finishes with every step
+    stored once and each MLflow step logged once, and evaluates as the uninterrupted local run did (nothing lost
+    or doubled); closing the cluster leaves no job in squeue."""
+    import cloudpickle
+
+    from pipelines.clusters import start_cluster
+    from pipelines.runner import Runner
+    from storage.trajectories import TrajectoryStore
+
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the jobs cannot import this test module
     cfg, _ = load_config([*SMOKE, "cluster=slurm", "cluster.host=127.0.0.1", f"run_root={tmp_path}",
                           "runner.pause_timeout_s=3"])
@@ -355,7 +363,7 @@ def test_scancel_of_an_env_workers_job_mid_run_is_replaced(slurm_queue, local_ev
         runner = Runner(cfg, handle, echo=say)
         rid = runner.state.run_id
         victim = runner.placement.shard_workers[1]
-        handle.client.register_plugin(ScancelAt(victim, f"env_step_s1-{rid}-1-0"), name="dagrl-test-scancel")
+        handle.client.register_plugin(_scancel_at(victim, f"env_step_s1-{rid}-1-0"), name="dagrl-test-scancel")
         res = runner.run()
         print(f"[{time.monotonic() - t0:6.1f} s] run finished")
         n = cfg.runner.max_steps
@@ -370,6 +378,58 @@ def test_scancel_of_an_env_workers_job_mid_run_is_replaced(slurm_queue, local_ev
             assert [s for s, _ in runner.tracker.get_metric_history(key)] == list(range(1, n + 1)), key
         assert dict(runner.tracker.get_metric_history("train/retries")) == {1: 0.0, 2: 1.0}
         assert _episodes(Path(res.run_dir)) == local_evals
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+        handle.close()
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+@pytest.mark.timeout(900)
+def test_scancel_of_the_actors_job_resumes_from_the_last_checkpoint(slurm_queue, tmp_path):
+    """The actor's worker cancels its own Slurm job as step 2's update starts on it (a checkpoint every step): the
+    job watch submits a replacement, the run restores the actor from step 1's checkpoint on it and finishes, saying
+    so in one line that names the ended job, its replacement, the checkpoint and the `runner.resume=` command; the
+    checkpoint is kept, every step is stored and logged to MLflow once, and no job is left in squeue."""
+    import cloudpickle
+
+    from pipelines.clusters import start_cluster
+    from pipelines.runner import Runner
+    from storage.trajectories import TrajectoryStore
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the jobs cannot import this test module
+    cfg, _ = load_config([*SMOKE, "cluster=slurm", "cluster.host=127.0.0.1", f"run_root={tmp_path}",
+                          "runner.save_interval=1", "runner.pause_timeout_s=3"])
+    t0 = time.monotonic()
+    handle = start_cluster(cfg)
+    try:
+        said: list[str] = []
+
+        def say(line: str) -> None:  # the run's lines, timed (shown with pytest -s)
+            said.append(line)
+            print(f"[{time.monotonic() - t0:6.1f} s] {line}", flush=True)
+        runner = Runner(cfg, handle, echo=say)
+        rid = runner.state.run_id
+        victim = runner.placement.actor_workers[0]
+        old = handle.cluster.workers["gpu-0"].job_id
+        handle.client.register_plugin(_scancel_at(victim, f"actor_update-{rid}-1"), name="dagrl-test-scancel")
+        res = runner.run()
+        n = cfg.runner.max_steps
+        assert res.steps == n
+        watch = handle.cluster.dagrl_job_watch
+        assert watch.replaced == [("gpu-0", old)]
+        new = handle.cluster.workers["gpu-0"].job_id
+        ckpt = Path(res.run_dir) / "checkpoints" / "global_step_1"
+        lost = [m for m in said if "lost" in m]
+        assert len(lost) == 1, said
+        line = lost[0]
+        assert "lost during step 2; restoring the actor from the last checkpoint and retrying" in line
+        assert f"from {ckpt}" in line and f"slurm job {old} (gpu-0) left the queue, replaced by job {new}" in line
+        assert f"runner.resume={rid}`" in line and "\n" not in line
+        assert ckpt.is_dir() and (Path(res.run_dir) / "checkpoints" / f"global_step_{n}").is_dir()
+        store = TrajectoryStore.open(res.store_path)
+        assert store.complete_steps().tolist() == list(range(n)) and store.num_steps == n
+        assert [s for s, _ in runner.tracker.get_metric_history("train/weight_version")] == list(range(1, n + 1))
     finally:
         cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
         handle.close()

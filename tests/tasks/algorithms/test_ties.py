@@ -1,4 +1,4 @@
-"""The tie rule of every std normalisation (tasks.algorithms.ties, issue 47 item 5): scores equal up to rounding
+"""The tie rule of every std normalisation (tasks.algorithms.ties): scores equal up to rounding
 relative to their magnitude are a tie (advantages exactly 0 in GRPO, RLOO and the batch normalisation); a genuine
 difference still gets the formula's advantages (checked against a plain loop of the formula)."""
 

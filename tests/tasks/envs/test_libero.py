@@ -327,7 +327,7 @@ def test_success_and_reward_are_libero_check_success(env):
             break
     assert flags[-1], flags  # LIBERO's goal holds once the bowl rests on the plate
     # the time limit truncates also while the goal holds (gymnasium's TimeLimit): with ignore_terminations the
-    # shard masks `terminated`, and the episode must still end there (it never ended before 2026-12-04)
+    # shard masks `terminated`, and the episode must still end there (it once did not)
     limit = env.max_steps
     env.max_steps = env.t + 2
     try:
@@ -508,7 +508,7 @@ def test_object_state_is_the_goal_objects_position_relative_to_the_gripper(objec
     np.testing.assert_allclose(nxt[11:14], obs[11:14], atol=2e-3)
 
 
-# ----- issue 47: a neighbour's close, the instruction source, damaged LIBERO files -----
+# ----- a neighbour's close, the instruction source, damaged LIBERO files -----
 
 def test_closing_one_env_leaves_the_others_rendering(env):
     """Env B built and stepped in another thread, closed from this one (as `resident.release` runs on a worker's

@@ -274,7 +274,7 @@ def test_lifecycle_table(sim, row):
                 np.testing.assert_array_equal(adv["loss_mask"], mask.any(-1))
                 assert np.isfinite(adv["advantages"]).all() and adv["advantages"].shape == (T, B, C)
         assert episodes == ref["episodes"][n], f"finished episodes of rollout {n}"
-        if not auto and n > 0:  # issue 9.1: a new rollout never restarts from the seeds of the previous one
+        if not auto and n > 0:  # a new rollout never restarts from the seeds of the previous one
             prev = np.concatenate([t["episode_seed"][0] for t in out[n - 1]])
             cur = np.concatenate([t["episode_seed"][0] for t in trajs])
             assert not (prev == cur).any()

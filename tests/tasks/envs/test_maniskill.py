@@ -140,7 +140,7 @@ def test_rgb_images_are_rendered_once_per_chunk_step_and_are_deterministic():
 
 
 def test_images_and_observations_reach_numpy_from_a_cuda_render_device(monkeypatch):
-    """On a GPU machine SAPIEN renders on CUDA (seen on an H200, 2026-12-04: `can't convert cuda:0 device type
+    """On a GPU machine SAPIEN renders on CUDA (seen on an H200: `can't convert cuda:0 device type
     tensor to numpy`): render_rgb, reset and step copy to the host before numpy. A tensor that refuses .numpy()
     until .cpu() stands in for the CUDA one."""
     import types
