@@ -18,9 +18,8 @@ WIDTH = 100  # characters of a line of the listing
 MISSING = "???"  # OmegaConf's mandatory value (pipelines.compose.MISSING)
 
 
-def summary(path: Path, width: int = WIDTH) -> str:
-    """The first sentence of a conf file's header comment (the `#` lines at its top, `# @package ...` skipped),
-    shortened to `width` characters at a word with "..."; "" when it has none."""
+def header_text(path: Path) -> str:
+    """A conf file's header comment (the `#` lines at its top, `# @package ...` skipped) as one line of text."""
     words = []
     for line in path.read_text().splitlines():
         if not line.startswith("#"):
@@ -28,7 +27,13 @@ def summary(path: Path, width: int = WIDTH) -> str:
         text = line.lstrip("#").strip()
         if not text.startswith("@package"):
             words.append(text)
-    text = " ".join(w for w in words if w)
+    return " ".join(w for w in words if w)
+
+
+def summary(path: Path, width: int = WIDTH) -> str:
+    """The first sentence of a conf file's header comment (`header_text`), shortened to `width` characters at a
+    word with "..."; "" when it has none."""
+    text = header_text(path)
     first = re.split(r"(?<=\.)\s", text, maxsplit=1)[0]  # up to the first sentence's end
     return textwrap.shorten(first, width=width, placeholder=" ...") if first else ""
 

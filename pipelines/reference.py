@@ -294,15 +294,9 @@ def config_page() -> str:
 
 
 def conf_description(path: Path) -> str:
-    """The first sentence of a conf file's leading comment block (its `# @package` line left out), or ""."""
-    lines = []
-    for line in path.read_text().splitlines():
-        if not line.startswith("#"):
-            break
-        text = line.lstrip("#").strip()
-        if not text.startswith("@package"):
-            lines.append(text)
-    text = " ".join(lines)
+    """The first sentence of a conf file's leading comment block (pipelines.catalog.header_text), or ""."""
+    from pipelines.catalog import header_text
+    text = header_text(path)
     m = re.match(r"(.+?(?<!\.\.)[.!?])(?=\s+[^a-z\s]|\s*$)", text)
     return (m.group(1) if m else text).strip()
 
