@@ -10,8 +10,8 @@ def cluster_info(client) -> dict:
     `Client.scheduler_info(n_workers=-1)` documents it), asked of the scheduler now; a dict is returned as it is
     (tests and the placement checks take one).
 
-    Not `Client.scheduler_info()` (distributed < 2026.11, which the version range admits): it refreshes a cache that the client's own periodic update (every
-    `distributed.client.scheduler-info-interval`, 2 s) overwrites with an answer listing NO worker, and returns the
+    Not `Client.scheduler_info()` (in distributed < 2026.11, which the version range admits): it refreshes a cache
+    that the client's own periodic update (every `distributed.client.scheduler-info-interval`, 2 s) overwrites with an answer listing NO worker, and returns the
     cache after the refresh; on a loaded machine the update often lands in between (measured at load 15: 2 of 460
     answers missed live workers, the direct query 0 of 415), so the watch saw every placed worker "lost (left the
     cluster or restarted)" at once, and its second look 2 s later, in step with that period, agreed."""
