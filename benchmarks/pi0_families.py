@@ -5,8 +5,9 @@
    micro-batch 8 (num_minibatches=200 over the 1600-sample batch of 320 envs x 5 chunk steps), K=10, C=5;
 2. bytes per weight sync: the full state dict against the trainable tensors a LoRA policy ships
    (tasks.policies.pi0.lora.trainable_names), tiny (real modules) and base (built on the meta device);
-3. CPU latency of act and evaluate+backward of pi0_tiny against the own-built flow_vla tiny at the PushCube VLA
-   recipe's sizes (35-D state, 8-D actions, C=5, K=4, 32 px), one thread, best of 5 interleaved repeats.
+3. CPU latency of act and evaluate+backward of pi0_tiny and pi05_tiny (the retired flow_vla family's column is
+   history on the results page) at the PushCube VLA recipe's sizes (35-D state, 8-D actions, C=5, K=4, 32 px), one
+   thread, best of 5 interleaved repeats.
 
     python benchmarks/pi0_families.py [--skip-latency]
 """
@@ -79,7 +80,7 @@ def latency_table() -> None:
                                                         noise_method="flow_sde"),
                            obs_dim=O, action_dim=D, seed=0, image_size=32)
 
-    pols = {n: build(n) for n in ("flow_vla", "pi0", "pi05")}
+    pols = {n: build(n) for n in ("pi0", "pi05")}  # the retired flow_vla column: benchmarks/results/pi0_families.md
     print("CPU latency, 1 thread, best of 5 (ms)")
     for B in (16, 128):
         best = {n: [float("inf"), float("inf")] for n in pols}

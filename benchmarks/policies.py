@@ -3,7 +3,7 @@ allocated or downloaded) and measured CPU latencies of the tiny presets; with `-
 real-size ones too, randomly initialised on the GPU) is timed there.
 
     .venv/bin/python benchmarks/policies.py [--batch 8] [--n-eval N] [--repeats 5] [--threads 1]
-        [--families flow_vla token_vla] [--set noise_method=flow_noise ...] [--device cuda [--dtype bfloat16]]
+        [--families token_vla] [--set noise_method=flow_noise ...] [--device cuda [--dtype bfloat16]]
 
 Columns
   params            parameters of the preset (tasks.policies.<family>.PRESETS), obs_dim 9, action_dim 7, 224 px
@@ -42,10 +42,6 @@ OBS_DIM, ACTION_DIM = 9, 7
 
 # family -> (module, class, {preset: PolicyConfig overrides}, image size per preset)
 FAMILIES: dict[str, tuple[str, str, dict[str, dict], dict[str, int]]] = {
-    "flow_vla": ("tasks.policies.flow_vla.model", "FlowVLAPolicy",
-                 {"tiny": dict(num_action_chunks=4, num_denoise_steps=4),
-                  "pi0": dict(num_action_chunks=50, num_denoise_steps=10)},
-                 {"tiny": 64, "pi0": 224}),
     "token_vla": ("tasks.policies.token_vla.model", "TokenVLAPolicy",
                   {"tiny": dict(num_action_chunks=4), "openvla_oft": dict(num_action_chunks=8)},
                   {"tiny": 64, "openvla_oft": 224}),

@@ -1,7 +1,7 @@
 """The VLA recipe end to end, for teachers x seeds, with intervals: record -> SFT -> RL, one table.
 
     .venv/bin/python benchmarks/recipe.py --teachers runs/pushcube_ppo/<A> runs/pushcube_ppo/<B> --seeds 1 2 3 \
-        --out runs/recipe [--family flow|token|pi0] [--sft-conf NAME] [--rl-conf NAME] \
+        --out runs/recipe [--family pi0|token] [--sft-conf NAME] [--rl-conf NAME] \
         [--record "k=v ..."] [--sft "k=v ..."] [--rl "k=v ..."] [--sft-checkpoint latest|best] \
         [--redo record|sft|rl] [--stop-after record|sft] [--rl-arm NAME] [--dry-run] [--table-only]
 
@@ -12,9 +12,9 @@ per (teacher, seed):
     python -m pipelines.run conf=<rl conf> policy.model_path=<SFT run>/checkpoints/global_step_N/hf seed=S ...
 each with `run_root=OUT/runs tracking.uri=sqlite:///OUT/runs/mlflow.db` and the stage's extra overrides (`--record`,
 `--sft`, `--rl`: one string of space-separated Hydra overrides, applied last). `--family` picks the confs
-(flow: pushcube_flow_sft / pushcube_flow_grpo; token: pushcube_token_sft / pushcube_token_grpo; pi0: pushcube_pi0_sft /
-pushcube_pi0_grpo, and with `--sft "policy=pi05_tiny" --rl "policy=pi05_tiny"` π0.5), `--sft-conf` /
-`--rl-conf` override them (e.g. `--rl-conf pushcube_flow_ppo`). N is the SFT run's newest checkpoint
+(pi0: pushcube_pi0_sft / pushcube_pi0_grpo, and with `--sft "policy=pi05_tiny" --rl "policy=pi05_tiny"` π0.5;
+token: pushcube_token_sft / pushcube_token_grpo), `--sft-conf` /
+`--rl-conf` override them (e.g. `--rl-conf pushcube_pi0_ppo`). N is the SFT run's newest checkpoint
 (`--sft-checkpoint best`: the one its best eval marked, `checkpoints/best`).
 
 Resumable: a stage is complete once its marker `OUT/<t>/[seed<S>/]<stage>.json` exists (written after the CLI
@@ -72,8 +72,7 @@ from storage.rundir import write_text_atomic  # noqa: E402
 from storage.tracking import default_tracking_uri  # noqa: E402
 from tasks.evalstats import compare_evals, fmt_gain, fmt_rate, pick_baseline, read_evals, wilson_interval  # noqa: E402
 
-FAMILIES = {"flow": ("pushcube_flow_sft", "pushcube_flow_grpo"), "token": ("pushcube_token_sft", "pushcube_token_grpo"),
-            "pi0": ("pushcube_pi0_sft", "pushcube_pi0_grpo")}
+FAMILIES = {"pi0": ("pushcube_pi0_sft", "pushcube_pi0_grpo"), "token": ("pushcube_token_sft", "pushcube_token_grpo")}
 RECORD_CONF = "pushcube_record"
 STAGES = ("record", "sft", "rl")
 RUN_LINE = re.compile(r"^dagrl: run (\S+) \| run dir (.+?) \| MLflow ")
@@ -471,7 +470,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--teachers", nargs="+", required=True, help="teacher PPO run dirs (or run ids)")
     ap.add_argument("--seeds", nargs="+", type=int, default=[1])
     ap.add_argument("--out", type=Path, required=True, help="output folder (run_root, MLflow, markers, table)")
-    ap.add_argument("--family", choices=sorted(FAMILIES), default="flow")
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="pi0")
     ap.add_argument("--sft-conf", default=None)
     ap.add_argument("--rl-conf", default=None)
     ap.add_argument("--record", default="", help='extra overrides of the record stage, "k=v k=v"')

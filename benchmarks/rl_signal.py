@@ -2,7 +2,7 @@
 the VLA recipe's RL settings (README, "VLA policies").
 
     .venv/bin/python benchmarks/rl_signal.py --model-path SFT_RUN/checkpoints/global_step_30/hf \
-        [--conf pushcube_flow_grpo] [--envs 128] [--batches 2] [--eval-episodes 48] \
+        [--conf pushcube_pi0_grpo] [--envs 128] [--batches 2] [--eval-episodes 48] \
         [--steps sign:1e-4 sign:2e-4 sign:5e-4 sgd:0.03 sgd:0.1 rand:0.3] [--set KEY=VALUE ...]
 
 Either VLA family: a token VLA's checkpoint with `--conf pushcube_token_grpo` (its log-probs are the tokens'; the
@@ -33,7 +33,7 @@ pipeline's: score - leave-one-out group mean), `grpo_nostd` (score - group mean,
 2025), `rtg` (reward-to-go: A[t, b] = sum_{t' >= t} r[t', b] minus the leave-one-out group mean of the same sum
 at the same t: rewards before a chunk step are not credited to it, Williams 1992 / Sutton & Barto 13.3;
 the groups share reset seeds and, with ignore_terminations, run in lockstep), `success` (score = the episode's
-success_once, 0/1, normalised as grpo) and `gae` (PPO's advantages as `conf=pushcube_flow_ppo` computes them: GAE,
+success_once, 0/1, normalised as grpo) and `gae` (PPO's advantages as `conf=pushcube_pi0_ppo` computes them: GAE,
 Schulman et al. 2016, with that conf's algorithm.gamma, gae_lambda and reward_scale on the chunk rewards, the
 checkpoint's value head as the critic -- the SFT warm start, not adapted to the policy's returns as the PPO run's
 critic_warmup_steps would -- the last chunk step bootstrapped from V of the final observation, then normalised over
@@ -72,7 +72,7 @@ from tasks.actor.optim import param_lr  # noqa: E402
 
 FIELDS = ("obs", "rgb", "actions", "rewards", "terminated", "truncated", "step_mask", "success")
 EXTRA = "extras/"  # rollout fields of the policy's `act` extras (flow VLA: chain, denoise_idx; token VLA: tokens)
-PPO_CONF = "pushcube_flow_ppo"  # the conf whose gamma / gae_lambda / reward_scale the `gae` estimator uses
+PPO_CONF = "pushcube_pi0_ppo"  # the conf whose gamma / gae_lambda / reward_scale the `gae` estimator uses
 
 
 def rollout(policy, shard, instr: str, chunk_steps: int, deterministic: bool = False) -> dict[str, np.ndarray]:
@@ -165,7 +165,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model-path", required=True, help="a VLA's save_pretrained directory (an SFT checkpoint's hf/); "
                     "--conf picks the family's RL conf (pushcube_token_grpo for a token VLA)")
-    ap.add_argument("--conf", default="pushcube_flow_grpo")
+    ap.add_argument("--conf", default="pushcube_pi0_grpo")
     ap.add_argument("--envs", type=int, default=128)
     ap.add_argument("--batches", type=int, default=2)
     ap.add_argument("--eval-episodes", type=int, default=48)
@@ -178,8 +178,8 @@ def main(argv=None) -> None:
     ap.add_argument("--set", nargs="*", default=[], help="extra config overrides KEY=VALUE")
     args = ap.parse_args(argv)
     cfg, _ = load_config([f"conf={args.conf}", f"policy.model_path={args.model_path}", *args.set], components=False)
-    if cfg.policy.name not in ("flow_vla", "token_vla"):
-        raise SystemExit(f"policy.name={cfg.policy.name}: this benchmark measures a VLA (flow_vla or token_vla)")
+    if cfg.policy.name not in ("pi0", "pi05", "token_vla"):
+        raise SystemExit(f"policy.name={cfg.policy.name}: this benchmark measures a VLA (pi0, pi05 or token_vla)")
     torch.set_num_threads(1)
     G, T, instr = cfg.algorithm.group_size, cfg.rollout.chunk_steps, instruction(cfg)
     ppo = (load_config([f"conf={PPO_CONF}", f"policy.model_path={args.model_path}"], components=False)[0].algorithm

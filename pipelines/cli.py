@@ -139,6 +139,24 @@ def asks_version(argv: list[str]) -> bool:
     return False
 
 
+def parse_words(parser: argparse.ArgumentParser, argv: list[str] | None, flags=()):
+    """The words (`sys.argv[1:]` when `argv` is None) parsed by `parser` (an `ArgumentParser` of this module, which
+    raises UsageError; `key=value` words of `flags`, e.g. ("run_root",), taken as their flags: `as_flags`), or the
+    exit code when there is nothing to run: 0 after `-h`/`--help` (the parser's help printed) or `--version`, 2
+    after one line `error: ...` on stderr. The argparse commands (export, replay, perf, upgrade) start here."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if {"-h", "--help"} & set(argv):
+        parser.print_help()
+        return 0
+    if asks_version(argv):
+        return 0
+    try:
+        return parser.parse_args(as_flags(argv, flags) if flags else argv)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
 def start(argv: list[str] | None, doc: str, more=None) -> list[str] | None:
     """The command's words (`sys.argv[1:]` when `argv` is None), after `quiet()`; None when they ask for help
     (`-h`/`--help`: `doc` printed, then `more()` when given, the command exits 0) or for the version (`--version`:
@@ -190,7 +208,7 @@ def load(overrides, **kw):
 
 def show(overrides, command: str = "run", *, notes: bool = True) -> int:
     """`--show` of `pipelines.run` / `pipelines.validate`: print the resolved config (stdout) and return 0; an
-    experiment that leaves required keys `???` (conf=pushcube_flow_grpo's policy.model_path) is shown too, those
+    experiment that leaves required keys `???` (conf=pushcube_pi0_grpo's policy.model_path) is shown too, those
     keys marked `???` in it (`pipelines.config.missing_required`, `shown_yaml`) and, with `notes`, one line each on
     stderr naming the key and its fix. 2 when the config is refused otherwise (one line `error: ...`)."""
     from pipelines.config import missing_required, shown_yaml

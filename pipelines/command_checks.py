@@ -8,7 +8,8 @@ from typing import Sequence
 
 from tasks.config import Config, ConfigError
 
-from pipelines.compose import from_command_line, given_keys, load_saved_config  # noqa: F401
+from pipelines.compose import from_command_line, given_keys  # noqa: F401
+from pipelines.saved_config import load_saved_config
 
 
 def check_command(cfg: Config, command: str = "run", *, require_teacher: bool = True) -> None:
@@ -18,7 +19,7 @@ def check_command(cfg: Config, command: str = "run", *, require_teacher: bool = 
         if cfg.env.obs_mode == "rgb" and not type(cfg.policy).images:  # a family that reads the state only
             raise ConfigError("policy.name", cfg.policy.name,
                               f"the {cfg.policy.name} reads only the state vector, env.obs_mode=rgb would render "
-                              "images for nothing: use policy.name=flow_vla|token_vla (or `python -m "
+                              "images for nothing: use policy.name=pi0|pi05|token_vla (or `python -m "
                               "pipelines.record` for a record conf)")
     elif command == "record":
         check_record(cfg, require_teacher=require_teacher)

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from tasks.config import Config, ConfigError
 
-from pipelines.compose import read_saved_config  # noqa: F401
+from pipelines.saved_config import read_saved_config  # noqa: F401
 
 
 def check_components(cfg: Config, command: str = "run") -> None:

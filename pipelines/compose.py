@@ -4,17 +4,16 @@
 each family section's class from the composed selector (pipelines.families) and runs every check once
 (`tasks.config.check_config`); `given_keys` says where each set key came from, and `check_given` refuses a set key
 that does nothing (the rules: `pipelines.config`'s docstring). `pipelines.config.load_config` is the one entry
-of the commands; saved run configs load through `load_saved_config` (the same `to_config`).
+of the commands; saved run configs load through `pipelines.saved_config.load_saved_config` (the same `to_config`).
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from tasks.config import Config, ConfigError, close_matches, did_you_mean
+from tasks.config import Config, ConfigError, close_matches, did_you_mean, retired_option
 
 from pipelines.overrides import GROUPS, _expected, _schema_default, _yaml, as_typed, parse_overrides  # noqa: F401
 
@@ -51,23 +50,29 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
     return copy.deepcopy(memo.once("composed", key, lambda: _compose(overrides)))
 
 
-def _compose(overrides: Sequence[str]) -> DictConfig:
-    """`compose` without the memo."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+def _compose(overrides: Sequence[str], *, in_two_stages: bool = True) -> DictConfig:
+    """`compose` without the memo. `in_two_stages`: the group choices composed by Hydra once per set of choices
+    (kept), the value overrides applied to a copy by Hydra's own function (pipelines.compose_values: the same
+    result); False: one Hydra composition of everything."""
+    import copy
+
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from pipelines import compose_values
+    from pipelines.families import union_schema
     typed = as_typed(overrides)  # Hydra's grammar; strings kept as typed (`as_typed`)
     for group, (choice, who) in group_choices(overrides).items():  # `_NAME.yaml`: an include, never a choice
         if choice.startswith("_"):
             raise ConfigError(group, choice, f"conf/{group}/{choice}.yaml is included by other presets, not one to "
                                              f"choose ({who}); choose one of {choices(group)}")
-    register_schema()
-    GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            dcfg = hydra_compose(config_name="config", overrides=typed)
+        if in_two_stages:
+            groups, values = compose_values.split(typed, Path(CONF_DIR))
+            key = (str(CONF_DIR), memo.conf_digest(Path(CONF_DIR)), union_schema(), tuple(groups))
+            dcfg = compose_values.apply(copy.deepcopy(memo.once("groups", key, lambda: _hydra(groups))), values)
+        else:
+            dcfg = _hydra(typed)
     except (HydraException, OmegaConfBaseException) as exc:
         raise _config_error(exc, overrides) from None
     name = experiment_name(overrides)  # `experiment` is the experiment file's name unless a file or override sets it
@@ -77,6 +82,17 @@ def _compose(overrides: Sequence[str]) -> DictConfig:
     for key in empty_dicts(typed):
         OmegaConf.update(dcfg, key, {}, merge=False)
     return dcfg
+
+
+def _hydra(typed: Sequence[str]) -> DictConfig:
+    """One Hydra composition of conf/config.yaml with `typed` overrides (Hydra's grammar). Raises Hydra's and
+    OmegaConf's exceptions (`_compose` names them)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    register_schema()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=list(typed))
 
 
 def choices(group: str) -> list[str]:
@@ -92,6 +108,8 @@ def _config_error(exc: Exception, overrides: Sequence[str]) -> ConfigError:
             given = next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith(f"{group}=")), None)  # the last wins
             if given is None:  # chosen by the experiment file's defaults list
                 given = msg.split(f"Could not find '{group}/", 1)[-1].split("'", 1)[0] if f"'{group}/" in msg else "?"
+            if retired_option(group, given):  # one line naming what replaced it, not the list
+                return ConfigError(group, given, retired_option(group, given))
             hint = did_you_mean(given, names)
             return ConfigError(group, given, f"no conf/{group}/{given}.yaml; {hint + ' ' if hint else ''}"
                                              f"available: {names}")
@@ -197,7 +215,7 @@ def to_config(dcfg: DictConfig, *, validate: bool = True, saved: bool = False,
     """DictConfig (composed, or a saved run config) -> `Config` dataclass whose policy, env and cluster sections are
     the classes their selectors pick (pipelines.families: a key the family lacks is refused, naming the family),
     checked by `tasks.config.check_config` unless `validate=False`. `saved=True`: a run's saved resolved config
-    (config.yaml; one of an older format is refused by `load_saved_config`). `overrides`: the command line, whose
+    (config.yaml; one of an older format is refused by `pipelines.saved_config`). `overrides`: the command line, whose
     own key names an error below a family key (`+policy.sizes.patch_size=4` with the mlp). Raises ConfigError."""
     from omegaconf.errors import OmegaConfBaseException
 
@@ -227,61 +245,6 @@ def _typed_node(classes: dict[str, type]) -> DictConfig:
     node is shared: only read, or deep-copied (OmegaConf.merge copies its first argument)."""
     from pipelines.families import schema_node, typed_schema
     return memo.once("typed_node", tuple(classes.items()), lambda: schema_node(typed_schema(classes)))
-
-
-def load_saved_config(path, *, validate: bool = True) -> Config:
-    """A run's saved resolved config (`<run dir>/config.yaml`) as `Config`: the schema (unknown keys and wrong types
-    refused; one of an older format (`old_config_keys`) refused in one line naming the file and
-    `python -m pipelines.upgrade RUN_DIR`) and, unless `validate=False`,
-    `tasks.config.check_config`. The one loader of saved configs (pipelines.record's teacher, pipelines.replay's env); a
-    composition from conf/ goes through `load_config`.
-
-    Raises:
-        ConfigError: as `to_config`; the file damaged (`storage.rundir.read_resolved_config`: empty, or its sha256
-            differs from the digest beside it). FileNotFoundError: no file at `path`. yaml.YAMLError: not YAML.
-    """
-    return to_config(read_saved_config(path), validate=validate, saved=True)
-
-
-def old_config_keys(container: dict) -> list[str]:
-    """The keys of an older config format a saved config (plain nested dict) holds: algorithm.adv_type, and the
-    keys of a family section its family lacks (a config written when every section held every family's keys;
-    `pipelines.families.other_family_keys`). `python -m pipelines.upgrade` drops them."""
-    from pipelines.families import other_family_keys
-    algo = container.get("algorithm")
-    out = ["algorithm.adv_type"] if isinstance(algo, dict) and "adv_type" in algo else []
-    try:
-        return out + other_family_keys(container)
-    except ConfigError:  # an unknown family: the typed merge names it
-        return out
-
-
-def refusal(path: str | os.PathLike, what: str) -> str:
-    """The one line a reader of an older run file prints: the file, what is old, the fix."""
-    run_dir = Path(path).parent
-    if run_dir.parent.name == "checkpoints":
-        run_dir = run_dir.parent.parent
-    return f"{path} is of an older format ({what}): rewrite its run once with `python -m pipelines.upgrade {run_dir}`"
-
-
-def read_saved_config(path) -> DictConfig:
-    """A run's saved `config.yaml` as OmegaConf, verified (`storage.rundir.read_resolved_config`): the one read of
-    saved configs (load_saved_config, pipelines.eval's source config, the provenance of a checkpoint).
-
-    Raises:
-        ConfigError: the file is damaged, or of an older format (`old_config_keys`: the key it holds), one line
-            naming it and the fix. FileNotFoundError, yaml.YAMLError.
-    """
-    from storage.rundir import DamagedRunFile, read_resolved_config
-    try:
-        text = read_resolved_config(path)
-    except DamagedRunFile as exc:
-        raise ConfigError("config.yaml", str(path), str(exc)) from None
-    dcfg = OmegaConf.create(text)
-    old = old_config_keys(OmegaConf.to_container(dcfg))
-    if old:
-        raise ConfigError(old[0], OmegaConf.select(dcfg, old[0]), refusal(path, f"it has {old[0]}"))
-    return dcfg
 
 
 COMMAND_LINE = "the command line"
@@ -482,10 +445,16 @@ def check_given(cfg: Config, overrides: Sequence[str] = (), command: str = "run"
 
 def check_params(cfg: Config) -> None:
     """The config as MLflow params (`storage.tracking.flatten_config`) is valid, so that no run is refused by MLflow
-    after its cluster started. Raises ConfigError naming the key."""
+    after its cluster started. Raises ConfigError naming the key.
+
+    Only the param names can be refused (`storage.tracking.param_name`), and they are the config's keys: checked on
+    `dataclasses.asdict(cfg)`, which has `to_dict`'s keys (tests/pipelines/test_compose_values.py) at a tenth of
+    its cost (no OmegaConf node is built)."""
+    import dataclasses
+
     from storage.tracking import flatten_config
     try:
-        flatten_config(to_dict(cfg))
+        flatten_config(dataclasses.asdict(cfg))
     except ValueError as exc:
         raise ConfigError("config", None, f"cannot be logged as MLflow params: {exc}") from None
 

@@ -7,7 +7,9 @@ whenever a family is registered (`pipelines.families.union_schema`), the overrid
 time, so no caller sees another's edits; a conf file edited, added or removed, or CONF_DIR pointed elsewhere, is a
 new key. Errors are not kept (composed again, raised again). Kept the same way: the reads of single conf files
 (`plain_yaml`, by path and bytes; a copy each time), the schema node of a set of family classes (only read), the
-schema's key list (by union schema), and the ConfigStore entry `register_schema` made (`STORED`). Each table keeps
+schema's key list (by union schema), the parsed overrides (by union schema and overrides: Hydra `Override` objects,
+only read), the composition of a set of group choices (pipelines.compose_values), and the ConfigStore entry
+`register_schema` made (`STORED`). Each table keeps
 its last MEMO_SIZE keys. `clear()` empties everything.
 """
 from __future__ import annotations

@@ -45,8 +45,8 @@ from pipelines.components import (SOURCE_ENV_KEYS, SOURCE_ENV_WHY, check_compone
 from pipelines.compose import (COMMAND_LINE, CONF_DIR, GROUP_FILE_DEFAULTS, GROUPS, MISSING,  # noqa: F401
                                REQUIRED_KEYS, SCHEMA_NAME, _file_values, check_given, check_params, check_required,
                                compose, experiment_name, from_command_line, given_keys, group_choices,
-                               load_saved_config, read_saved_config, register_schema, schema_keys, to_config,
-                               to_dict, to_yaml, unknown_key_fix)
+                               register_schema, schema_keys, to_config, to_dict, to_yaml, unknown_key_fix)
+from pipelines.saved_config import load_saved_config, read_saved_config  # noqa: F401
 from pipelines.overrides import QUOTING, as_typed, parse_overrides  # noqa: F401
 
 

@@ -29,7 +29,7 @@ first N of them), each (task, trial) pair once (eval seed env.eval.seed + u visi
 (u // T) of its eval split: tasks.envs.libero.reset_states). Per task: success with its Wilson 95 % interval and episode count,
 keyed by the suite's task id with its name; every episode lists its task_id and trial_id. env.eval.num_envs that is
 a multiple of T keeps each eval env on one task (else envs rebuild their instance between tasks: a warning).
-Example (a tiny flow VLA's hf dir, 2 tasks x 2 init states):
+Example (pi0 tiny's hf dir, 2 tasks x 2 init states):
   python -m pipelines.eval /path/to/hf conf=libero_smoke env.task_ids=[0,1] env.num_trials=2 env.eval.num_envs=2
 
 Progress: a bar (runner.progress) advances by each eval shard's episodes as its node finishes (env.num_shards eval
@@ -47,10 +47,10 @@ Exit codes: 0 done, 2 bad input (one line `error: ...`: unknown source, a key th
 config, an output that exists), 1 a failure during the eval (a lost worker), 130 interrupted.
 
 Examples:
-  python -m pipelines.eval runs/pushcube_flow_sft/20261201-161958-2c8f env.eval.num_episodes=200
+  python -m pipelines.eval runs/pushcube_pi0_sft/20261201-161958-2c8f env.eval.num_episodes=200
   python -m pipelines.eval runs/pushcube_ppo/RUN/checkpoints/global_step_150 runner.eval_videos=4
   python -m pipelines.eval 20261201-161958-2c8f --json                     # a run id under run_root
-  python -m pipelines.eval /path/to/hf conf=pushcube_flow_grpo env.eval.num_episodes=48
+  python -m pipelines.eval /path/to/hf conf=pushcube_pi0_grpo env.eval.num_episodes=48
 """
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ def eval_config(src: Source, overrides: list[str]):
     if src.hf is not None:
         if not any(o.split("=", 1)[0] == "conf" for o in overrides):
             raise ConfigError("conf", None, f"{src.hf} is an hf dir outside a run: name the experiment it is "
-                                            f"evaluated in (env, eval), e.g. conf=pushcube_flow_grpo")
+                                            f"evaluated in (env, eval), e.g. conf=pushcube_pi0_grpo")
         return protocol_defaults(load_config([*overrides, f"policy.model_path={src.hf}"])[0], overrides)
     parse_overrides(overrides)  # Hydra's grammar: one line for a malformed word
     allowed = ", ".join(k + "*" if k.endswith(".") else k for k in EVAL_KEYS)

@@ -14,7 +14,7 @@ Exit codes: 0 written, 2 bad words, a STORE that is not a finished recording, DI
 
 Examples:
   python -m pipelines.export runs/demos/pushcube_record.zarr --format lerobot --out runs/datasets/pushcube_demos
-  python -m pipelines.run conf=pushcube_flow_sft sft.store=runs/datasets/pushcube_demos sft.value_coef=0
+  python -m pipelines.run conf=pushcube_pi0_sft sft.store=runs/datasets/pushcube_demos sft.value_coef=0
 """
 from __future__ import annotations
 
@@ -42,18 +42,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipelines.export ...` (module docstring). Returns the exit code."""
-    from pipelines.cli import UsageError, asks_version, quiet
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if {"-h", "--help"} & set(argv):
-        _parser().print_help()
-        return 0
-    if asks_version(argv):
-        return 0
-    try:
-        args = _parser().parse_args(argv)
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    from pipelines.cli import parse_words, quiet
+    args = parse_words(_parser(), argv)
+    if isinstance(args, int):
+        return args
     quiet()
     from tasks.demo_datasets import export_store
     if not (args.fps > 0):

@@ -33,6 +33,13 @@ def parse_overrides(overrides: Sequence[str]) -> list:
             the key's type needs), an override the grammar cannot read (with the forms that work), or a value of a
             string key that cannot be kept as typed (`as_typed`).
     """
+    from pipelines import compose_memo
+    from pipelines.families import union_schema  # a string key's type can change when a family registers
+    return list(compose_memo.once("parsed", (union_schema(), tuple(overrides)), lambda: tuple(_parse(overrides))))
+
+
+def _parse(overrides: Sequence[str]) -> list:
+    """`parse_overrides` without the memo (a composition parses its overrides about ten times)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     parser = OverridesParser.create()

@@ -59,15 +59,10 @@ def parser():
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipelines.perf RUN [run_root=DIR] [--json] [--write]`; returns the exit code (2: bad input,
     one `error:` line)."""
-    from pipelines.cli import UsageError, as_flags
-    ap = parser()
-    try:
-        args = ap.parse_args(as_flags(list(sys.argv[1:] if argv is None else argv), ("run_root",)))
-    except UsageError as exc:  # one line, exit 2, as every dagrl command
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except SystemExit as exc:  # --help printed
-        return int(exc.code or 0)
+    from pipelines.cli import parse_words
+    args = parse_words(parser(), argv, ("run_root",))
+    if isinstance(args, int):  # --help, --version, or one `error:` line (exit 2), as every dagrl command
+        return args
     try:
         run_dir = run_dir_of(args.run, args.run_root)
     except (FileNotFoundError, ValueError) as exc:

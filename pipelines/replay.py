@@ -454,19 +454,10 @@ def _check_video(path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipelines.replay ...` (module docstring). Returns the exit code."""
-    from pipelines.cli import UsageError, as_flags
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if {"-h", "--help"} & set(argv):
-        _parser().print_help()
-        return 0
-    from pipelines.cli import asks_version
-    if asks_version(argv):
-        return 0
-    try:  # run_root=DIR, the spelling of every command (pipelines.cli.as_flags)
-        args = _parser().parse_args(as_flags(argv, ("run_root",)))
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    from pipelines.cli import parse_words
+    args = parse_words(_parser(), argv, ("run_root",))  # run_root=DIR, the spelling of every command
+    if isinstance(args, int):
+        return args
     quiet()
     try:
         if args.video is not None:

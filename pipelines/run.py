@@ -18,13 +18,15 @@ marked and named). `--help` also lists the experiments and the config groups' op
 `key=a,b,...` (a comma list; also Hydra's `range(...)`) is swept and the jobs are the grid of all combinations, each
 checked before the first starts, run one after another on one embedded cluster, tagged in MLflow with the sweep id;
 its report: `python -m pipelines.compare --sweep ID` (pipelines.sweep). Without `-m` a comma list is refused (one
-line). An unknown flag, or a word that is not a Hydra
-override (`key=value`, `+key=value`, `~key`), exits 2 with one line.
+line). `--jobs N` / `-j N` (with `-m`, on an existing cluster: `-m -j 2 cluster=address cluster.address=...`): up to N
+jobs at once, each its own driver process with its output in `<run_root>/sweeps/ID/job-I.log`, one job a GPU worker
+where the jobs fit (pipelines.sweep_jobs); the embedded cluster and the batch kinds refuse it (one line). An
+unknown flag, or a word that is not a Hydra override (`key=value`, `+key=value`, `~key`), exits 2 with one line.
 
 Examples:
   python -m pipelines.run                                           # the default experiment (conf=pushcube_ppo)
   python -m pipelines.run conf=smoke runner.max_steps=3 env.num_envs=8
-  python -m pipelines.run conf=pushcube_flow_grpo policy.model_path=SFT_RUN/checkpoints/global_step_30/hf
+  python -m pipelines.run conf=pushcube_pi0_grpo policy.model_path=SFT_RUN/checkpoints/global_step_30/hf
   python -m pipelines.run runner.resume=latest                      # continue the newest run of the experiment
   python -m pipelines.run conf=smoke --show                         # print the resolved config, start nothing
   python -m pipelines.run -m conf=smoke seed=1,2,3 algorithm.lr=1e-4,3e-4   # a sweep: 6 runs, then its report
@@ -39,16 +41,27 @@ from pipelines.cli import (load, overrides_and_flags, preflight, signal_handlers
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipelines.run ...` (module docstring). Returns the exit code."""
+    from pipelines.sweep_jobs import UsageError, jobs_flag
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:  # `--jobs N` / `-j N`: a sweep's jobs side by side (pipelines.sweep_jobs); its value is not key=value
+        argv, jobs_at_once = (argv, None) if {"-h", "--help"} & set(argv) else jobs_flag(argv)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     words = overrides_and_flags(argv, __doc__, "python -m pipelines.run",
                                 {"--show": "print the resolved config and exit",
                                  "-m": "a sweep: run every combination of the comma lists (--multirun)",
-                                 "--multirun": "as -m"})
+                                 "--multirun": "as -m", "--jobs N": "with -m: up to N jobs at once (-j N)"})
     if isinstance(words, int):
         return words
     flags, overrides = words
     if flags & {"-m", "--multirun"}:  # Hydra's multirun: the grid of the comma lists (pipelines.sweep)
         from pipelines.sweep import run_sweep
-        return run_sweep(overrides, train=_train, show="--show" in flags)
+        return run_sweep(overrides, train=_train, show="--show" in flags, jobs_at_once=jobs_at_once)
+    if jobs_at_once is not None:
+        print(f"error: --jobs {jobs_at_once}: runs a sweep's jobs side by side; add -m (python -m pipelines.run -m "
+              f"--jobs {jobs_at_once} cluster=address cluster.address=tcp://HOST:PORT KEY=A,B ...)", file=sys.stderr)
+        return 2
     from tasks.config import ConfigError
     if "--show" in flags:  # also an experiment whose required keys are left ??? (shown marked: pipelines.cli.show)
         from pipelines.cli import show
@@ -129,6 +142,7 @@ def _train(cfg, handle, run_lock=None, *, tags=None, record=None) -> int:
     start_step, start_env_steps = runner.state.step, runner.state.env_steps  # a resume starts at its checkpoint
     with graceful_stop(runner):
         res = runner.run()
+    _release_resident(handle, runner.state.run_id)
     if res.interrupted is not None:
         print(f"interrupted ({res.interrupted}) at step {res.steps}: checkpointed; resume with "
               f"runner.resume={res.run_id}", file=sys.stderr)
@@ -149,6 +163,18 @@ def _train(cfg, handle, run_lock=None, *, tags=None, record=None) -> int:
     where.append(f"view: {view_hint(res.tracking_uri, runner.tracker.experiment_id, res.mlflow_run_id)}")
     print("dagrl: " + " | ".join(where))
     return 0
+
+
+def _release_resident(handle, run_id: str) -> None:
+    """Close this run's worker-resident objects (its env shards, actor and replicas: keys `<run_id>/...`,
+    tasks.resident) on every worker once the run has ended. On a cluster that outlives the run (`cluster.address`,
+    a sweep's jobs side by side) nothing else would: the workers' plugin is shared, never re-registered
+    (`tasks.resident.install`). A cluster that no longer answers is left alone (its workers went with it)."""
+    from tasks import resident
+    try:
+        handle.client.run(resident.release, f"{run_id}/", on_error="ignore")
+    except Exception:  # noqa: BLE001 - the run's result stands; a gone cluster holds nothing
+        pass
 
 
 def session_text(step: int, env_steps: int, wall_s: float, start_step: int = 0, start_env_steps: int = 0) -> str:
@@ -172,6 +198,42 @@ def best_text(state, ev: dict) -> str:
         return f"best success_once {state.best_eval_success_once:.3f} at step {state.best_eval_step}"
     return (f"checkpoints/best: step {state.best_val_step} (validation {state.best_val_success_once:.3f}, eval "
             f"{ev['eval/selected_success_once']:.3f}; the highest eval {state.best_eval_success_once:.3f})")
+
+
+def sweep_job_main(argv: list[str] | None = None) -> int:
+    """One job of a sweep run side by side (`python -m pipelines.run -m --jobs N`): `python -c
+    pipelines.sweep_jobs.CHILD JOB_FILE`, the file `pipelines.sweep_jobs` writes (overrides, MLflow tags, the record
+    file), through this command's training path. Returns the exit code as `main` (0, 1, 2, 130)."""
+    import json
+    from pathlib import Path
+
+    from pipelines.cli import start
+    from pipelines.sweep_jobs import JobRecord
+    argv = start(argv, sweep_job_main.__doc__)
+    if argv is None:
+        return 0
+    if len(argv) != 1 or not Path(argv[0]).is_file():
+        print("error: a sweep job's process takes one job file, written by `python -m pipelines.run -m "
+              "--jobs N ...` (a sweep's jobs side by side); run a sweep with that command", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(argv[0]).read_text())
+    print(f"dagrl: {spec['label']}: python -m pipelines.run {' '.join(spec['overrides'])}", flush=True)
+    cfg = load(spec["overrides"], command="run")
+    if cfg is None:
+        return 2
+    record = JobRecord(Path(spec["record"]))
+    return with_cluster(cfg, lambda handle: _train(cfg, handle, tags=spec["tags"], record=record))
+
+
+def sweep_job_entry() -> int:
+    """A sweep job process's entry (`python -c`; not a command of its own): started in its own session by the
+    sweep's driver, which passes the terminal's Ctrl-C on, it gets Python's own SIGINT handler back even where the
+    sweep was started with SIGINT ignored (a background job), then `entry(sweep_job_main)`."""
+    import signal
+
+    from pipelines.cli import entry
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    return entry(sweep_job_main)
 
 
 if __name__ == "__main__":

@@ -25,12 +25,10 @@ What a sweep does (`run_sweep`):
 Ctrl-C: the job in flight stops as `pipelines.run` stops (the step in flight, a checkpoint), no later job starts;
 the sweep file says which jobs did not run; exit 130.
 
-Side by side (several jobs at once on a cluster with several GPU workers, e.g. `cluster.kind=address`) is not done
-yet. The way it fits: a job whose components all sit on one device (`cluster.component_placement` {actor: k,
-rollout: k, env: k}, one actor rank) uses GPU worker k and only the env workers that serve device k
-(`pipelines.clusters.placement._env_devices`), so the cluster holds as many such jobs at once as it has GPU workers
-(each slot checked with `plan_placement` before it is used); each concurrent job then needs its own driver process
-(signals, progress bar, console), started with the job's overrides, its slot's placement and the sweep's tags.
+Side by side: `--jobs N` (`-j N`) on an existing cluster (`cluster.kind=address`) runs up to N jobs at once, each
+in its own driver process, in slots pinned one job a device where the cluster's GPU workers allow it
+(pipelines.sweep_jobs: slots, the job processes, signals, what two drivers on one cluster share). The other kinds
+refuse `--jobs` in one line and run their jobs one after another as above.
 """
 from __future__ import annotations
 
@@ -287,10 +285,12 @@ def _load_all(jobs: list[Job]):
     return cfgs, None
 
 
-def run_sweep(overrides: Sequence[str], *, train: Callable, show: bool = False, echo=print) -> int:
+def run_sweep(overrides: Sequence[str], *, train: Callable, show: bool = False, echo=print,
+              jobs_at_once: int | None = None) -> int:
     """`python -m pipelines.run -m ...` (module docstring). `train(cfg, handle, tags=..., record=...) -> exit code`
-    is pipelines.run's training path. Returns the exit code: 0 every job finished, 1 one failed, 2 refused before
-    anything ran (one line on stderr), 130 interrupted."""
+    is pipelines.run's training path. `jobs_at_once`: `--jobs N`, the jobs side by side on an existing cluster
+    (pipelines.sweep_jobs; refused in one line on another kind). Returns the exit code: 0 every job finished, 1 one
+    failed, 2 refused before anything ran (one line on stderr), 130 interrupted."""
     from pipelines.cli import preflight, with_cluster
     from pipelines.config import to_yaml
     from pipelines.runner.setup import new_run_id, tracking_uri
@@ -307,8 +307,18 @@ def run_sweep(overrides: Sequence[str], *, train: Callable, show: bool = False, 
         for job, cfg in zip(jobs, cfgs):
             echo(f"# sweep job {job.index}: {job.label()}\n{to_yaml(cfg)}")
         return 0
+    side = None
+    if jobs_at_once is not None:  # before anything is written: not an existing cluster, or one that does not answer
+        from pipelines.sweep_jobs import prepare
+        client, slots, refused = prepare(cfgs, jobs_at_once)
+        if refused is not None:
+            print(refused, file=sys.stderr)
+            return 2
+        side = (client, slots)
     for place in {(c.run_root, c.tracking.uri): c for c in cfgs}.values():
         if not preflight(place):
+            if side is not None:
+                side[0].close()
             return 2
     sweep = Sweep(new_run_id(), list(overrides), keys, jobs, run_root=str(Path(cfgs[0].run_root).resolve()),
                   tracking_uri=tracking_uri(cfgs[0]), started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -317,6 +327,9 @@ def run_sweep(overrides: Sequence[str], *, train: Callable, show: bool = False, 
     sweep.write(where)
     echo(f"dagrl: sweep {sweep.sweep_id}: {len(jobs)} job(s) over {', '.join(keys) or 'no swept key'} | "
          f"{where / 'sweep.json'}", flush=True)
+    if side is not None:
+        from pipelines.sweep_jobs import run_side_by_side
+        return run_side_by_side(sweep, where, cfgs, *side, job_tags=job_tags, summary=summary, echo=echo)
     pool = ClusterPool()
     interrupted = False
     try:

@@ -20,7 +20,7 @@ Exit codes: 0 valid, 2 invalid, an unknown flag or a word that is not an overrid
 Examples:
   python -m pipelines.validate                                   # the default experiment
   python -m pipelines.validate conf=pushcube_ppo env=pickcube --show
-  python -m pipelines.validate conf=pushcube_flow_grpo policy.model_path=SFT_RUN/checkpoints/global_step_30/hf
+  python -m pipelines.validate conf=pushcube_pi0_grpo policy.model_path=SFT_RUN/checkpoints/global_step_30/hf
   python -m pipelines.validate cluster=address cluster.address=tcp://127.0.0.1:8786 --connect
 """
 from __future__ import annotations

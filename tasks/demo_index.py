@@ -56,7 +56,7 @@ def sft_fields(stored, only_success: bool, value: bool) -> tuple[str, ...]:
 
 
 SFT_WORKER_BASE_GIB = 1.0  # an SFT env worker without its samples: ManiSkill eval shard, torch (measured 2026-12-05:
-# 0.98-1.01 GiB peak RSS in 3 conf=pushcube_flow_sft runs whose samples were 6 MB)
+# 0.98-1.01 GiB peak RSS in 3 PushCube VLA SFT runs whose samples were 6 MB)
 
 
 def sft_dataset_bytes(store_path: str, rows: int) -> int:

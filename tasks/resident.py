@@ -38,6 +38,7 @@ class Resident(WorkerPlugin):
     """The worker's registry of resident objects (`objects`: key -> object); closes them at worker teardown."""
 
     name = PLUGIN
+    idempotent = True  # Dask's: registering it again under this name is a no-op on the scheduler (`install`)
 
     def __init__(self):
         self.objects: dict[str, Any] = {}
@@ -53,8 +54,10 @@ class Resident(WorkerPlugin):
 
 
 def install(client) -> None:
-    """Register the `Resident` plugin on every worker of `client`'s cluster, present and future (idempotent for a
-    fresh cluster; re-registering replaces the plugin and closes what the old one held)."""
+    """Register the `Resident` plugin on every worker of `client`'s cluster, present and future, unless the
+    scheduler has it already (`Resident.idempotent`: a second driver on a shared cluster, e.g. a sweep's jobs side
+    by side, keeps the plugin and the objects the first one's runs hold; a re-registration would replace the
+    plugin and close them)."""
     client.register_plugin(Resident(), name=PLUGIN)
 
 

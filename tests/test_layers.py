@@ -111,7 +111,7 @@ def test_no_import_cycle():
 MAX_MODULE_LINES = 500
 # a branch on a family's name in pipelines/: callers ask a component's capabilities instead (README "Layout")
 FAMILY_BRANCH = re.compile(r"""(\.(policy|env|cluster)\.(name|simulator|kind)|algorithm\.name)\s*(==|!=|in)\s*|"""
-                           r"""(==|!=)\s*["'](mlp|flow_vla|token_vla|sft|maniskill|libero|local|address)["']""")
+                           r"""(==|!=)\s*["'](mlp|pi0|pi05|token_vla|sft|maniskill|libero|local|address)["']""")
 
 
 def _modules(*packages: str) -> list[Path]:

@@ -1,4 +1,4 @@
-"""conf=libero_smoke end to end (slow: ~4 min on the 2-core machine under load): 2 GRPO steps of the tiny flow VLA
+"""conf=libero_smoke end to end (slow: ~4 min on the 2-core machine under load): 2 GRPO steps of pi0 tiny
 through the real LIBERO simulator with 32 px agentview images, trajectories stored (with each step's task_id /
 trial_id), one eval, the hf/ export; then `pipelines.replay` re-simulates stored episodes in this process (the run
 stepped them in its Dask worker processes): MuJoCo reproduces them across processes, bit for bit (Δobs = 0)."""

@@ -1,5 +1,5 @@
 """The README's VLA recipe in miniature, end to end on the real simulator through a real local cluster:
-a state teacher (conf=smoke) -> `pipelines.record` (rgb images, chunks of C=5) -> SFT of the tiny flow VLA
+a state teacher (conf=smoke) -> `pipelines.record` (rgb images, chunks of C=5) -> SFT of pi0 tiny
 (`algorithm.name=sft`) -> PPO and GRPO from its `hf/` checkpoint (`policy.model_path`).
 
 Sizes are cut to the bone (4 envs, 16 px images, 10-step episodes, 1-2 steps per run): this checks the plumbing
@@ -49,12 +49,13 @@ def recipe(tmp_path_factory, smoke_run, one_cluster):
     store = root / "demos.zarr"
     assert record_cli.main(["conf=pushcube_record", f"run_root={root}", f"record.teacher={teacher}",
                             f"record.out={store}", "record.num_episodes=8", *RECORD_ENV]) == 0
-    assert run_main(["conf=pushcube_flow_sft", f"run_root={root}", f"sft.store={store}", "sft.only_success=false",
-                     "sft.updates_per_step=3", "sft.batch_size=8", "runner.max_steps=2", "runner.save_interval=2",
+    assert run_main(["conf=pushcube_pi0_sft", f"run_root={root}", f"sft.store={store}", "sft.only_success=false",
+                     "sft.updates_per_step=3", "sft.batch_size=8", "runner.max_steps=2",
+                     "sft.value_coef=1.0", "policy.value_detach=true",  # a value warm start for PPO's critic "runner.save_interval=2",
                      "runner.val_check_interval=2", *(o for o in SMALL_ENV if not o.startswith("env.num_envs="))]) == 0
-    sft_dir = next(p for p in (root / "pushcube_flow_sft").iterdir() if p.is_dir())
+    sft_dir = next(p for p in (root / "pushcube_pi0_sft").iterdir() if p.is_dir())
     hf = latest_checkpoint(sft_dir) / "hf"
-    for conf in ("pushcube_flow_ppo", "pushcube_flow_grpo"):
+    for conf in ("pushcube_pi0_ppo", "pushcube_pi0_grpo"):
         assert run_main([f"conf={conf}", f"run_root={root}", f"policy.model_path={hf}", "runner.max_steps=1",
                          "rollout.chunk_steps=2", "rollout.chunk_steps_per_node=2",
                          *(["algorithm.group_size=2"] if conf.endswith("grpo") else []), *SMALL_ENV]) == 0
@@ -109,18 +110,18 @@ def test_an_interrupted_recording_leaves_no_store_at_its_output_and_is_refused_a
 
 def test_sft_logs_a_loss_and_writes_a_pretrained_checkpoint(recipe):
     root, _, hf, _ = recipe
-    run, loss = _metric(root, "pushcube_flow_sft", "train/sft_loss")
+    run, loss = _metric(root, "pushcube_pi0_sft", "train/sft_loss")
     assert run.info.status == "FINISHED" and [s for s, _ in loss] == [1, 2]
     assert all(math.isfinite(v) and v > 0 for _, v in loss)
-    _, vloss = _metric(root, "pushcube_flow_sft", "train/critic_loss")  # the conf's value warm start
+    _, vloss = _metric(root, "pushcube_pi0_sft", "train/critic_loss")  # the value warm start
     assert [s for s, _ in vloss] == [1, 2] and all(math.isfinite(v) and v > 0 for _, v in vloss)
-    _, ev = _metric(root, "pushcube_flow_sft", "eval/success_once")
+    _, ev = _metric(root, "pushcube_pi0_sft", "eval/success_once")
     assert [s for s, _ in ev] == [2]
     assert (hf / "config.json").is_file() and (hf / "model.safetensors").is_file()
-    assert not (root / "pushcube_flow_sft" / run.info.run_name / "trajectories.zarr").exists()
+    assert not (root / "pushcube_pi0_sft" / run.info.run_name / "trajectories.zarr").exists()
 
 
-@pytest.mark.parametrize("experiment", ["pushcube_flow_ppo", "pushcube_flow_grpo"])
+@pytest.mark.parametrize("experiment", ["pushcube_pi0_ppo", "pushcube_pi0_grpo"])
 def test_rl_from_the_sft_checkpoint_starts_at_its_eval_and_updates(recipe, experiment):
     root, _, _, _ = recipe
     run, ev = _metric(root, experiment, "eval/success_once")
@@ -163,13 +164,13 @@ def test_artifacts_that_do_not_fit_the_config_are_rejected_offline(recipe, capsy
     from pipelines.config import load_config
     from tasks.config import ConfigError
     root, store, hf, teacher = recipe
-    cases = [(["conf=pushcube_flow_ppo", f"policy.model_path={hf}", "env.image_size=32"], "image_size=16"),
-             (["conf=pushcube_flow_ppo", f"policy.model_path={hf}", "env.image_size=16",
+    cases = [(["conf=pushcube_pi0_ppo", f"policy.model_path={hf}", "env.image_size=32"], "image_size=16"),
+             (["conf=pushcube_pi0_ppo", f"policy.model_path={hf}", "env.image_size=16",
                "policy.num_action_chunks=4"], "num_action_chunks=5"),
-             (["conf=pushcube_flow_ppo", f"policy.model_path={hf}", "env.image_size=16", "policy.name=token_vla"],
-              "'flow_vla' checkpoint"),
-             (["conf=pushcube_flow_sft", f"sft.store={store}", "env.image_size=32"], "16 px images"),
-             (["conf=pushcube_flow_sft", f"sft.store={store}", "env.image_size=16", "policy.num_action_chunks=2"],
+             (["conf=pushcube_pi0_ppo", f"policy.model_path={hf}", "env.image_size=16", "policy.name=token_vla"],
+              "'pi0' checkpoint"),
+             (["conf=pushcube_pi0_sft", f"sft.store={store}", "env.image_size=32"], "16 px images"),
+             (["conf=pushcube_pi0_sft", f"sft.store={store}", "env.image_size=16", "policy.num_action_chunks=2"],
               "action chunks of 5")]
     for overrides, words in cases:
         with pytest.raises(ConfigError) as info:
@@ -177,7 +178,7 @@ def test_artifacts_that_do_not_fit_the_config_are_rejected_offline(recipe, capsy
         assert words in str(info.value) and "\n" not in str(info.value), str(info.value)
     # record: the teacher must be a state mlp run, and an existing store is never overwritten (with the valid
     # teacher that recorded it: the existing store alone is refused)
-    vla_run = next(p for p in (root / "pushcube_flow_ppo").iterdir() if p.is_dir())
+    vla_run = next(p for p in (root / "pushcube_pi0_ppo").iterdir() if p.is_dir())
     capsys.readouterr()
     assert record_cli.main(["conf=pushcube_record", f"run_root={root}", f"record.teacher={vla_run}",
                             f"record.out={root / 'x.zarr'}", *RECORD_ENV]) == 2

@@ -170,7 +170,7 @@ def _check_formats(resume: str, run_dir: Path, ckpt_path: Path, state: RunState)
     Raises:
         ConfigError(runner.resume): one of an older format; one line naming the file and `python -m
             pipelines.upgrade RUN_DIR` (the checkpoint and config formats are checked where they are read)."""
-    from pipelines.compose import refusal
+    from pipelines.saved_config import refusal
     from pipelines.upgrade.store import STORE_DIR, store_refusal
     from tasks.envs.shard import is_cursor
     old = [s for s, c in enumerate(state.cursors) if c is not None and not is_cursor(c)]
@@ -191,7 +191,7 @@ def _check_recorded_inputs(resume: str, ckpt_path: Path, runner: dict) -> None:
     Raises:
         ConfigError(runner.resume): a checkpoint written before they were recorded (no `inputs` key); one line
             naming its meta.json and `python -m pipelines.upgrade RUN_DIR` (which records today's)."""
-    from pipelines.compose import refusal
+    from pipelines.saved_config import refusal
     from pipelines.upgrade.checkpoints import NO_INPUTS, no_inputs
     if no_inputs({"runner": runner}):
         raise ConfigError("runner.resume", resume, refusal(ckpt_path / "meta.json", NO_INPUTS))

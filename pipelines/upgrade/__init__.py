@@ -160,7 +160,7 @@ def _stage_checkpoints(run_dir: Path, stage: Path, todo: dict) -> None:
 
     def cfg_loader():
         if not cfg_cache:
-            from pipelines.compose import load_saved_config
+            from pipelines.saved_config import load_saved_config
             cfg_cache.append(load_saved_config(stage / CONFIG_FILE, validate=False))
         return cfg_cache[0]
 
@@ -251,14 +251,15 @@ def resolve_target(arg: str, run_root: str | os.PathLike = "runs") -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipelines.upgrade", description=__doc__.splitlines()[0])
+    from pipelines.cli import ArgumentParser, parse_words, version
+    ap = ArgumentParser(prog="python -m pipelines.upgrade", description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", help="a run directory (<run_root>/<experiment>/<run_id>), its run id (looked up under "
                                     "run_root=DIR, default runs), or a recorded trajectory store (record.out)")
     ap.add_argument("--run-root", default="runs", help=argparse.SUPPRESS)  # run_root=DIR (pipelines.cli.as_flags)
-    from pipelines.cli import version
     ap.add_argument("--version", action="version", version=version())
-    from pipelines.cli import as_flags  # run_root=DIR, the spelling of every command (--run-root DIR: the same)
-    args = ap.parse_args(as_flags(list(sys.argv[1:] if argv is None else argv), ("run_root",)))
+    args = parse_words(ap, argv, ("run_root",))  # run_root=DIR, the spelling of every command (--run-root DIR too)
+    if isinstance(args, int):
+        return args
     from storage.locks import LockBusy
     try:
         upgrade(resolve_target(args.run_dir, args.run_root))

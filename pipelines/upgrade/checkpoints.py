@@ -19,7 +19,7 @@ class UpgradeError(ValueError):
 
 # ---------------------------------------------------------------- config.yaml
 def upgrade_config_text(text: str, path: str | os.PathLike = CONFIG_FILE) -> str | None:
-    """Today's config.yaml text for an older one, or None when it is current (`pipelines.compose.old_config_keys`
+    """Today's config.yaml text for an older one, or None when it is current (`pipelines.saved_config.old_config_keys`
     finds nothing): `algorithm.adv_type` dropped when it said what algorithm.name selects, and the keys of a family
     section its family lacks dropped (written when every section held every family's keys: they did nothing there).
 
@@ -28,7 +28,7 @@ def upgrade_config_text(text: str, path: str | os.PathLike = CONFIG_FILE) -> str
     """
     from omegaconf import OmegaConf
 
-    from pipelines.compose import old_config_keys
+    from pipelines.saved_config import old_config_keys
     d = OmegaConf.to_container(OmegaConf.create(text))
     cluster = d.get("cluster") or {}
     if "kind" not in cluster and cluster.get("address"):  # a run on an existing scheduler, before cluster.kind

@@ -365,9 +365,15 @@ def run_update(cfg: Config, policy: torch.nn.Module, opt: torch.optim.Optimizer,
 
 
 def one_rank_plan(cfg: Config, N: int):
-    """The batch plan of the one-rank update: num_minibatches optimizer steps of N // num_minibatches samples per
-    epoch, no gradient accumulation (tasks.config.check_batch_sizes)."""
+    """The batch plan of the one-rank update: num_minibatches optimizer steps of G = N // num_minibatches samples
+    per epoch, each in micro-batches of `algorithm.micro_batch_size` samples with the gradients accumulated
+    (`update_epochs`: the same step up to float summation order), or one micro-batch of G when it is None. A
+    micro-batch size that does not divide G (N smaller than the configured batch) becomes their gcd: never more
+    samples per forward/backward than asked (tasks.config.check_batch_sizes)."""
+    import math
+
     from tasks.config import check_batch_sizes
-    nm = cfg.algorithm.num_minibatches
+    nm, M = cfg.algorithm.num_minibatches, cfg.algorithm.micro_batch_size
     G = max(N // nm, 1)
-    return check_batch_sizes(G * min(nm, N // G), 1, G, G)  # N % num_minibatches samples are never drawn, as before
+    M = G if M is None else math.gcd(G, min(M, G))
+    return check_batch_sizes(G * min(nm, N // G), 1, G, M)  # N % num_minibatches samples are never drawn, as before

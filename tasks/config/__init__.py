@@ -21,7 +21,7 @@ from tasks.config.checks import (COMMANDS, check_config, check_whole_episodes, c
 from tasks.config.edit import replace_key, replace_keys  # noqa: F401
 from tasks.config.errors import ConfigError, close_matches, did_you_mean  # noqa: F401
 from tasks.config.registry import (SELECTORS, default_class, families, family_checks, family_class,  # noqa: F401
-                                   register_family)
+                                   register_family, retired_option)
 from tasks.config.schema import (ACTOR_LOSSES, DEVICES, DTYPES, SEED_LIMIT, AlgorithmConfig,  # noqa: F401
                                  ClusterConfig, Config, EnvConfig, EvalConfig, PolicyConfig, RecordConfig,
                                  RolloutConfig, RunnerConfig, SecurityConfig, SFTConfig, StorageConfig,

@@ -5,7 +5,7 @@ new object made with `dataclasses.replace`, section by section, and the original
     cfg3 = replace_keys(cfg, {"env.num_envs": 4, "env.num_shards": 2, "env.eval.num_episodes": 8})
 
 A key is a dotted path of field names from the object given (a `Config`, or any section: `replace_key(cfg.env,
-"eval.seed", 7)`); a value may be a whole section (`replace_key(cfg, "policy", FlowVLAConfig())`). No rule runs
+"eval.seed", 7)`); a value may be a whole section (`replace_key(cfg, "policy", PI0PolicyConfig())`). No rule runs
 here: `tasks.config.check_config` checks the result when the caller needs a checked config (a test that builds a
 bad config on purpose does not). To compose from conf/ with overrides instead, use `pipelines.config.load_config`.
 This module imports nothing of dagrl but tasks.config.errors.

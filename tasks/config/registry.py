@@ -31,7 +31,6 @@ DEFAULTS: dict[str, str] = {"policy": "mlp", "env": "maniskill", "cluster": "loc
 MODULES: dict[str, dict[str, str]] = {
     "policy": {
         "mlp": "tasks.policies.mlp.configuration",
-        "flow_vla": "tasks.policies.flow_vla.configuration",
         "token_vla": "tasks.policies.token_vla.configuration",
         "pi0": "tasks.policies.pi0.configuration",
         "pi05": "tasks.policies.pi05.configuration",
@@ -51,6 +50,30 @@ MODULES: dict[str, dict[str, str]] = {
         "kubernetes": "pipelines.clusters.kubernetes",
     },
 }
+
+# section -> retired family name -> what replaces it: a config (a command line, an old run's config.yaml) naming one
+# is refused in one line naming the replacement (`family_class`), not with the unknown-family list
+RETIRED: dict[str, dict[str, str]] = {
+    "policy": {
+        "flow_vla": "pi0 (policy.name=pi0; the tiny preset: policy=pi0_tiny)",  # see RETIRED_OPTIONS for its conf files
+    },
+}
+
+# config group -> option (a conf/GROUP/NAME.yaml removed with a retired family) -> the option that replaces it
+RETIRED_OPTIONS: dict[str, dict[str, str]] = {
+    "policy": {"flow_vla_tiny": "pi0_tiny", "flow_vla_tiny_critic": "pi0_tiny"},
+    "conf": {"pushcube_flow_sft": "pushcube_pi0_sft", "pushcube_flow_grpo": "pushcube_pi0_grpo",
+             "pushcube_flow_ppo": "pushcube_pi0_ppo", "libero_flow_sft": "libero_pi0_sft",
+             "libero_flow_grpo": "libero_pi0_grpo"},
+}
+
+
+def retired_option(group: str, name: str) -> str | None:
+    """The fix for choosing `group=name` when that option was retired (`RETIRED_OPTIONS`): one line naming the
+    option that replaces it; None for any other option."""
+    new = RETIRED_OPTIONS.get(group, {}).get(name)
+    return None if new is None else f"conf/{group}/{name}.yaml was retired with its policy family: use {group}={new}"
+
 
 _CLASSES: dict[str, dict[str, type]] = {s: {} for s in SELECTORS}
 _CHECKS: dict[str, dict[str, tuple[Callable, ...]]] = {s: {} for s in SELECTORS}
@@ -120,11 +143,14 @@ def family_class(section: str, name: str) -> type:
 
     Raises:
         ConfigError: key `<section>.<selector>` (policy.name, env.simulator, cluster.kind): an unknown family,
-            listing the known ones, with a did-you-mean.
+            listing the known ones, with a did-you-mean; a retired family (`RETIRED`), naming its replacement.
     """
     _section(section)
     _load(section, name)
     cls = _CLASSES[section].get(name)
+    if cls is None and name in RETIRED.get(section, {}):
+        raise ConfigError(f"{section}.{SELECTORS[section]}", name,
+                          f"the {name} family was retired: use {RETIRED[section][name]}")
     if cls is None:
         known = sorted(families(section))
         hint = did_you_mean(str(name), known)

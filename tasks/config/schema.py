@@ -103,7 +103,7 @@ class PolicyConfig:
     """Policy family: the keys every family has. `name` selects the family (tasks/policies/<name>/configuration.py
     adds its own keys; `model` there names its nn.Module). `num_action_chunks` C actions are predicted per call."""
 
-    name: str = "mlp"  # mlp | flow_vla (pi0-style flow matching) | token_vla (OpenVLA-OFT-style action tokens) |
+    name: str = "mlp"  # mlp | token_vla (OpenVLA-OFT-style action tokens) |
     # pi0 | pi05 (transformers' pi0 / pi0.5)
     num_action_chunks: int = 1  # C: actions per policy call (an action chunk), executed before the next call
     model_path: Optional[str] = None  # local checkpoint directory (save_pretrained layout) to start from
@@ -167,7 +167,8 @@ class AlgorithmConfig:
     # pretrained policy would otherwise steer the policy with meaningless advantages)
     # ----- distributed actor update (tasks.distributed; RLinf actor.global_batch_size / micro_batch_size) -----
     global_batch_size: Optional[int] = None  # samples per optimizer step over all ranks; None: batch / num_minibatches
-    micro_batch_size: Optional[int] = None  # samples per forward/backward on one rank; None: global / num_actor_ranks
+    micro_batch_size: Optional[int] = None  # samples per forward/backward on one rank (gradients accumulated over
+    # the rank's share of each optimizer step: a memory lever, the same update); None: global / num_actor_ranks
     num_actor_ranks: int = 1  # actor_update ranks (one torch.distributed process group, FSDP2)
     offload: bool = False  # move the actor (model + optimizer state) to CPU memory after each update and back
     # before the next, and rollout replicas off their device during the update (tasks.offload; with

@@ -1,5 +1,5 @@
-"""The RL sampling of flow-matching VLAs (piRL's Flow-SDE and Flow-Noise), shared by every flow family (flow_vla,
-pi0, pi05): pure functions of a velocity field, independent of the network that gives it.
+"""The RL sampling of flow-matching VLAs (piRL's Flow-SDE and Flow-Noise), shared by every flow family
+(pi0, pi05): pure functions of a velocity field, independent of the network that gives it.
 
 Flow convention (pi0 / openpi / transformers' `PI0ForConditionalGeneration.sample_actions`): x_t = t * noise +
 (1 - t) * action, t = 1 is pure noise, t = 0 the action; the network predicts v = dx_t/dt = noise - action.

@@ -1,4 +1,4 @@
-"""Building blocks shared by the VLA policy families (flow_vla, token_vla).
+"""Building blocks shared by the VLA policy families (token_vla; pi0's value head).
 
 - `ByteTokenizer`: byte-level instruction tokenizer (transformers' ByT5 tokenizer: no vocab file, works offline).
 - `PrefixEncoder`: the VLM prefix of pi0 / PaliGemma: a SigLIP vision tower, a linear projector into the LM width

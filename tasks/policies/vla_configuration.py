@@ -1,4 +1,4 @@
-"""The keys every VLA family has (flow_vla, token_vla, ...): `VLAConfig`, the base of their configuration classes,
+"""The keys every VLA family has (token_vla, ...): `VLAConfig`, the base of their configuration classes,
 with the rules and the value-dependent inert keys they share."""
 from __future__ import annotations
 
@@ -21,12 +21,10 @@ class VLAConfig(PolicyConfig):
     # checkpoint; std floored at 0.01): without it a linear projection of raw values sees the gripper's 0.035 m
     # open/close swing next to ~1 m positions, and a LIBERO clone ignored the state (docs/guides/libero.md)
     normalize_state: bool = False
-    # flow_vla, SFT from scratch: standardise the action targets per dimension with the mean / std of sft.store's
-    # executed actions (kept in the checkpoint; std floored at 0.01; the policy un-normalises what it outputs), as
-    # pi0/openpi and Diffusion Policy normalise actions: without it the flow loss weighs a dimension by its raw
-    # scale, and LIBERO's small rotation deltas (std 0.005-0.06 next to 0.4-0.5 for position) were cloned with a
-    # bias that turned the gripper away in closed loop (docs/guides/libero.md). Only a family whose model can
-    # un-normalise (`set_action_norm`) reads it (`normalizes_actions`)
+    # SFT from scratch: standardise the action targets per dimension with the mean / std of sft.store's executed
+    # actions (std floored at 0.01), for a family whose model un-normalises what it outputs (`set_action_norm`;
+    # `normalizes_actions`). No current family does (token_vla bins by q01/q99; pi0 / pi05 normalise with their
+    # processor's statistics): set, it is refused as doing nothing
     normalize_actions: bool = False
     max_prompt_len: int = 48  # instruction tokens (byte-level tokenizer), padded/truncated
     value_head: str = "mean_token"  # mean_token | first_token | last_token: pooling of prefix features
@@ -60,9 +58,11 @@ def inert_vla_keys(cfg: Config, command: str, *, normalizes_actions: bool) -> li
                                               "scratch (algorithm.name=sft, no policy.model_path, use_state); a "
                                               "loaded checkpoint keeps its own: drop it"))
     if not normalizes_actions or not from_scratch:
-        out.append(("policy.normalize_actions", "sets a flow VLA's action statistics from sft.store when SFT trains "
-                                                "it from scratch (policy.name=flow_vla, algorithm.name=sft, no "
-                                                "policy.model_path); a loaded checkpoint keeps its own: drop it"))
+        why = ("is read only by a family that un-normalises its own actions (none of the current VLA families: pi0 / "
+               "pi05 normalise with their processor's statistics)" if not normalizes_actions else
+               "sets the action statistics from sft.store when SFT trains from scratch (algorithm.name=sft, no "
+               "policy.model_path); a loaded checkpoint keeps its own")
+        out.append(("policy.normalize_actions", f"{why}: drop it"))
     critic = spec.critic if spec.estimator else cfg.sft.value_coef > 0
     if not critic:
         why = (f"shapes the value head, which algorithm.name={a.name} does not train"

@@ -185,8 +185,8 @@ def test_recipe_stages_commands_and_resumability(recipe, tmp_path, capsys):
     assert mods.count("pipelines.record") == 2 and mods.count("pipelines.run") == 8  # record once per teacher
     rec = [c for c in fake.calls if c[2] == "pipelines.record"]
     assert f"record.out={out}/tA/demos.zarr" in rec[0] and f"record.teacher={tmp_path.resolve()}/teachers/tA" in rec[0]
-    sft_calls = [c for c in fake.calls if "conf=pushcube_flow_sft" in c]
-    rl_calls = [c for c in fake.calls if "conf=pushcube_flow_grpo" in c]
+    sft_calls = [c for c in fake.calls if "conf=pushcube_pi0_sft" in c]
+    rl_calls = [c for c in fake.calls if "conf=pushcube_pi0_grpo" in c]
     assert len(sft_calls) == len(rl_calls) == 4
     from pipelines.config import load_config
     for c in fake.calls:
@@ -199,7 +199,7 @@ def test_recipe_stages_commands_and_resumability(recipe, tmp_path, capsys):
     assert sft_calls[0][-1] == "runner.max_steps=30" and f"sft.store={out}/tA/demos.zarr" in sft_calls[0]
     assert rl_calls[0][-2:] == ["runner.max_steps=8", "algorithm.lr=1e-5"]
     # RL starts from the SFT run's newest checkpoint's hf dir, same seed
-    sft_run = out / "runs" / "pushcube_flow_sft" / "run1"
+    sft_run = out / "runs" / "pushcube_pi0_sft" / "run1"
     assert f"policy.model_path={sft_run}/checkpoints/global_step_30/hf" in rl_calls[0] and "seed=1" in rl_calls[0]
     assert [(row["teacher"], row["seed"]) for row in rows] == [("tA", 1), ("tA", 2), ("tB", 1), ("tB", 2)]
     assert rows[0]["gain_last"]["diff"] == pytest.approx(4 / N) and rows[1]["gain_last"]["diff"] == pytest.approx(-2 / N)
@@ -219,7 +219,7 @@ def test_recipe_stages_commands_and_resumability(recipe, tmp_path, capsys):
     # ... unless --redo rl: only the RL stages run again
     assert recipe.main(_argv(tmp_path, "--rl", "runner.max_steps=12", "--sft", "runner.max_steps=30", "--redo", "rl"),
                        launch=fake) == 0
-    assert len(fake.calls) == 4 and all("conf=pushcube_flow_grpo" in c and "runner.max_steps=12" in c
+    assert len(fake.calls) == 4 and all("conf=pushcube_pi0_grpo" in c and "runner.max_steps=12" in c
                                         for c in fake.calls)
 
 
@@ -253,10 +253,10 @@ def test_recipe_stop_after_runs_the_earlier_stages_only(recipe, tmp_path):
     assert [c[2] for c in fake.calls] == ["pipelines.record"] * 2
     fake.calls.clear()
     assert recipe.main(_argv(tmp_path, "--stop-after", "sft"), launch=fake) == 0
-    assert len(fake.calls) == 4 and all("conf=pushcube_flow_sft" in c for c in fake.calls)  # records kept
+    assert len(fake.calls) == 4 and all("conf=pushcube_pi0_sft" in c for c in fake.calls)  # records kept
     fake.calls.clear()
     assert recipe.main(_argv(tmp_path), launch=fake) == 0  # the same --out goes on with the RL stages only
-    assert len(fake.calls) == 4 and all("conf=pushcube_flow_grpo" in c for c in fake.calls)
+    assert len(fake.calls) == 4 and all("conf=pushcube_pi0_grpo" in c for c in fake.calls)
 
 
 def test_stage_wall_is_the_runs_elapsed_time_across_resumes(recipe, tmp_path):
@@ -285,11 +285,11 @@ def test_recipe_argument_errors(recipe, tmp_path, capsys, monkeypatch):
     assert recipe.main(["--teachers", str(tmp_path / "missing"), "--out", str(tmp_path / "o")],
                        launch=FakeCLI(tmp_path)) == 2
     assert "not a run directory" in capsys.readouterr().err
-    # --rl-conf pushcube_flow_ppo is accepted (an existing conf)
+    # --rl-conf pushcube_pi0_ppo is accepted (an existing conf)
     fake = FakeCLI(tmp_path)
     assert recipe.main(["--teachers", str(tmp_path / "t"), "--out", str(tmp_path / "o"), "--rl-conf",
-                        "pushcube_flow_ppo", "--dry-run"], launch=fake) == 0
-    assert fake.calls == [] and "conf=pushcube_flow_ppo" in capsys.readouterr().out
+                        "pushcube_pi0_ppo", "--dry-run"], launch=fake) == 0
+    assert fake.calls == [] and "conf=pushcube_pi0_ppo" in capsys.readouterr().out
 
 
 def test_recipe_rl_arms_share_record_and_sft(recipe, tmp_path, capsys):
@@ -302,10 +302,10 @@ def test_recipe_rl_arms_share_record_and_sft(recipe, tmp_path, capsys):
     out = tmp_path / "out"
     assert len(fake.calls) == 2 + 4 + 4
     assert "logs/tA_seed1_rl_grpo.log" in capsys.readouterr().out  # the arm's own log
-    grpo_rl = [c for c in fake.calls if "conf=pushcube_flow_grpo" in c]
+    grpo_rl = [c for c in fake.calls if "conf=pushcube_pi0_grpo" in c]
     fake.calls.clear()
-    assert recipe.main(_argv(tmp_path, "--rl-arm", "ppo", "--rl-conf", "pushcube_flow_ppo"), launch=fake) == 0
-    assert len(fake.calls) == 4 and all("conf=pushcube_flow_ppo" in c for c in fake.calls)  # record, SFT reused
+    assert recipe.main(_argv(tmp_path, "--rl-arm", "ppo", "--rl-conf", "pushcube_pi0_ppo"), launch=fake) == 0
+    assert len(fake.calls) == 4 and all("conf=pushcube_pi0_ppo" in c for c in fake.calls)  # record, SFT reused
     model = lambda c: next(a for a in c if a.startswith("policy.model_path="))  # noqa: E731
     assert [model(c) for c in fake.calls] == [model(c) for c in grpo_rl]  # the same SFT checkpoints
     for arm in ("grpo", "ppo"):
@@ -317,7 +317,7 @@ def test_recipe_rl_arms_share_record_and_sft(recipe, tmp_path, capsys):
     capsys.readouterr()
     # a changed command on a complete arm is refused, naming that arm's marker; the other arm is untouched
     fake.calls.clear()
-    assert recipe.main(_argv(tmp_path, "--rl-arm", "ppo", "--rl-conf", "pushcube_flow_ppo", "--rl",
+    assert recipe.main(_argv(tmp_path, "--rl-arm", "ppo", "--rl-conf", "pushcube_pi0_ppo", "--rl",
                              "runner.max_steps=3"), launch=fake) == 2
     assert "rl_ppo.json" in capsys.readouterr().err and fake.calls == []
     assert recipe.main(_argv(tmp_path, "--rl-arm", "grpo", "--table-only"), launch=fake) == 0

@@ -99,7 +99,7 @@ class _Shard:
                                truncated=np.zeros(B, bool), step_mask=np.ones((B, C), bool), success=np.zeros(B, bool))
 
 
-@pytest.mark.parametrize("name", ["flow_vla", "token_vla"])
+@pytest.mark.parametrize("name", ["pi0", "token_vla"])
 def test_surrogate_gradient_of_either_vla_family_equals_the_per_sample_loop(sig, name):
     """`rollout` keeps each family's `act` extras (flow: chain + denoise_idx, token: tokens) and `surrogate_grad`
     (chunked) equals the gradient of -sum_n A_n sum_{c,d} log pi_n[c, d] / (N C D) computed sample by sample."""
@@ -110,11 +110,11 @@ def test_surrogate_gradient_of_either_vla_family_equals_the_per_sample_loop(sig,
     from tasks.rollout import policy_obs
     torch.manual_seed(0)
     O, D, img, instr = 4, 3, 16, "push the cube"
-    pol = make_policy(family_class("policy", name)(num_action_chunks=2, max_prompt_len=8), obs_dim=O, action_dim=D,
+    pol = make_policy(family_class("policy", name)(num_action_chunks=2, max_prompt_len=16), obs_dim=O, action_dim=D,
                       image_size=img).eval()
     batch = sig.rollout(pol, _Shard(3, O, img), instr, chunk_steps=2)  # T=2, B=3
     extras = sorted(k for k in batch if k.startswith(sig.EXTRA))
-    assert extras == (["extras/chain", "extras/denoise_idx"] if name == "flow_vla" else ["extras/tokens"])
+    assert extras == (["extras/chain", "extras/denoise_idx"] if name == "pi0" else ["extras/tokens"])
     # the value head's V(s_t) per chunk step and V of the final observation (the `gae` estimator's critic)
     assert batch["values"].shape == (3, 3) and batch["values"].dtype == np.float32
     adv = np.array([[1.0, -2.0, 0.5], [0.0, 1.5, -1.0]], np.float32)

@@ -152,6 +152,9 @@ def _as_flags(words: list[str], parser) -> list[str]:
 def check(cli: str, words: list[str], cwd: Path, monkeypatch) -> None:
     """Parse and validate one command (module docstring). Raises its error, or Skip."""
     words = [w for w in words if w not in GENERIC]
+    if cli == "run":  # `--jobs N` / `-j N` (a sweep's jobs side by side) is the one flag with a value word
+        from pipelines.sweep_jobs import jobs_flag
+        words, _ = jobs_flag(words)
     overrides = [w for w in words if not w.startswith("-")]
     for w in overrides:
         key, _, value = w.partition("=")

@@ -162,6 +162,15 @@ def _critic(policy: str) -> bool:
     return "policy.value_head" in _set_keys("policy", policy)
 
 
+def _family(preset: str) -> str | None:
+    """policy.name of a policy preset file, set there or by a preset it includes (its defaults list)."""
+    node = OmegaConf.load(CONF / "policy" / f"{preset}.yaml")
+    if OmegaConf.select(node, "policy.name") is not None:
+        return OmegaConf.select(node, "policy.name")
+    return next((f for d in node.get("defaults", []) if isinstance(d, str) and d != "_self_"
+                 and (f := _family(d)) is not None), None)
+
+
 def _refusal(env: str, policy: str, algorithm: str) -> str | None:
     """The key a combination is refused on, derived from what each part is: the mlp reads only the state vector (an
     rgb env would render images for nothing), pi0 / pi05 need camera images (a state-only env) and, with the tiny
@@ -169,8 +178,7 @@ def _refusal(env: str, policy: str, algorithm: str) -> str | None:
     loss trains (critic-free GRPO; SFT without sft.value_coef, which none of these commands sets) is refused."""
     if policy == "mlp" and env in RGB:
         return "policy.name"
-    preset = OmegaConf.load(CONF / "policy" / f"{policy}.yaml")
-    if OmegaConf.select(preset, "policy.name") in ("pi0", "pi05"):
+    if _family(policy) in ("pi0", "pi05"):
         if env not in RGB:  # transformers' pi0 / pi0.5 read camera images only
             return "env.obs_mode"
         # without a checkpoint the tiny byte-level tokenizer spends a token per UTF-8 byte (+ BOS): an instruction
@@ -209,7 +217,7 @@ def demos(tmp_path_factory):
     return store
 
 
-# every policy preset but token_vla_tiny_critic: flow_vla_tiny_critic's value head on the token VLA, under the same
+# every policy preset but token_vla_tiny_critic: token_vla_tiny with a value head, under the same
 # rules (its composition: test_config.py's test_group_files_hold_their_groups_keys_only); ~1-2 s a combination
 MATRIX_POLICIES = [p for p in POLICIES if p != "token_vla_tiny_critic"]
 

@@ -14,7 +14,7 @@ from pipelines.config import load_config
 from tasks.config import Config, ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
-GRPO, PPO_VLA, SFT = "conf=pushcube_flow_grpo", "conf=pushcube_flow_ppo", "conf=pushcube_flow_sft"
+GRPO, PPO_VLA, SFT = "conf=pushcube_pi0_grpo", "conf=pushcube_pi0_ppo", "conf=pushcube_pi0_sft"
 NO_SFT = "policy.model_path=null"  # the RL experiments require policy.model_path (a random init, explicitly)
 def _families_with(key: str) -> str:
     """The policy families that have `key`, as the unknown-key error names them ("a|b|c", sorted)."""
@@ -24,9 +24,8 @@ def _families_with(key: str) -> str:
     return "|".join(sorted(n for n, c in families("policy").items() if key in {f.name for f in dataclasses.fields(c)}))
 
 
-NEEDS_SFT_CHECKPOINT = ("pushcube_flow_grpo", "pushcube_flow_ppo", "pushcube_token_grpo", "libero_flow_grpo",
-                        "libero_pi0_ppo", "libero_pi05_ppo", "libero_pi0_grpo",
-                        "pushcube_pi0_grpo")  # RL from an SFT run (the pi0 / pi05 ones: a checkpoint)
+NEEDS_SFT_CHECKPOINT = ("pushcube_pi0_grpo", "pushcube_pi0_ppo", "pushcube_token_grpo", "libero_pi0_grpo",
+                        "libero_pi0_ppo", "libero_pi05_ppo")  # RL from an SFT run (the pi0 / pi05 ones: a checkpoint)
 
 
 @pytest.fixture(autouse=True)
@@ -78,7 +77,7 @@ def test_overrides_are_typed():
      "per-action log-probs"),
     (["env.env_id=NotAnEnv-v1"], "env.env_id", "not a ManiSkill env task"),
     (["env.env_id=PickSingleYCB-v1"], "env.env_id", "needs downloaded assets"),
-    (["policy.name=nope"], "policy.name", "known policies: ['flow_vla'"),
+    (["policy.name=nope"], "policy.name", "known policies: ['mlp', 'pi0'"),
     (["env.obs_mode=pointcloud"], "env.obs_mode", "supported"),
     (["env.eval.num_envs=3"], "env.eval.num_envs", "divisible by env.num_shards=2"),
     (["runner.max_steps=0"], "runner.max_steps", ">= 1"),
@@ -86,25 +85,25 @@ def test_overrides_are_typed():
     (["algorithm.num_minibatches=7"], "algorithm.num_minibatches",
      "must divide the batch of rollout.chunk_steps*env.num_envs=3200 samples"),
     # VLA recipe keys
-    (["conf=pushcube_flow_grpo", "policy.model_path=null", "algorithm.group_size=3"], "algorithm.group_size",
+    (["conf=pushcube_pi0_grpo", "policy.model_path=null", "algorithm.group_size=3"], "algorithm.group_size",
      "must divide env.num_envs=256 and the env shard size 128"),
-    (["conf=pushcube_flow_grpo", "policy.model_path=null", "algorithm.group_size=1"], "algorithm.group_size",
+    (["conf=pushcube_pi0_grpo", "policy.model_path=null", "algorithm.group_size=1"], "algorithm.group_size",
      "use >= 2"),
     # a key removed from the schema is an unknown key (a saved run that has one: tests/pipelines/test_upgrade.py)
-    (["conf=pushcube_flow_grpo", "policy.model_path=null", "algorithm.adv_type=gae"], "algorithm.adv_type",
+    (["conf=pushcube_pi0_grpo", "policy.model_path=null", "algorithm.adv_type=gae"], "algorithm.adv_type",
      "unknown key"),
     (["+algorithm.adv_type=gae"], "algorithm.adv_type", "unknown key"),
     (["algorithm.name=gae"], "algorithm.name", "known: ['ppo', 'grpo', 'rloo', 'sft']"),
-    (["conf=pushcube_flow_sft", "sft.store=/nonexistent.zarr"], "sft.store", "no zarr store or LeRobot dataset"),
-    (["conf=pushcube_flow_ppo", "policy.model_path=/nonexistent"], "policy.model_path",
+    (["conf=pushcube_pi0_sft", "sft.store=/nonexistent.zarr"], "sft.store", "no zarr store or LeRobot dataset"),
+    (["conf=pushcube_pi0_ppo", "policy.model_path=/nonexistent"], "policy.model_path",
      "not a save_pretrained checkpoint directory"),
-    (["conf=pushcube_flow_ppo", "policy.model_path=null", "policy.noise_method=flow_ode"], "policy.noise_method",
+    (["conf=pushcube_pi0_ppo", "policy.model_path=null", "policy.noise_method=flow_ode"], "policy.noise_method",
      "flow_sde or flow_noise"),
-    (["conf=pushcube_flow_ppo", "policy.model_path=null", "env.image_size=4"], "env.image_size", "8..512"),
-    (["conf=pushcube_flow_ppo", "policy.model_path=null", "policy.value_head=max_token"], "policy.value_head",
+    (["conf=pushcube_pi0_ppo", "policy.model_path=null", "env.image_size=4"], "env.image_size", "8..512"),
+    (["conf=pushcube_pi0_ppo", "policy.model_path=null", "policy.value_head=max_token"], "policy.value_head",
      "mean_token"),
-    (["conf=pushcube_flow_ppo", "policy.model_path=null", "env.image_size=36"], "env.image_size",
-     "multiple of the tiny preset's patch_size=8"),
+    (["conf=pushcube_token_grpo", "policy.model_path=null", "env.image_size=36"], "env.image_size",
+     "multiple of the tiny preset's patch_size=8"),  # the token VLA's own patches (pi0's processor resizes)
     (["algorithm.num_actor_ranks=2", "algorithm.micro_batch_size=3"], "algorithm.micro_batch_size", "must divide"),
     (["algorithm.global_batch_size=800"], "algorithm.global_batch_size",
      "used by the multi-rank update only (algorithm.num_actor_ranks > 1)"),
@@ -356,17 +355,51 @@ def test_unknown_key_error_names_the_typed_key_and_the_meant_one(override, key, 
     load_config(["conf=smoke", override.lstrip("+").replace(key, meant)], components=False)  # and it composes
 
 
+@pytest.mark.parametrize("overrides, key, words", [
+    (["conf=pushcube_flow_grpo"], "conf", "use conf=pushcube_pi0_grpo"),
+    (["conf=pushcube_flow_ppo"], "conf", "use conf=pushcube_pi0_ppo"),
+    (["conf=libero_flow_sft"], "conf", "use conf=libero_pi0_sft"),
+    (["conf=pushcube_ppo", "policy=flow_vla_tiny"], "policy", "use policy=pi0_tiny"),
+    (["conf=pushcube_ppo", "policy=flow_vla_tiny_critic"], "policy", "use policy=pi0_tiny"),
+    (["conf=pushcube_ppo", "env=pushcube_vla", "policy.name=flow_vla"], "policy.name",
+     "the flow_vla family was retired: use pi0 (policy.name=pi0; the tiny preset: policy=pi0_tiny)"),
+])
+def test_a_retired_family_or_option_is_refused_in_one_line_naming_its_replacement(overrides, key, words):
+    """tasks.config.registry.RETIRED / pipelines.compose.RETIRED_OPTIONS: what replaced it, not the list of
+    what exists."""
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides, components=False)
+    msg = str(info.value)
+    assert info.value.key == key and words in msg and "\n" not in msg and "available" not in msg, msg
+
+
+def test_an_old_run_of_a_retired_family_is_refused_naming_its_replacement(tmp_path):
+    """A run directory written when flow_vla existed: its config.yaml's policy.name is refused in one line."""
+    import yaml
+
+    from pipelines.saved_config import load_saved_config
+    from storage.rundir import write_resolved_config
+    cfg, _ = load_config(["conf=pushcube_ppo", "env=pushcube_vla", "policy=pi0_tiny"], components=False)
+    from pipelines.config import to_yaml
+    text = yaml.safe_load(to_yaml(cfg))
+    text["policy"] = {"name": "flow_vla", "preset": "tiny", "use_state": True}
+    write_resolved_config(tmp_path, yaml.safe_dump(text))
+    with pytest.raises(ConfigError) as info:
+        load_saved_config(tmp_path / "config.yaml")
+    assert info.value.key == "policy.name" and "the flow_vla family was retired: use pi0" in str(info.value)
+
+
 def test_unknown_names_suggest_close_ones_only():
     from pipelines.config import CONF_DIR
     from tasks.config import close_matches
     with pytest.raises(ConfigError) as info:
-        load_config(["conf=pushcube_flow_grp"], components=False)
-    assert info.value.key == "conf" and "did you mean 'pushcube_flow_grpo'?" in info.value.fix
+        load_config(["conf=pushcube_pi0_grp"], components=False)
+    assert info.value.key == "conf" and "did you mean 'pushcube_pi0_grpo'?" in info.value.fix
     assert "available: [" in info.value.fix  # the whole list stays (one line)
     with pytest.raises(ConfigError) as info:
-        load_config(["policy=flow_vla_tin"], components=False)
+        load_config(["policy=token_vla_tin"], components=False)
     said = info.value.fix.split("did you mean ", 1)[1].split("?", 1)[0]
-    assert said == "'flow_vla_tiny' or 'flow_vla_tiny_critic'"  # the names it is a prefix of
+    assert said == "'token_vla_tiny' or 'token_vla_tiny_critic'"  # the names it is a prefix of
     assert all((CONF_DIR / "policy" / f"{n.strip(chr(39))}.yaml").is_file() for n in said.split(" or "))
     with pytest.raises(ConfigError) as info:
         load_config(["+zzzzqq=1"], components=False)
@@ -433,7 +466,7 @@ def test_a_libero_store_of_the_other_state_length_is_refused_naming_the_fix(sft_
     flag = "false" if LIBERO_OBS == 14 else "true"
     with pytest.raises(ConfigError, match=f"stores a {LIBERO_OBS}-D state.*set env.object_state="
                                           f"{'true' if flag == 'false' else 'false'}") as e:
-        load_config(["conf=libero_flow_sft", f"sft.store={sft_store.with_name('libero_demos.zarr')}",
+        load_config(["conf=libero_pi0_sft", f"sft.store={sft_store.with_name('libero_demos.zarr')}",
                      f"env.object_state={flag}"])
     assert e.value.key == "sft.store"
 
@@ -466,7 +499,7 @@ def test_a_damaged_sft_store_is_one_config_error_naming_it(tmp_path, damage):
         shutil.rmtree(path / "steps" / "complete" / "c")
         want = "lists 2 episodes but no step is marked complete.*re-record it"
     with pytest.raises(ConfigError, match=want) as e:
-        load_config(["conf=pushcube_flow_sft", f"sft.store={path}"])
+        load_config(["conf=pushcube_pi0_sft", f"sft.store={path}"])
     assert e.value.key == "sft.store" and "\n" not in str(e.value)
 
 
@@ -479,7 +512,7 @@ def test_the_sft_memory_estimate_is_what_a_data_worker_loads(tmp_path):
     from tasks.demo_index import sft_dataset_bytes
     from tasks.demos import _dataset
     path = _fake_sft_store(tmp_path / "demos.zarr")
-    cfg, _ = load_config(["conf=pushcube_flow_sft", f"sft.store={path}", "sft.value_coef=1.0"])
+    cfg, _ = load_config(["conf=pushcube_pi0_sft", f"sft.store={path}", "sft.value_coef=1.0"])
     resident.release("sft_data/")
     try:
         data = _dataset(cfg)
@@ -500,7 +533,7 @@ def test_a_store_too_large_for_the_sft_workers_memory_is_refused_with_the_limit_
 
     from pipelines.config import load_config
     path = _fake_sft_store(tmp_path / "demos.zarr")
-    args = ["conf=pushcube_flow_sft", f"sft.store={path}"]
+    args = ["conf=pushcube_pi0_sft", f"sft.store={path}"]
     with dask.config.set({"distributed.worker.memory.pause": 0.8}):
         with pytest.raises(ConfigError, match=r"its 4 chunk steps .*more than 80% of cluster.memory_limit=1200MiB "
                                               r"\(Dask's memory pause fraction\); set cluster.memory_limit=2GiB") as e:
@@ -515,21 +548,22 @@ TWO_GPUS = "cluster.num_gpu_workers=2"
 INERT = [
     # policy: keys of another policy family (unknown for the chosen family, naming it) / noise method / no critic
     (["policy.noise_method=flow_sde"], "policy.noise_method", "unknown key for policy.name=mlp"),
-    (["policy.num_denoise_steps=8"], "policy.num_denoise_steps", "a key of policy.name=flow_vla"),
+    (["policy.num_denoise_steps=8"], "policy.num_denoise_steps",
+     f"a key of policy.name={_families_with('num_denoise_steps')}:"),
     (["policy.action_bins=128"], "policy.action_bins", "a key of policy.name=token_vla"),
     (["policy.temperature=0.5"], "policy.temperature", "a key of policy.name=token_vla"),
     (["policy.normalize_actions=true"], "policy.normalize_actions", "unknown key for policy.name=mlp"),
     ([SFT, "sft.store={store}", "policy.name=token_vla", "policy.normalize_actions=true"], "policy.normalize_actions",
-     "policy.name=flow_vla"),
+     "none of the current VLA families"),
     (["policy.preset=pi0"], "policy.preset", f"a key of policy.name={_families_with('preset')}:"),
     (["+policy.sizes.patch_size=4"], "policy.sizes.patch_size", "unknown key for policy.name=mlp"),
     (["policy.value_head=first_token"], "policy.value_head", f"a key of policy.name={_families_with('value_head')}:"),
-    ([PPO_VLA, NO_SFT, "policy.hidden_sizes=[8]"], "policy.hidden_sizes", "unknown key for policy.name=flow_vla"),
+    ([PPO_VLA, NO_SFT, "policy.hidden_sizes=[8]"], "policy.hidden_sizes", "unknown key for policy.name=pi0"),
     ([PPO_VLA, NO_SFT, "policy.init_logstd=-1"], "policy.init_logstd", "a key of policy.name=mlp"),
     ([PPO_VLA, NO_SFT, "policy.noise_level=0.3"], "policy.noise_level", "flow_sde"),
     ([PPO_VLA, NO_SFT, "policy.noise_method=flow_sde", "policy.noise_std_max=0.2"], "policy.noise_std_max",
      "flow_noise"),
-    ([GRPO, NO_SFT, "policy.critic_state=true"], "policy.critic_state", "does not train"),
+    (["conf=pushcube_token_grpo", NO_SFT, "policy.critic_state=true"], "policy.critic_state", "does not train"),
     ([GRPO, NO_SFT, "policy.value_detach=true"], "policy.value_detach", "does not train"),
     # env
     (["env.image_size=32"], "env.image_size", "obs_mode=rgb"),
@@ -613,7 +647,7 @@ def test_a_set_key_that_does_nothing_is_refused_naming_it(overrides, key, words,
 @pytest.mark.parametrize("overrides, key", [
     (["seed=3"], "seed"),
     (["algorithm.lr=0.1"], "algorithm.lr"),
-    (["policy.name=flow_vla"], "policy.name"),
+    (["policy.name=pi0"], "policy.name"),
     (["env.eval.num_envs=4"], "env.eval.num_envs"),
     (["env.auto_reset=true"], "env.auto_reset"),
     (["runner.max_steps=3"], "runner.max_steps"),
@@ -634,9 +668,9 @@ def test_experiment_keys_switched_off_by_the_command_line_are_notes_not_silence(
                                                    "conf/conf/smoke.yaml) does nothing")
     notes.clear()
     # a policy group file's flow_noise std bounds are its defaults for that method, silent under flow_sde (from the
-    # command line or an experiment file: conf=libero_flow_grpo selects it); set explicitly they are still refused
+    # command line or an experiment file: conf=libero_pi0_grpo selects it); set explicitly they are still refused
     load_config([PPO_VLA, NO_SFT, "policy.noise_method=flow_sde"], notes=notes)
-    cfg, _ = load_config(["conf=libero_flow_grpo", NO_SFT], notes=notes, components=False)
+    cfg, _ = load_config(["conf=libero_pi0_grpo", NO_SFT], notes=notes, components=False)
     assert cfg.policy.noise_method == "flow_sde" and notes == []
     with pytest.raises(ConfigError, match="policy.noise_std_min.*flow_sde uses policy.noise_level"):
         load_config([PPO_VLA, NO_SFT, "policy.noise_method=flow_sde", "policy.noise_std_min=0.1"], notes=notes)
@@ -657,19 +691,19 @@ def test_given_keys_are_the_command_line_and_the_experiment_file():
 
 def test_group_chosen_on_the_command_line_replaces_the_experiments():
     from pipelines.config import from_command_line, given_keys, group_choices
-    ov = ["conf=pushcube_ppo", "env=pickcube", "policy=flow_vla_tiny"]
-    assert group_choices(ov)["policy"] == ("flow_vla_tiny", "the command line")
+    ov = ["conf=pushcube_ppo", "env=pickcube", "policy=pi0_tiny", "env.obs_mode=rgb"]  # pi0 reads images
+    assert group_choices(ov)["policy"] == ("pi0_tiny", "the command line")
     assert group_choices(ov)["algorithm"] == ("ppo", "conf/conf/pushcube_ppo.yaml")
     g = given_keys(ov)
     assert from_command_line(g["policy.noise_method"]) and from_command_line(g["env.env_id"])
     assert "policy.hidden_sizes" not in g  # conf/policy/mlp.yaml is not composed any more
     cfg, _ = load_config(ov, components=False)
-    assert (cfg.env.env_id, cfg.policy.name, cfg.policy.num_action_chunks) == ("PickCube-v1", "flow_vla", 5)
+    assert (cfg.env.env_id, cfg.policy.name, cfg.policy.num_action_chunks) == ("PickCube-v1", "pi0", 5)
     assert cfg.env.num_envs == 64 and cfg.algorithm.name == "ppo"  # the rest is still conf=pushcube_ppo's
     # a key of a group file chosen on the command line that does nothing is an error, naming the file
-    with pytest.raises(ConfigError, match=r"policy.value_head=.*conf/policy/flow_vla_tiny_critic.yaml \(chosen on "
+    with pytest.raises(ConfigError, match=r"policy.value_head=.*conf/policy/token_vla_tiny_critic.yaml \(chosen on "
                                           r"the command line\).*critic-free"):
-        load_config(["conf=pushcube_flow_grpo", "policy.model_path=null", "policy=flow_vla_tiny_critic"],
+        load_config(["conf=pushcube_token_grpo", "policy.model_path=null", "policy=token_vla_tiny_critic"],
                     components=False)
     with pytest.raises(ConfigError, match=r"env='nope': no conf/env/nope.yaml; available: \[.*'pickcube'"):
         load_config(["env=nope"], components=False)
@@ -717,7 +751,7 @@ BAD = [
     ["conf=pushcube_record"],  # run refuses a record experiment; validate checks it for pipelines.record
     ["env.num_envs=5"],
     ["cluster.num_gpus=0"],
-    ["conf=pushcube_flow_grpo"],  # policy.model_path: the experiment's `???`, required
+    ["conf=pushcube_pi0_grpo"],  # policy.model_path: the experiment's `???`, required
 ]
 
 
@@ -933,9 +967,9 @@ def test_an_image_store_without_its_robot_visual_lod_is_refused_naming_the_upgra
     assert "no robot_visual_lod attribute" in msg and f"`python -m pipelines.upgrade {old}`" in msg
 
 
-@pytest.mark.parametrize("record_conf, sft_conf", [("pushcube_record", "pushcube_flow_sft"),
+@pytest.mark.parametrize("record_conf, sft_conf", [("pushcube_record", "pushcube_pi0_sft"),
                                                    ("pushcube_record", "pushcube_token_sft"),
-                                                   ("libero_record", "libero_flow_sft")])
+                                                   ("libero_record", "libero_pi0_sft")])
 def test_sft_conf_reads_the_store_its_record_conf_writes_under_any_run_root(tmp_path, monkeypatch, record_conf,
                                                                             sft_conf):
     """The recipe's step 3 takes step 2's output without naming it, also with another run_root (the SFT confs

@@ -172,7 +172,6 @@ DYNAMIC = ("env.", "policy.", "algorithm.", "rollout.", "seed")
 # when a variant starts reading its key
 GATED = {
     "algorithm.global_batch_size": "algorithm.num_actor_ranks > 1 (the distributed actor's batch plan)",
-    "algorithm.micro_batch_size": "algorithm.num_actor_ranks > 1 (the distributed actor's batch plan)",
     "algorithm.nonfinite": "a NaN/inf in a rollout field the update reads (tests/tasks/envs/test_lifecycle.py)",
     "env.image_size": "env.obs_mode=rgb, which a VLA policy needs and the mlp refuses (the cluster tier's VLA runs)",
 }

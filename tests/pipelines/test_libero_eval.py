@@ -1,6 +1,6 @@
 """The LIBERO evaluation protocol through `python -m pipelines.eval`, on the real simulator.
 
-A tiny random flow VLA (save_pretrained in tmp, the LIBERO gripper convention in its config.json) evaluated on
+A tiny random pi0 (save_pretrained in tmp, the LIBERO gripper convention in its config.json) evaluated on
 libero_spatial tasks 0 and 1 x their first 2 eval init states (trials 40, 41 of the disjoint split), 5-step
 episodes at 32 px: env.eval.num_episodes defaults to the 4 (task, trial) pairs, each once; per-task summaries keyed
 by the suite's task ids with their names; every episode's task_id / trial_id follow the eval seed rule; a second

@@ -7,7 +7,7 @@ Before, a PushCube store recorded with `pd_joint_delta_pos` (8-D actions) passed
 (`ValueError: actions (64, 5, 8): expected [N, 5, 4]`); a PushCube checkpoint passed under `env.env_id=PickCube-v1`.
 
 The inputs are made here as the project makes them: a store with the attributes `pipelines.record` writes (env
-keys of the recording conf, `gripper_convention`, `store_attrs`), and a tiny flow VLA written by `save_pretrained`
+keys of the recording conf, `gripper_convention`, `store_attrs`), and a tiny pi0 written by `save_pretrained`
 with the `env` that `pipelines.graphs.export_env_meta` adds to a run's `hf/` export, inside a run directory
 (`RUN/config.yaml`, `RUN/checkpoints/global_step_N/hf`, `RUN/checkpoints/best`) and copied out of it.
 """
@@ -21,8 +21,9 @@ import pytest
 
 from tests.pipelines.test_config import _fake_sft_store
 
-SFT = ["conf=pushcube_flow_sft", "sft.only_success=false", "runner.max_steps=1"]  # the tester's command
-GRPO = "conf=pushcube_flow_grpo"
+SFT = ["conf=pushcube_pi0_sft", "sft.only_success=false", "runner.max_steps=1",
+       "policy.max_prompt_len=64"]  # the tester's command (PickCube's prompt is 51 byte-level tokens)
+GRPO = "conf=pushcube_pi0_grpo"
 
 
 @pytest.fixture(autouse=True)
@@ -120,7 +121,7 @@ def test_a_libero_store_of_another_suite_is_refused(tmp_path, capsys):
     from storage.trajectories import TrajectoryStore
     path = _fake_sft_store(tmp_path / "libero_spatial.zarr", gripper_convention="close_positive", obs_dim=14)
     TrajectoryStore.open(path).update_attrs(env_id="libero_spatial", simulator="libero", control_mode="OSC_POSE")
-    args = ["conf=libero_flow_sft", f"sft.store={path}", f"run_root={tmp_path / 'runs'}"]
+    args = ["conf=libero_pi0_sft", f"sft.store={path}", f"run_root={tmp_path / 'runs'}"]
     line = _refused(validate.main, [*args, "env.env_id=libero_object"], capsys)
     assert "was recorded with env.env_id=libero_spatial, this config has env.env_id=libero_object" in line, line
     assert "set env.env_id=libero_spatial" in line, line
@@ -146,11 +147,11 @@ def _export(cfg, path: Path, *, obs_dim: int, action_dim: int) -> Path:
 
 @pytest.fixture(scope="module")
 def sft_run(tmp_path_factory, recorded_store) -> Path:
-    """An SFT run directory of conf=pushcube_flow_sft (PushCube-v1, pd_joint_delta_pos: 8-D actions) with its
+    """An SFT run directory of conf=pushcube_pi0_sft (PushCube-v1, pd_joint_delta_pos: 8-D actions) with its
     config.yaml, checkpoints/global_step_3/hf and checkpoints/best -> global_step_3."""
     from pipelines.config import load_config, to_yaml
-    cfg = load_config(["conf=pushcube_flow_sft", f"sft.store={recorded_store}"], components=False)[0]
-    run = tmp_path_factory.mktemp("runs") / "pushcube_flow_sft" / "20261204-000000-abcd"
+    cfg = load_config(["conf=pushcube_pi0_sft", f"sft.store={recorded_store}"], components=False)[0]
+    run = tmp_path_factory.mktemp("runs") / "pushcube_pi0_sft" / "20261204-000000-abcd"
     from storage.rundir import write_resolved_config
     write_resolved_config(run, to_yaml(cfg))
     _export(cfg, run / "checkpoints" / "global_step_3" / "hf", obs_dim=35, action_dim=8)

@@ -1,6 +1,6 @@
 """Exact resume: a run resumed from its checkpoint at step k reproduces the uninterrupted run
 STEP FOR STEP on CPU - every MLflow metric of the shared steps and the final weights (and optimizer state) equal,
-bit for bit - for the MLP PPO smoke config, a tiny flow-VLA GRPO config and a 2-rank actor. These short runs
+bit for bit - for the MLP PPO smoke config, the pi0 / pi05 tiny GRPO configs (slow) and a 2-rank actor. These short runs
 stay exact because the simulator's history does not change their episodes: a ManiSkill CPU env keeps solver and
 contact state across `reset` that a rebuilt env lacks, and longer runs with contacts (the default PushCube job)
 leave the uninterrupted trajectory after a resume (benchmarks/env_history.py; README "Resume") unless
@@ -147,7 +147,7 @@ def test_mlp_ppo_smoke_resume_is_exact(tmp_path):
     assert mu["env/num_episodes"][2] > 0  # episodes ended in the resumed step
 
 
-FLOW_GRPO = ["conf=pushcube_flow_grpo", "policy.model_path=null", "env.obs_mode=state", "env.num_envs=4",
+GRPO_BASE = ["conf=pushcube_pi0_grpo", "policy.model_path=null", "env.obs_mode=state", "env.num_envs=4",
              "algorithm.group_size=2", "env.eval.num_envs=2", "env.eval.num_episodes=2", "env.max_episode_steps=10", "rollout.chunk_steps=2",
              "rollout.chunk_steps_per_node=2", "runner.val_at_start=false", "runner.save_interval=1",
              "runner.val_check_interval=1", "algorithm.num_minibatches=2"]
@@ -156,18 +156,18 @@ FLOW_GRPO = ["conf=pushcube_flow_grpo", "policy.model_path=null", "env.obs_mode=
 # transformers' pi0 / pi05 (tiny presets: images, 32 px) through the same GRPO recipe and checks; pi0 with LoRA, so
 # the resume also covers adapter-only weight sync (replicas of the resumed run load the restored base once)
 PI0_GRPO = ["conf=pushcube_pi0_grpo", "policy.model_path=null", "env.image_size=32",
-            *[o for o in FLOW_GRPO[1:] if o != "env.obs_mode=state"]]
-RESUME_FAMILIES = {"flow_vla": FLOW_GRPO, "pi0": [*PI0_GRPO, "policy.lora_rank=4"],
+            *[o for o in GRPO_BASE[1:] if o != "env.obs_mode=state"]]
+RESUME_FAMILIES = {"pi0": [*PI0_GRPO, "policy.lora_rank=4"],
                    "pi05": [*PI0_GRPO, "policy=pi05_tiny", "policy.noise_method=flow_sde"]}
 
 
-@pytest.mark.slow  # 78 s (flow_vla): kept out of the default suite's 20 min since the compose test joined it (exact
-# resume stays in the default suite for the mlp PPO and the 2-rank actor); pi0 62 s, pi05 54 s (measured)
+@pytest.mark.slow  # pi0 62 s, pi05 54 s (measured): kept out of the default suite's 20 min (exact resume stays in
+# the default suite for the mlp PPO and the 2-rank actor)
 @pytest.mark.parametrize("family", list(RESUME_FAMILIES))
-def test_flow_vla_grpo_resume_is_exact(tmp_path, family):
-    """The tiny flow VLA (state obs) with GRPO (groups of 2 sharing reset seeds, one 10-step episode per rollout:
-    5-action chunks x 2 chunk steps), flow-noise sampling, the flow-matching update's own draws: 2 steps vs 1 +
-    resume to 2; the same for pi0 (LoRA) and pi05 (Flow-SDE) on images. (Disaggregated inference's draws on
+def test_pi0_families_grpo_resume_is_exact(tmp_path, family):
+    """transformers' pi0 tiny (LoRA) and pi05 tiny (Flow-SDE) on 32 px images with GRPO (groups of 2 sharing reset
+    seeds, one 10-step episode per rollout: 5-action chunks x 2 chunk steps), the flow-matching update's own draws:
+    2 steps vs 1 + resume to 2. (Disaggregated inference's draws on
     resume: tests/tasks/envs/test_lifecycle.py::test_rollouts_resumed_from_cursors_equal_the_uninterrupted_ones.)"""
     mu = resume_matches_uninterrupted(tmp_path, RESUME_FAMILIES[family], k=1, n=2)
     assert sorted(mu["train/weight_version"]) == [1, 2]

@@ -140,17 +140,17 @@ def test_help_lists_every_experiment_and_every_groups_options(name, capsys):
 
 def test_show_of_an_experiment_with_a_required_key_shows_it_marked(capsys):
     import yaml
-    rc, out, err = _call(capsys, run.main, "conf=pushcube_flow_grpo", "--show")
+    rc, out, err = _call(capsys, run.main, "conf=pushcube_pi0_grpo", "--show")
     assert rc == 0
     shown = yaml.safe_load(out)
-    assert shown["policy"]["model_path"] == "???" and shown["experiment"] == "pushcube_flow_grpo"
+    assert shown["policy"]["model_path"] == "???" and shown["experiment"] == "pushcube_pi0_grpo"
     assert out.splitlines()[0].startswith("#") and "policy.model_path" in out.splitlines()[0]
     assert err == [next(e for e in err if e.startswith("note: policy.model_path=??? is required and not given"))]
     # given, it is shown as given, with nothing marked
-    rc, out, err = _call(capsys, run.main, "conf=pushcube_flow_grpo", "policy.model_path=null", "--show")
+    rc, out, err = _call(capsys, run.main, "conf=pushcube_pi0_grpo", "policy.model_path=null", "--show")
     assert rc == 0 and "???" not in out and err == []
     # validate --show shows it too, then refuses it (a config that cannot run is not valid): exit 2, one error
-    rc, out, err = _call(capsys, validate.main, "conf=pushcube_flow_grpo", "--show")
+    rc, out, err = _call(capsys, validate.main, "conf=pushcube_pi0_grpo", "--show")
     assert rc == 2 and yaml.safe_load(out)["policy"]["model_path"] == "???"
     assert len(err) == 1 and err[0].startswith("error: policy.model_path='???'")
 

@@ -61,13 +61,13 @@ def test_other_mlp_sizes_are_refused_naming_the_saved_ones(pushcube_hf, override
 
 def test_an_mlp_export_is_refused_by_a_vla_and_a_vla_export_by_the_mlp(pushcube_hf, tmp_path):
     """The family is the export's config.json `family`: each direction names the policy group to choose."""
-    msg = _refusal(["conf=smoke", "env=pushcube_vla", "policy=flow_vla_tiny", f"policy.model_path={pushcube_hf}"])
-    assert "holds a 'mlp' checkpoint, this config has policy.name=flow_vla" in msg and "policy=mlp" in msg
+    msg = _refusal(["conf=smoke", "env=pushcube_vla", "policy=token_vla_tiny", f"policy.model_path={pushcube_hf}"])
+    assert "holds a 'mlp' checkpoint, this config has policy.name=token_vla" in msg and "policy=mlp" in msg
     vla = tmp_path / "vla"
     vla.mkdir()
-    (vla / "config.json").write_text(json.dumps({"family": "flow_vla", "policy": {"preset": "tiny"}}))
+    (vla / "config.json").write_text(json.dumps({"family": "token_vla", "policy": {"preset": "tiny"}}))
     msg = _refusal(["conf=smoke", f"policy.model_path={vla}"])
-    assert "holds a 'flow_vla' checkpoint, this config has policy.name=mlp" in msg and "policy=flow_vla_tiny" in msg
+    assert "holds a 'token_vla' checkpoint, this config has policy.name=mlp" in msg and "policy=token_vla_tiny" in msg
 
 
 def test_an_mlp_export_of_another_env_is_refused(pushcube_hf):

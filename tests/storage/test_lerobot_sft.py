@@ -32,7 +32,7 @@ def _fixture_module():
     return mod
 
 
-def _cfg(tmp_path, store, *extra, conf=("conf=pushcube_flow_sft",)):
+def _cfg(tmp_path, store, *extra, conf=("conf=pushcube_pi0_sft",)):
     cfg, _ = load_config([*conf, f"sft.store={store}", "sft.value_coef=0", f"run_root={tmp_path / 'runs'}",
                           "sft.batch_size=8", "sft.only_success=false", *extra], components=False)
     return cfg
@@ -176,7 +176,7 @@ def _dataset(tmp_path, *, task="push the cube to the goal region", cameras=True,
     ("old format", "sft.store", r"codebase_version='v2.1'; dagrl reads v3.0"),
 ])
 def test_a_dataset_that_does_not_fit_is_refused_naming_the_key_and_field(tmp_path, case, key, line):
-    extra, conf = [], ("conf=pushcube_flow_sft",)
+    extra, conf = [], ("conf=pushcube_pi0_sft",)
     if case == "no camera":
         ds = _dataset(tmp_path, cameras=False)
     elif case == "other task":
@@ -184,7 +184,7 @@ def test_a_dataset_that_does_not_fit_is_refused_naming_the_key_and_field(tmp_pat
     elif case == "no reward":
         ds, extra = FIXTURE, ["sft.value_coef=1"]
     elif case == "libero state":
-        ds, conf = FIXTURE, ("conf=libero_flow_sft",)
+        ds, conf = FIXTURE, ("conf=libero_pi0_sft",)
     else:
         import shutil
         ds = tmp_path / "old"

@@ -86,12 +86,12 @@ def _sft_samples(path, value=False):
 
 
 def _flow_stats(path):
-    """set_demo_stats of the tiny flow VLA with normalize_state and normalize_actions: reads obs, actions,
-    step_mask (and the index fields) of the behaviour-cloning samples."""
+    """set_demo_stats of the tiny token VLA with normalize_state (its action q01 / q99 and the state statistics):
+    reads obs, actions, step_mask (and the index fields) of the behaviour-cloning samples."""
     from tasks.config import family_class
     from tasks.policies import make_policy
-    p = family_class("policy", "flow_vla")(preset="tiny", num_action_chunks=C, max_prompt_len=8,
-                                           normalize_state=True, normalize_actions=True)
+    p = family_class("policy", "token_vla")(preset="tiny", num_action_chunks=C, max_prompt_len=8,
+                                            normalize_state=True)
     cfg = replace_keys(_cfg(path), {"env.obs_mode": "state", "algorithm.name": "sft", "policy": p})
     assert set_demo_stats(cfg, make_policy(p, obs_dim=O, action_dim=D, seed=0))
 

@@ -163,7 +163,7 @@ def test_value_only_pass_moves_the_value_head_only(tmp_path):
         "rewards": r.uniform(0, 1, (2, 2, 2)).astype(np.float32), "step_mask": np.ones((2, 2, 2), bool),
         "truncated": np.array([[False, False], [True, True]]), "success": np.array([[False, False], [True, False]]),
         "episode_id": np.array([[0, 1], [0, 1]], np.int64)})
-    p = family_class("policy", "flow_vla")(preset="tiny", num_action_chunks=2, max_prompt_len=8, value_detach=True,
+    p = family_class("policy", "token_vla")(preset="tiny", num_action_chunks=2, max_prompt_len=8, value_detach=True,
                                            critic_state=True, value_head="last_token")
     cfg = replace_keys(Config(), {"env.obs_mode": "state", "policy": p, "sft.store": path, "sft.batch_size": 8,
                                   "sft.value_coef": 1.0, "sft.bc_coef": 0.0})
@@ -193,7 +193,7 @@ def test_value_warm_start_settings_are_checked_offline(store, overrides, words):
     from pipelines.config import load_config
     from tasks.config import ConfigError
     with pytest.raises(ConfigError) as info:
-        load_config(["conf=pushcube_flow_sft", f"sft.store={store}", *overrides], components=False)
+        load_config(["conf=pushcube_token_sft", f"sft.store={store}", *overrides], components=False)
     assert words in str(info.value) and "sft." in str(info.value)
 
 
@@ -306,63 +306,7 @@ def _env0_succeeds_store(tmp_path, obs, actions, step_mask) -> str:
         "episode_id": np.array([[0, 1]] * T, np.int64)})
 
 
-def test_flow_vla_normalize_actions_runs_the_flow_on_standardised_bc_actions(tmp_path):
-    """`policy.normalize_actions`: SFT from scratch sets the flow VLA's action mean / std to those of the executed
-    actions of the behaviour-cloning samples (std floored at 0.01). The flow then lives in the standardised space:
-    with the same noise, `act` returns identity-stats actions * std + mean (log-probs unchanged), `sft_loss` on
-    actions a equals the identity policy's on (a - mean) / std, and `evaluate` of a rollout's chain is unchanged.
-    Saved with the weights; a checkpoint without the buffers loads with the identity."""
-    from tasks.demo_index import ACTION_STD_FLOOR
-    from tasks.demos import set_demo_stats
-    from tasks.policies import make_policy
-    r = np.random.default_rng(2)
-    T, B, C, D, O = 4, 2, 2, 3, 3
-    actions = np.stack([r.normal(0.3, 0.5, (T, B, C)), r.normal(-0.02, 0.001, (T, B, C)),
-                        r.normal(0.0, 0.05, (T, B, C))], -1).astype(np.float32)
-    actions[:, 1] = 9.0  # env 1: a failed episode (not a BC sample)
-    step_mask = np.ones((T, B, C), bool)
-    step_mask[3, 0, 1] = False  # the last action of env 0's episode was not executed
-    cfg = _sft_cfg("flow_vla", C, _env0_succeeds_store(tmp_path, r.normal(size=(T, B, O)).astype(np.float32),
-                                                       actions, step_mask))
-    p = cfg.policy
-    try:
-        policy = make_policy(p, obs_dim=O, action_dim=D, seed=0)
-        ident = make_policy(p, obs_dim=O, action_dim=D, seed=0)
-        assert not set_demo_stats(cfg, policy) and torch.equal(policy.action_std, torch.ones(D))
-        cfg = replace_key(cfg, "policy.normalize_actions", True)
-        assert set_demo_stats(cfg, policy)
-        executed = actions[:, 0][step_mask[:, 0]].astype(np.float64)  # [7, D]: env 0's executed actions
-        assert executed.shape == (7, D) and executed.std(0)[1] < ACTION_STD_FLOOR
-        torch.testing.assert_close(policy.action_mean, torch.tensor(executed.mean(0), dtype=torch.float32))
-        torch.testing.assert_close(policy.action_std, torch.tensor(np.maximum(executed.std(0), ACTION_STD_FLOOR),
-                                                                   dtype=torch.float32))
-        m, s = policy.action_mean, policy.action_std
-        obs = {"prompt": ident.tokenize(["push"] * 2), "state": torch.from_numpy(r.normal(size=(2, O))).float()}
-        noise = torch.randn(2, C, policy.A)
-        torch.manual_seed(5)
-        out = policy.act(obs, noise=noise)
-        torch.manual_seed(5)
-        ref = ident.act(obs, noise=noise)
-        torch.testing.assert_close(out["actions"], ref["actions"] * s + m)
-        torch.testing.assert_close(out["logprobs"], ref["logprobs"])
-        torch.testing.assert_close(policy.evaluate(obs, out["actions"], out["extras"])["logprobs"], out["logprobs"])
-        a = torch.from_numpy(actions[:2, 0])  # [2, C, D]
-        torch.manual_seed(7)
-        loss = policy.sft_loss(obs, a)
-        torch.manual_seed(7)
-        torch.testing.assert_close(loss, ident.sft_loss(obs, (a - m) / s))
-        policy.save_pretrained(tmp_path / "hf")
-        assert torch.equal(type(policy).from_pretrained(tmp_path / "hf").action_std, s)
-        sd = {k: v for k, v in policy.state_dict().items() if k not in ("action_mean", "action_std")}
-        policy.load_state_dict(sd)
-        assert torch.equal(policy.action_std, torch.ones(D)) and torch.equal(policy.action_mean, torch.zeros(D))
-        with pytest.raises(ValueError, match="std must be > 0"):
-            policy.set_action_norm(np.zeros(D), np.array([1.0, 0.0, 1.0]))
-    finally:
-        clear_cache()
-
-
-def test_flow_vla_sft_with_normalize_state_standardises_by_the_bc_samples_state(tmp_path):
+def test_vla_sft_with_normalize_state_standardises_by_the_bc_samples_state(tmp_path):
     """`policy.normalize_state`: SFT from scratch sets the prefix's state mean / std to those of the behaviour-
     cloning samples' states (the successful episode's executed chunk steps only), the std floored at 0.01; the
     prefix then sees (state - mean) / std, i.e. exactly what an identity-stats prefix sees for the standardised
@@ -377,11 +321,11 @@ def test_flow_vla_sft_with_normalize_state_standardises_by_the_bc_samples_state(
     obs[:, 1] = 50.0  # env 1: a failed episode (not a BC sample)
     step_mask = np.ones((T, B, C), bool)
     step_mask[3, 0] = False  # env 0's episode ended before chunk step 3: not a sample
-    cfg = _sft_cfg("flow_vla", C, _env0_succeeds_store(tmp_path, obs, np.zeros((T, B, C, D), np.float32), step_mask))
+    cfg = _sft_cfg("token_vla", C, _env0_succeeds_store(tmp_path, obs, np.zeros((T, B, C, D), np.float32), step_mask))
     p = cfg.policy
     try:
         policy = make_policy(p, obs_dim=O, action_dim=D, seed=0)
-        assert not set_demo_stats(cfg, policy)  # normalize_state off: nothing to set for a flow VLA
+        set_demo_stats(cfg, policy)  # normalize_state off: the token VLA's action q01 / q99 only, no state stats
         assert torch.equal(policy.prefix.state_std, torch.ones(O))
         cfg = replace_key(cfg, "policy.normalize_state", True)
         assert set_demo_stats(cfg, policy)

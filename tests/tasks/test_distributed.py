@@ -189,3 +189,26 @@ def test_stale_or_inconsistent_group_raises():
         assert _join(_cfg(), "stale", {**spec, "generation": 3}, {}, (O, D)) == (st, False)
     finally:
         resident._RESIDENT.pop("stale/actor_group", None)
+
+
+def test_one_rank_micro_batches_accumulate_to_the_same_update():
+    """`algorithm.micro_batch_size` on one rank splits each optimizer step's G = 16 samples into micro-batches of 4
+    with the gradients accumulated (a memory lever): the parameters after two updates equal the unsplit update's
+    (float summation order only), and a size that does not divide G runs at their gcd (never more samples)."""
+    from tasks.actor import entries
+    from tasks.actor.loop import one_rank_plan
+    split, whole = _cfg(), replace_key(_cfg(), "algorithm.micro_batch_size", None)
+    assert (one_rank_plan(split, 32).grad_accum, one_rank_plan(whole, 32).grad_accum) == (4, 1)
+    assert one_rank_plan(replace_key(_cfg(), "algorithm.micro_batch_size", 6), 32).micro_batch_size == 2
+    samples = [_shard(0), _shard(1)]
+    got = {}
+    for name, cfg in (("split", split), ("whole", whole)):
+        weights = _initial_weights(cfg)
+        for _ in range(2):
+            weights = entries.actor_update(cfg, f"mb-{name}", weights, *samples)
+        resident.release(f"mb-{name}/")
+        got[name] = weights["state_dict"]
+    init = _initial_weights(whole)["state_dict"]
+    assert not torch.allclose(got["whole"]["actor_mean.0.weight"], init["actor_mean.0.weight"])
+    for k in got["whole"]:
+        torch.testing.assert_close(got["split"][k], got["whole"][k], atol=1e-5, rtol=1e-5)

@@ -91,11 +91,10 @@ def test_played_policy_key(tmp_path):
 def test_the_export_of_a_vla_is_its_average(tmp_path):
     """actor_export writes the averaged weights (what the evals scored); the actor's own weights stay."""
     from tasks import resident
-    from tasks.policies.flow_vla.configuration import FlowVLAConfig
-    from tasks.policies.flow_vla.model import FlowVLAPolicy
-    torch.manual_seed(0)
-    policy = FlowVLAPolicy(FlowVLAConfig(name="flow_vla", preset="tiny", num_action_chunks=2, num_denoise_steps=2,
-                                        max_prompt_len=8), 5, 3, 1, image_size=None)
+    from tasks.config import family_class
+    from tasks.policies import make_policy
+    policy = make_policy(family_class("policy", "pi0")(num_action_chunks=2, num_denoise_steps=2, max_prompt_len=8),
+                         obs_dim=5, action_dim=3, seed=0, image_size=32)
     actor = Actor(policy, torch.optim.SGD(policy.parameters(), lr=0.1))
     ema_start(_cfg(0.9), actor)
     with torch.no_grad():
@@ -108,7 +107,7 @@ def test_the_export_of_a_vla_is_its_average(tmp_path):
         out = actor_export("ema-export", str(tmp_path))
     finally:
         resident.release("ema-export/")
-    loaded = FlowVLAPolicy.from_pretrained(out).state_dict()
+    loaded = type(policy).from_pretrained(out).state_dict()
     for k, v in actor.ema.items():
         assert torch.equal(loaded[k], v), k
     assert any(not torch.equal(loaded[k], trained[k]) for k in trained)

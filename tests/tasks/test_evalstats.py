@@ -235,7 +235,7 @@ class _ToyEnv:
         pass
 
 
-@pytest.mark.parametrize("conf", ["pushcube_flow_grpo", "pushcube_flow_ppo", "pushcube_flow_sft"])
+@pytest.mark.parametrize("conf", ["pushcube_pi0_grpo", "pushcube_pi0_ppo", "pushcube_pi0_sft"])
 def test_vla_confs_eval_200_fixed_episodes(conf, monkeypatch, tmp_path):
     """env.eval.num_episodes=200 (and 203: not a multiple of eval.num_envs) with the VLA confs: every eval plays
     exactly the episodes with reset seeds env.eval.seed + i, i < num_episodes, the same at every call (the real

@@ -101,7 +101,7 @@ def test_lr_anneal_steps_below_one_is_refused_naming_the_key():
 
 
 # ----- the prefixes checked offline, for every policy family (tasks.policies.check_lr_scale) ---------------------
-FAMILIES = {"mlp": ["policy=mlp"], "flow_vla": ["env=pushcube_vla", "policy=flow_vla_tiny"],
+FAMILIES = {"mlp": ["policy=mlp"],
             "token_vla": ["env=pushcube_vla", "policy=token_vla_tiny"], "pi0": ["env=pushcube_vla", "policy=pi0_tiny"],
             "pi05": ["env=pushcube_vla", "policy=pi05_tiny"]}
 
@@ -134,8 +134,9 @@ def test_every_familys_prefixes_are_checked_offline_against_the_built_policys_na
 
 def test_an_empty_dict_on_the_command_line_clears_the_experiments_entries():
     """Hydra merges a dict override into the experiment's dict; `algorithm.lr_scale={}` empties it instead (the
-    experiment's `prefix: 0.0` gone), a non-empty dict still merges, and the file's value stays without either."""
-    exp = ["conf=pushcube_flow_grpo", "policy.model_path=null"]
+    experiment's `prefix: 0.0` gone), a non-empty dict still merges, and the file's value stays without either. (No
+    shipped experiment sets lr_scale: an earlier `+algorithm.lr_scale` on the command line stands for the file's.)"""
+    exp = ["conf=pushcube_pi0_grpo", "policy.model_path=null", "+algorithm.lr_scale={prefix: 0.0}"]
     assert dict(load_config(exp, components=False)[0].algorithm.lr_scale) == {"prefix": 0.0}
     assert dict(load_config([*exp, "algorithm.lr_scale={}"], components=False)[0].algorithm.lr_scale) == {}
     merged = load_config([*exp, "+algorithm.lr_scale={dit: 0.5}"], components=False)[0].algorithm.lr_scale

@@ -1,7 +1,7 @@
 """Per-env prompts: a shard whose envs are on different tasks prompts each env with its own task's
 instruction, the trajectory stores the task_id, and the update rebuilds the same per-sample prompts from it.
 
-A 2-task fake simulator (pure numpy, images) and the tiny flow VLA, untrained: its log-probs depend on the prompt,
+A 2-task fake simulator (pure numpy, images) and pi0 tiny, untrained: its log-probs depend on the prompt,
 so the log-probs the update recomputes equal the rollout's only when every sample gets its rollout prompt back.
 """
 from __future__ import annotations
@@ -64,7 +64,7 @@ def fake_sim(monkeypatch):
 
 def test_update_recomputes_the_rollouts_logprobs_with_per_env_prompts(fake_sim):
     torch.manual_seed(0)
-    cfg = load_config(["conf=pushcube_flow_grpo", "policy.model_path=null", "env.num_envs=4", "env.num_shards=1",
+    cfg = load_config(["conf=pushcube_pi0_grpo", "policy.model_path=null", "env.num_envs=4", "env.num_shards=1",
                        "env.image_size=16", "algorithm.group_size=2", "rollout.chunk_steps=2",
                        "rollout.chunk_steps_per_node=2"], components=False)[0]
     weights = entries.actor_init(cfg, RUN, (8, 7))
@@ -94,7 +94,7 @@ def test_update_recomputes_the_rollouts_logprobs_with_per_env_prompts(fake_sim):
 
 def test_prompt_tokens_refuses_a_task_outside_the_table():
     from tasks.policies import make_policy
-    cfg = load_config(["conf=pushcube_flow_grpo", "policy.model_path=null", "env.image_size=16"],
+    cfg = load_config(["conf=pushcube_pi0_grpo", "policy.model_path=null", "env.image_size=16"],
                       components=False)[0]
     pol = make_policy(cfg.policy, obs_dim=8, action_dim=7, num_values=1, image_size=16, load=False)
     with pytest.raises(IndexError, match="outside the instruction table of 2"):

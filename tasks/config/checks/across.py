@@ -37,11 +37,10 @@ def check_across(cfg: Config) -> None:
                           f"must divide the batch of rollout.chunk_steps*env.num_envs={cfg.batch_size} samples")
     if a.num_actor_ranks != 1 or a.global_batch_size is not None or a.micro_batch_size is not None:
         batch_plan(cfg)  # the RLinf divisibility rules, with the numbers
-        if a.num_actor_ranks == 1:  # the one-rank update (tasks.update.actor_update) takes num_minibatches
-            key = "algorithm.global_batch_size" if a.global_batch_size is not None else "algorithm.micro_batch_size"
-            raise ConfigError(key, getattr(a, key.split(".")[1]), "is used by the multi-rank update only "
-                              "(algorithm.num_actor_ranks > 1); with one rank leave it null and set "
-                              "algorithm.num_minibatches")
+        if a.num_actor_ranks == 1 and a.global_batch_size is not None:  # one rank: num_minibatches sets the step
+            raise ConfigError("algorithm.global_batch_size", a.global_batch_size, "is used by the multi-rank update "
+                              "only (algorithm.num_actor_ranks > 1); with one rank leave it null and set "
+                              "algorithm.num_minibatches (algorithm.micro_batch_size splits each step's samples)")
         if not spec.rollout:
             raise ConfigError("algorithm.num_actor_ranks", a.num_actor_ranks,
                               f"the {spec.label} update runs on one rank: use 1 with algorithm.name={a.name}")

@@ -6,7 +6,7 @@
 - `tiny`: the same classes at toy sizes that train on a CPU: Gemma 2 layers x 64 (2 heads, 1 KV head, head dim
   32, MLP 128), SigLIP 2 layers x 32 (patch 8 at 32 px: 16 image tokens per camera), expert 2 layers x 32 (the
   VLM's heads and head dim: every expert layer attends to the VLM layer's keys / values), state padded to 64
-  (ManiSkill PushCube's state has 35 dims), actions to 8 (flow_vla's tiny action width).
+  (ManiSkill PushCube's state has 35 dims), actions to 8.
 Both take the vocabulary and the <image> id from the tokenizer (the tiny tokenizer for a fresh model: 1413 ids),
 `chunk_size` = policy.num_action_chunks for tiny (base keeps the published 50: the first C actions are executed)
 and `num_inference_steps` = policy.num_denoise_steps.

@@ -291,17 +291,13 @@ def micro_batch(cfg) -> int:
 
 
 def _smaller_batches(cfg) -> list[tuple[str, int]]:
-    """The smaller micro-batches `cfg`'s keys can give, largest first, as (the override, samples per rank): one rank
-    sets algorithm.num_minibatches (a divisor of the batch), several algorithm.micro_batch_size (dividing
-    global / ranks), SFT sft.batch_size (halved)."""
+    """The smaller micro-batches `cfg`'s keys can give, largest first, as (the override, samples per rank): the RL
+    update's algorithm.micro_batch_size (dividing the rank's share of an optimizer step, global / ranks: the
+    gradients accumulate, the update stays the same, on one rank as on several), SFT's sft.batch_size (halved)."""
     a = cfg.algorithm
     m = micro_batch(cfg)
     if not a.spec.estimator:
         return [(f"sft.batch_size={b}", b) for b in (m // 2 ** i for i in range(1, 12)) if b >= 1]
-    if a.num_actor_ranks == 1:
-        B = cfg.batch_size
-        return [(f"algorithm.num_minibatches={n}", B // n) for n in range(a.num_minibatches + 1, B + 1)
-                if B % n == 0 and B // n < m]
     from tasks.config.batch import batch_plan
     per_rank = batch_plan(cfg).per_rank_batch_size
     return [(f"algorithm.micro_batch_size={d}", d) for d in range(m - 1, 0, -1) if per_rank % d == 0]

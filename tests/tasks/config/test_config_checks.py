@@ -40,7 +40,7 @@ def _section_check(path: str):
 
 
 # a key that only some families have: set on a config of that family (section -> selector value)
-FAMILY_OF = {("policy", "noise_method"): "flow_vla", ("cluster", "address"): "address"}
+FAMILY_OF = {("policy", "noise_method"): "pi0", ("cluster", "address"): "address"}
 
 
 @pytest.mark.parametrize("path, field, value", SECTION_CASES, ids=[f"{p}.{f}" for p, f, _ in SECTION_CASES])
@@ -51,8 +51,8 @@ def test_each_section_checks_its_own_fields(path, field, value):
     cfg = Config()
     if (path, field) in FAMILY_OF:
         cfg = replace_key(cfg, path, family_class(path, FAMILY_OF[path, field])())
-    if path == "env" and field == "image_size":
-        cfg = replace_key(cfg, "env.obs_mode", "rgb")  # image_size is read with rgb observations only
+    if (path, field) == ("env", "image_size") or FAMILY_OF.get((path, field)) == "pi0":
+        cfg = replace_key(cfg, "env.obs_mode", "rgb")  # image_size is read (and pi0 reads images) with rgb only
     section = cfg
     for part in path.split("."):
         section = getattr(section, part)

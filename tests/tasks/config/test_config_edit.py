@@ -38,7 +38,7 @@ def test_replace_key_copies_the_path_and_leaves_the_original():
 
 def test_replace_keys_applies_in_order_and_takes_whole_sections():
     cfg = Config()
-    flow = family_class("policy", "flow_vla")
+    flow = family_class("policy", "pi0")
     out = replace_keys(cfg, {"policy": flow(), "policy.num_action_chunks": 4, "algorithm.lr": cfg.algorithm.lr / 2,
                              "seed": cfg.seed + 1})
     assert type(out.policy) is flow and out.policy.num_action_chunks == 4  # the later key applies to the new section

@@ -12,6 +12,7 @@ import torch
 from tasks.config import (SELECTORS, Config, ConfigError, PolicyConfig, check_config, families, family_class,
                           register_family, replace_key)
 from tasks.config import registry
+from tasks.config.registry import RETIRED
 from tasks.config.schema import ClusterConfig, EnvConfig
 
 BASES = {"policy": PolicyConfig, "env": EnvConfig, "cluster": ClusterConfig}
@@ -35,7 +36,7 @@ def test_a_config_defaults_to_the_default_families():
 
 
 def test_policy_families_hold_their_own_keys_only():
-    mlp, flow, token = (family_class("policy", n) for n in ("mlp", "flow_vla", "token_vla"))
+    mlp, flow, token = (family_class("policy", n) for n in ("mlp", "pi0", "token_vla"))
     keys = {c: {f.name for f in dataclasses.fields(c)} for c in (mlp, flow, token)}
     assert {"hidden_sizes", "activation", "init_logstd"} <= keys[mlp]
     assert not keys[mlp] & {"preset", "sizes", "value_head", "num_denoise_steps", "action_bins", "temperature"}
@@ -43,13 +44,14 @@ def test_policy_families_hold_their_own_keys_only():
     assert "noise_method" not in keys[token] and "hidden_sizes" not in keys[token]
     shared = {"preset", "sizes", "use_state", "normalize_state", "normalize_actions", "max_prompt_len", "value_head",
               "value_detach", "critic_state"}  # the VLA base
-    assert shared <= keys[flow] & keys[token]
+    assert shared <= keys[token]
+    assert {"preset", "max_prompt_len", "value_head", "value_detach", "noise_method"} <= keys[flow]
 
 
 def test_an_unknown_family_names_the_selector_the_known_ones_and_a_close_one():
     with pytest.raises(ConfigError) as e:
-        family_class("policy", "flow_vl")
-    assert e.value.key == "policy.name" and "'flow_vla'" in str(e.value) and "did you mean 'flow_vla'" in str(e.value)
+        family_class("policy", "token_vl")
+    assert e.value.key == "policy.name" and "'token_vla'" in str(e.value) and "did you mean 'token_vla'" in str(e.value)
     with pytest.raises(ConfigError) as e:
         family_class("env", "maniskil")
     assert e.value.key == "env.simulator" and "did you mean 'maniskill'" in str(e.value)
@@ -86,11 +88,27 @@ def test_the_mlp_rules_know_the_models_activations():
     assert sorted(ACTIVATIONS) == sorted(MODEL_ACTIVATIONS)
 
 
-@pytest.mark.parametrize("name", ["mlp", "flow_vla", "token_vla"])
+def test_a_retired_family_is_refused_in_one_line_naming_its_replacement():
+    """RETIRED: a config naming a retired family (a command line, an old run's config.yaml) is told what replaces
+    it, not given the list of known families."""
+    for section, retired in RETIRED.items():
+        for name, replacement in retired.items():
+            with pytest.raises(ConfigError) as e:
+                family_class(section, name)
+            msg = str(e.value)
+            assert e.value.key == f"{section}.{SELECTORS[section]}" and "\n" not in msg
+            assert f"the {name} family was retired: use {replacement}" in msg and "known" not in msg
+            assert name not in families(section)
+    assert "policy.name=pi0" in RETIRED["policy"]["flow_vla"] and "policy=pi0_tiny" in RETIRED["policy"]["flow_vla"]
+
+
+@pytest.mark.parametrize("name", ["mlp", "pi0", "token_vla"])
 def test_each_policy_familys_defaults_pass_and_its_rules_run_from_check_config(name):
     cfg = Config(policy=family_class("policy", name)())
+    if name == "pi0":  # pi0 reads camera images
+        cfg = replace_key(cfg, "env.obs_mode", "rgb")
     check_config(cfg)
-    bad = {"mlp": ("hidden_sizes", []), "flow_vla": ("noise_method", "sde"), "token_vla": ("temperature", 0.0)}[name]
+    bad = {"mlp": ("hidden_sizes", []), "pi0": ("noise_method", "sde"), "token_vla": ("temperature", 0.0)}[name]
     cfg = replace_key(cfg, f"policy.{bad[0]}", bad[1])
     with pytest.raises(ConfigError) as e:
         check_config(cfg)

@@ -425,11 +425,11 @@ def test_a_policy_of_the_other_gripper_convention_is_refused_offline(tmp_path):
                                 "gripper_convention": "close_positive"}, False)]:
         d = tmp_path / str(len(list(tmp_path.iterdir())))
         d.mkdir()
-        meta = {"family": "flow_vla", "image_size": 32, "policy": {"num_action_chunks": 5}}
+        meta = {"family": "token_vla", "image_size": 32, "policy": {"num_action_chunks": 5}}
         if recorded:
             meta["env"] = recorded
         (d / "config.json").write_text(json.dumps(meta))
-        over = ["conf=libero_smoke", f"policy.model_path={d}"]
+        over = ["conf=libero_smoke", "policy=token_vla_tiny", f"policy.model_path={d}"]
         if refused:
             with pytest.raises(ConfigError, match="gripper convention 'open_positive'.*close_positive") as e:
                 load_config(over)
@@ -461,12 +461,13 @@ def test_object_state_is_checked_offline_and_a_checkpoint_or_store_of_the_other_
         d = tmp_path / f"ckpt{saved}"
         d.mkdir()
         (d / "config.json").write_text(json.dumps({
-            "family": "flow_vla", "image_size": 32, "obs_dim": saved, "policy": {"num_action_chunks": 5},
+            "family": "token_vla", "image_size": 32, "obs_dim": saved, "policy": {"num_action_chunks": 5},
             "env": {"simulator": "libero", "gripper_convention": "close_positive"}}))
         with pytest.raises(ConfigError, match=f"reads a {saved}-D state.*{fix}") as e:
-            load_config(["conf=libero_smoke", f"policy.model_path={d}", f"env.object_state={flag}"])
+            load_config(["conf=libero_smoke", "policy=token_vla_tiny", f"policy.model_path={d}",
+                         f"env.object_state={flag}"])
         assert e.value.key == "policy.model_path"
-        load_config(["conf=libero_smoke", f"policy.model_path={d}",
+        load_config(["conf=libero_smoke", "policy=token_vla_tiny", f"policy.model_path={d}",
                      f"env.object_state={'true' if saved == 14 else 'false'}"])
 
 

@@ -18,8 +18,8 @@ def _load(*overrides):
 
 def test_a_family_reading_one_camera_is_refused_naming_env_wrist_camera():
     with pytest.raises(ConfigError, match="env.wrist_camera") as e:
-        _load("conf=libero_smoke", "env.wrist_camera=true")  # flow_vla: cameras = 1
-    assert "flow_vla" in str(e.value) and "wrist_camera=false" in str(e.value)
+        _load("conf=libero_smoke", "env.wrist_camera=true", "policy=token_vla_tiny")  # token_vla: cameras = 1
+    assert "token_vla" in str(e.value) and "wrist_camera=false" in str(e.value)
     with pytest.raises(ConfigError, match="env.wrist_camera"):
         _load("conf=libero_smoke", "env.wrist_camera=true", "env.obs_mode=state", "policy=mlp")
     # pi0 declares two cameras: the LIBERO RL confs validate (offline, no checkpoint, CPU)

@@ -163,7 +163,7 @@ def test_base_full_finetuning_on_one_80_gib_gpu_is_refused_with_the_number_and_f
     fixes = re.split(r"; ", msg.split("fixes that fit alone: ")[1])
     named = {f.split("=")[0] for f in fixes}
     assert {"algorithm.num_actor_ranks", "policy.lora_rank", "policy.gradient_checkpointing",
-            "algorithm.num_minibatches", "algorithm.offload"} <= named
+            "algorithm.micro_batch_size", "algorithm.offload"} <= named  # micro-batches: the same update
     for fix in fixes:  # every fix offered passes the check when applied
         memory.check_memory_plan(_apply(cfg, fix))
 
