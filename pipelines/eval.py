@@ -275,6 +275,8 @@ def evaluate(cfg, src: Source, out: Path, handle, *, echo=print) -> dict:
         parts = watch.results(futures, "the evaluation")
     finally:
         bar.close()
+        from tasks import resident
+        resident.release_on(client, f"{eval_id}/")  # its eval envs: a shared cluster (cluster.address) keeps them
     videos = parts.pop() if video_dir is not None else None
     episodes = [e for part in parts for e in part]
     _, outcomes = evalstats.split_metrics(episodes)  # scored as a training run's eval scores them

@@ -142,7 +142,8 @@ def _train(cfg, handle, run_lock=None, *, tags=None, record=None) -> int:
     start_step, start_env_steps = runner.state.step, runner.state.env_steps  # a resume starts at its checkpoint
     with graceful_stop(runner):
         res = runner.run()
-    _release_resident(handle, runner.state.run_id)
+    from tasks import resident
+    resident.release_on(handle.client, f"{runner.state.run_id}/")  # its env shards, actor and replicas
     if res.interrupted is not None:
         print(f"interrupted ({res.interrupted}) at step {res.steps}: checkpointed; resume with "
               f"runner.resume={res.run_id}", file=sys.stderr)
@@ -163,18 +164,6 @@ def _train(cfg, handle, run_lock=None, *, tags=None, record=None) -> int:
     where.append(f"view: {view_hint(res.tracking_uri, runner.tracker.experiment_id, res.mlflow_run_id)}")
     print("dagrl: " + " | ".join(where))
     return 0
-
-
-def _release_resident(handle, run_id: str) -> None:
-    """Close this run's worker-resident objects (its env shards, actor and replicas: keys `<run_id>/...`,
-    tasks.resident) on every worker once the run has ended. On a cluster that outlives the run (`cluster.address`,
-    a sweep's jobs side by side) nothing else would: the workers' plugin is shared, never re-registered
-    (`tasks.resident.install`). A cluster that no longer answers is left alone (its workers went with it)."""
-    from tasks import resident
-    try:
-        handle.client.run(resident.release, f"{run_id}/", on_error="ignore")
-    except Exception:  # noqa: BLE001 - the run's result stands; a gone cluster holds nothing
-        pass
 
 
 def session_text(step: int, env_steps: int, wall_s: float, start_step: int = 0, start_env_steps: int = 0) -> str:

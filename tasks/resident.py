@@ -112,6 +112,17 @@ def release(prefix: str, dask_worker=None) -> int:
     return len(keys_)
 
 
+def release_on(client, prefix: str) -> None:
+    """From a driver: `release(prefix)` on every worker of `client`'s cluster, once a run, eval or recording whose
+    keys start with `prefix` has ended (a cluster that outlives it, `cluster.address`, would keep its objects: the
+    plugin is shared, never re-registered). A cluster that no longer answers is left alone (its workers went with
+    it)."""
+    try:
+        client.run(release, prefix, on_error="ignore")
+    except Exception:  # noqa: BLE001 - the command's result stands; a gone cluster holds nothing
+        pass
+
+
 def keys(dask_worker=None) -> list[str]:
     """The resident keys of this context, sorted (`dask_worker` as for `release`)."""
     return sorted(_registry(dask_worker))
