@@ -3,9 +3,10 @@
 - `smoke_run` (session): ONE `conf=smoke` run (filming 1 eval episode: runner.eval_videos=1) through
   `pipelines.run.main` (its own embedded cluster), used by tests/test_end_to_end.py (what it logged, stored and
   filmed) and tests/test_vla_recipe.py (the recipe's state teacher).
-- `reused_clusters` (a context manager, given as a fixture): inside it, `pipelines.clusters.start_cluster` starts each embedded-cluster layout once and
-  hands the same workers to every later run of that layout (what a user does with `cluster.address`), with every
-  resident object of the earlier runs dropped first, as a fresh cluster would have none.
+- one cluster per layout (section at the end): a `cluster` test's in-process runs share the test process's kept
+  embedded cluster of their layout (what a user does with `cluster.address`), with every resident object of the
+  earlier runs dropped first, as a fresh cluster would have none; `fresh_cluster` marks a test that needs its own.
+  `reused_clusters` (a context manager, given as a fixture) turns the sharing on for a block whatever the test.
 
 Every test gets exactly one tier mark, `unit` / `sim` / `cluster` (section "test tiers" below: assigned from the
 test's own mark, the fixtures it uses or TIERS, else `unit`; checked at run time). `pytest -m unit` is the default
@@ -28,42 +29,123 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _scheduler_state(dask_scheduler=None) -> tuple:
+    """(worker statuses by name, worker plugin names, nanny plugin names) as the scheduler holds them."""
+    workers = sorted((str(ws.name), str(ws.status)) for ws in dask_scheduler.workers.values())
+    return workers, sorted(dask_scheduler.worker_plugins), sorted(getattr(dask_scheduler, "nanny_plugins", {}))
+
+
+def _cluster_state(client) -> tuple:
+    """What a kept cluster must still have to be reused (`_scheduler_state`); a worker killed, paused or added, or a
+    plugin a test registered, changes it."""
+    return client.run_on_scheduler(_scheduler_state)
+
+
+class _ClusterPool:
+    """The embedded clusters this test process keeps for reuse (section "one cluster per layout" below): at most
+    one at a time, keyed by what a cluster start depends on."""
+
+    def __init__(self) -> None:
+        self.started: dict[str, tuple[object, tuple]] = {}  # key -> (the real handle, `_cluster_state` at start)
+        self.on = False  # the running test wants the pool (`_one_cluster_per_layout`)
+        self.forced = 0  # open `_reused_clusters` blocks
+
+    @staticmethod
+    def key(cfg) -> str:
+        """What the workers of an embedded cluster depend on: its `cluster` section, the simulator (the worker
+        processes' set-up) and the driver's environment variables (the workers inherit them at start: a test
+        that sets one gets workers that see it), less the variables distributed's nannies set in this process
+        when they spawn (`distributed.nanny.pre-spawn-environ`: the same for every start)."""
+        import os
+
+        import dask
+        import distributed  # noqa: F401 - its config defaults
+        spawn = {*dask.config.get("distributed.nanny.pre-spawn-environ", {}), "PYTHONHASHSEED"}
+        spawn.add("PYTEST_CURRENT_TEST")  # pytest's own, another value in every test
+        env = sorted((k, v) for k, v in os.environ.items()
+                     if k not in spawn and not k.startswith(("__DASK", "_MLFLOW_TELEMETRY")))
+        return repr((dataclasses.asdict(cfg.cluster), cfg.env.simulator, env))
+
+    def start(self, real, cfg):
+        import pipelines.clusters as pc
+        from tasks import resident
+        key = self.key(cfg)
+        import os
+        if os.environ.get("DAGRL_TEST_POOL_LOG"):  # which starts the pool served, and why a new cluster
+            with open(os.environ["DAGRL_TEST_POOL_LOG"], "a") as f:
+                prev = next(iter(self.started), None)
+                f.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST"), "reuse": key in self.started,
+                                    "was": prev if prev and prev != key else None, "key": key}) + "\n")
+        if key in self.started:
+            h, state = self.started[key]
+            try:  # what a new cluster starts from: the same workers, running, with the same plugins (a test's
+                # fault injection, `pipelines.faults`, is a plugin) and no resident object of an earlier run
+                healthy = _cluster_state(h.client) == state
+                if healthy:
+                    h.client.run(resident.release, "", on_error="ignore")
+            except Exception:  # noqa: BLE001 - a cluster an earlier test broke is replaced
+                healthy = False
+            if not healthy:
+                self.started.pop(key)
+                with contextlib.suppress(Exception):
+                    h.close()
+        note = None  # printed once, when the cluster comes up
+        if key not in self.started:
+            self.close()  # one cluster at a time (memory): another layout closes the one before
+            h = real(cfg)
+            self.started[key], note = (h, _cluster_state(h.client)), h.note
+        h = self.started[key][0]
+
+        class _Kept(pc.ClusterHandle):
+            def close(self) -> None:  # the pool closes the real one
+                pass
+
+        return _Kept(h.client, h.cluster, h.dashboard_link, note)
+
+    def close(self) -> None:
+        while self.started:
+            h, _ = self.started.popitem()[1]
+            with contextlib.suppress(Exception):
+                h.close()
+
+
+_POOL = _ClusterPool()
+
+
+def _pool_start(real):
+    """`pipelines.clusters.start_cluster` as the pool gives it out: an embedded cluster from the pool while the pool
+    is on (`_POOL.on`: a test that wants it is running, or inside `_reused_clusters`), else `real`."""
+    def start(cfg):
+        if cfg.cluster.kind != "local" or not (_POOL.on or _POOL.forced):  # only the embedded cluster is reused
+            return real(cfg)
+        return _POOL.start(real, cfg)
+    start.dagrl_pool = True
+    return start
+
+
 @contextlib.contextmanager
 def _reused_clusters():
-    """Within the block every `pipelines.clusters.start_cluster(cfg)` of an embedded cluster with the same
-    `cfg.cluster` section and simulator as the one before returns the same running workers (another layout closes
-    them and starts its own); `close()` of the handles it gives out does nothing, the block's end closes the
-    cluster. An existing cluster (`cluster.kind=address`) is not touched."""
+    """Within the block every `pipelines.clusters.start_cluster(cfg)` of an embedded cluster (`cluster.kind=local`)
+    whose layout, simulator and environment equal an earlier start's returns the same running workers, with every
+    resident object of the earlier runs dropped first (what a new cluster starts from), as a user does with
+    `cluster.address`; `close()` of the handles it gives out does nothing (the session's end, or the next layout,
+    closes the cluster). An existing cluster (`cluster.kind=address`) is not touched."""
     import pipelines.clusters as pc
-    from tasks import resident
-
-    real = pc.start_cluster
-    started: dict[str, pc.ClusterHandle] = {}
-
-    class _Kept(pc.ClusterHandle):
-        def close(self) -> None:  # the block's end closes the real one
-            pass
-
-    def start(cfg):
-        if cfg.cluster.kind != "local":  # only the embedded cluster is reused
-            return real(cfg)
-        key = repr((dataclasses.asdict(cfg.cluster), cfg.env.simulator))
-        if key in started:  # what a new cluster starts from: no resident object of an earlier run
-            started[key].client.run(resident.release, "", on_error="ignore")
-        else:
-            while started:  # one cluster at a time (memory): another layout closes the one before
-                started.popitem()[1].close()
-            started[key] = real(cfg)
-        h = started[key]
-        return _Kept(h.client, h.cluster, h.dashboard_link)
-
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pc, "start_cluster", start)
+        if not getattr(pc.start_cluster, "dagrl_pool", False):
+            mp.setattr(pc, "start_cluster", _pool_start(pc.start_cluster))
+        _POOL.forced += 1
         try:
             yield
         finally:
-            for h in started.values():
-                h.close()
+            _POOL.forced -= 1
+
+
+@pytest.fixture(scope="session")
+def cluster_pool_parts():
+    """(`_ClusterPool`, `_scheduler_state`), for tests/test_cluster_pool.py (a fixture: `import conftest` is
+    ambiguous)."""
+    return _ClusterPool, _scheduler_state
 
 
 @pytest.fixture(scope="session")
@@ -282,6 +364,8 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     _probe["on"] = bool(config.getoption("--tiers-probe"))
     _install_watch()
+    config.addinivalue_line("markers", "fresh_cluster: the test's runs start their own embedded clusters, not the "
+                                       "process's kept one (tests/conftest.py, `_one_cluster_per_layout`)")
     config.addinivalue_line("markers", "real_mlflow_schema: a new MLflow store's schema is built by MLflow's "
                                        "migrations, not copied (tests/conftest.py, `_mlflow_schema_template`)")
 
@@ -313,11 +397,6 @@ def pytest_collection_modifyitems(config, items):
 
 _TIER = pytest.StashKey[tuple]()
 _OUTCOME = pytest.StashKey[str]()
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item):
-    _started.clear()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -422,3 +501,40 @@ def _mlflow_schema_template(request):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(utils, "_initialize_tables", _copy_schema_template)
         yield
+
+
+# ----- one cluster per layout (the default suite's time, README "Tests") -----
+#
+# A `cluster` test's in-process runs (`pipelines.run.main`, `record`, `eval`, ...) start their embedded cluster
+# through `_reused_clusters`: the first run of a layout starts it, every later run of the same layout, simulator and
+# environment (in any later test of this process) gets the same workers with every resident object dropped, as a run
+# on `cluster.address` does. A conf=smoke run then costs ~6 s instead of ~30 s (and half the CPU): the worker
+# processes' start, imports and close are what is left out. A test that needs workers of its own (it kills, pauses
+# or counts them, or checks how a cluster starts or closes) is marked `fresh_cluster`. Processes a test starts
+# (`python -m pipelines.run`) start their own clusters as always.
+
+
+def _wants_pool(item) -> bool:
+    return (item.stash.get(_TIER, ("unit", ""))[0] == "cluster"
+            and item.get_closest_marker("fresh_cluster") is None)
+
+
+def _install_pool(module) -> None:
+    """`pipelines.clusters.start_cluster` goes through the pool from its import on (`_WATCHED`); the pool serves the
+    tests that want it (`pytest_runtest_setup` sets `_POOL.on` per test, before its fixtures: a module fixture's
+    runs are served for the test that sets it up)."""
+    if not getattr(module.start_cluster, "dagrl_pool", False):
+        module.start_cluster = _pool_start(module.start_cluster)
+
+
+_WATCHED["pipelines.clusters"] = _install_pool
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _POOL.close()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _started.clear()
+    _POOL.on = _wants_pool(item)

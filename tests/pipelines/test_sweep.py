@@ -193,6 +193,7 @@ def test_report_of_an_unknown_sweep_is_one_line(sweep_store, capsys):
 
 # ----- one real sweep (cluster tier): two jobs on one embedded cluster -----
 @pytest.mark.cluster
+@pytest.mark.fresh_cluster  # it counts the sweep's own cluster starts
 def test_real_two_job_sweep_reuses_one_cluster(tmp_path, capsys, monkeypatch):
     started = []
     real = sweep.ClusterPool.start
