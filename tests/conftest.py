@@ -515,8 +515,10 @@ def _mlflow_schema_template(request):
 
 
 def _wants_pool(item) -> bool:
+    """A `cluster` test of the default selection not marked `fresh_cluster` (the slow job's long runs keep their
+    own clusters, as they were measured and checked)."""
     return (item.stash.get(_TIER, ("unit", ""))[0] == "cluster"
-            and item.get_closest_marker("fresh_cluster") is None)
+            and item.get_closest_marker("fresh_cluster") is None and item.get_closest_marker("slow") is None)
 
 
 def _install_pool(module) -> None:
