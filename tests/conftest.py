@@ -47,15 +47,16 @@ class _ClusterPool:
 
     def __init__(self) -> None:
         self.started: dict[str, tuple[object, tuple]] = {}  # key -> (the real handle, `_cluster_state` at start)
-        self.on = False  # the running test wants the pool (`_one_cluster_per_layout`)
+        self.on = False  # the running test wants the pool (`_wants_pool`)
         self.forced = 0  # open `_reused_clusters` blocks
 
     @staticmethod
     def key(cfg) -> str:
         """What the workers of an embedded cluster depend on: its `cluster` section, the simulator (the worker
         processes' set-up) and the driver's environment variables (the workers inherit them at start: a test
-        that sets one gets workers that see it), less the variables distributed's nannies set in this process
-        when they spawn (`distributed.nanny.pre-spawn-environ`: the same for every start)."""
+        that sets one gets workers that see it), less what is set in this process the same way every time:
+        distributed's `nanny.pre-spawn-environ`, PYTHONHASHSEED and `__DASK_*`, pytest's PYTEST_CURRENT_TEST,
+        MLflow's telemetry session id."""
         import os
 
         import dask
@@ -67,15 +68,13 @@ class _ClusterPool:
         return repr((dataclasses.asdict(cfg.cluster), cfg.env.simulator, env))
 
     def start(self, real, cfg):
-        import pipelines.clusters as pc
+        """The kept cluster of `cfg`'s key (resident objects dropped), else `real(cfg)` kept in place of the one
+        before; a handle whose `close()` leaves it up."""
+        import os
+
         from tasks import resident
         key = self.key(cfg)
-        import os
-        if os.environ.get("DAGRL_TEST_POOL_LOG"):  # which starts the pool served, and why a new cluster
-            with open(os.environ["DAGRL_TEST_POOL_LOG"], "a") as f:
-                prev = next(iter(self.started), None)
-                f.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST"), "reuse": key in self.started,
-                                    "was": prev if prev and prev != key else None, "key": key}) + "\n")
+        before = next(iter(self.started), None)
         if key in self.started:
             h, state = self.started[key]
             try:  # what a new cluster starts from: the same workers, running, with the same plugins (a test's
@@ -89,18 +88,17 @@ class _ClusterPool:
                 self.started.pop(key)
                 with contextlib.suppress(Exception):
                     h.close()
-        note = None  # printed once, when the cluster comes up
-        if key not in self.started:
+        note, new = None, key not in self.started  # the note is printed once, when the cluster comes up
+        if new:
             self.close()  # one cluster at a time (memory): another layout closes the one before
             h = real(cfg)
             self.started[key], note = (h, _cluster_state(h.client)), h.note
+        if os.environ.get("DAGRL_TEST_POOL_LOG"):  # which starts the pool served, and what a new cluster replaced
+            with open(os.environ["DAGRL_TEST_POOL_LOG"], "a") as f:
+                f.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST"), "reused": not new,
+                                    "replaced": before if new else None, "key": key}) + "\n")
         h = self.started[key][0]
-
-        class _Kept(pc.ClusterHandle):
-            def close(self) -> None:  # the pool closes the real one
-                pass
-
-        return _Kept(h.client, h.cluster, h.dashboard_link, note)
+        return _kept_handle(h, note)
 
     def close(self) -> None:
         while self.started:
@@ -110,6 +108,18 @@ class _ClusterPool:
 
 
 _POOL = _ClusterPool()
+
+
+def _kept_handle(h, note):
+    """A `pipelines.clusters.ClusterHandle` of `h`'s client and cluster whose `close()` does nothing (the pool
+    closes the real one)."""
+    import pipelines.clusters as pc
+
+    class _Kept(pc.ClusterHandle):
+        def close(self) -> None:
+            pass
+
+    return _Kept(h.client, h.cluster, h.dashboard_link, note)
 
 
 def _pool_start(real):
@@ -365,7 +375,7 @@ def pytest_configure(config):
     _probe["on"] = bool(config.getoption("--tiers-probe"))
     _install_watch()
     config.addinivalue_line("markers", "fresh_cluster: the test's runs start their own embedded clusters, not the "
-                                       "process's kept one (tests/conftest.py, `_one_cluster_per_layout`)")
+                                       "process's kept one (tests/conftest.py, `_wants_pool`)")
     config.addinivalue_line("markers", "real_mlflow_schema: a new MLflow store's schema is built by MLflow's "
                                        "migrations, not copied (tests/conftest.py, `_mlflow_schema_template`)")
 
@@ -506,11 +516,12 @@ def _mlflow_schema_template(request):
 # ----- one cluster per layout (the default suite's time, README "Tests") -----
 #
 # A `cluster` test's in-process runs (`pipelines.run.main`, `record`, `eval`, ...) start their embedded cluster
-# through `_reused_clusters`: the first run of a layout starts it, every later run of the same layout, simulator and
+# through the pool (`_pool_start`): the first run of a layout starts it, every later run of the same layout, simulator and
 # environment (in any later test of this process) gets the same workers with every resident object dropped, as a run
 # on `cluster.address` does. A conf=smoke run then costs ~6 s instead of ~30 s (and half the CPU): the worker
-# processes' start, imports and close are what is left out. A test that needs workers of its own (it kills, pauses
-# or counts them, or checks how a cluster starts or closes) is marked `fresh_cluster`. Processes a test starts
+# processes' start, imports and close are what is left out. A kept cluster whose workers changed (killed, paused)
+# or that got a plugin (`pipelines.faults`) is replaced at the next start. A test that needs workers of its own (it
+# counts cluster starts, say) is marked `fresh_cluster`; `slow` tests keep their own. Processes a test starts
 # (`python -m pipelines.run`) start their own clusters as always.
 
 
