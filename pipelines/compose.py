@@ -219,15 +219,14 @@ def to_config(dcfg: DictConfig, *, validate: bool = True, saved: bool = False,
     own key names an error below a family key (`+policy.sizes.patch_size=4` with the mlp). Raises ConfigError."""
     from omegaconf.errors import OmegaConfBaseException
 
-    from pipelines.families import selected, set_values, unknown_family_key
+    from pipelines.families import selected, set_values, typed_config, unknown_family_key
     from tasks.config import check_config
     plain = OmegaConf.to_container(dcfg, resolve=True)
     plain = set_values(plain)
     classes = selected(plain)  # ConfigError for an unknown family
     try:
         # merging a plain container re-checks every key against the schema (also keys added with `+key=`)
-        typed = OmegaConf.merge(_typed_node(classes), plain)  # merge deep-copies the node it writes onto
-        cfg: Config = OmegaConf.to_object(typed)
+        cfg: Config = typed_config(classes, plain)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None)
         value = OmegaConf.select(dcfg, key) if key else None
@@ -238,13 +237,6 @@ def to_config(dcfg: DictConfig, *, validate: bool = True, saved: bool = False,
             family = ConfigError(given, _value_for(given, overrides), family.fix)
         raise (family or _from_omegaconf(key, value, detail)) from None
     return check_config(cfg) if validate else cfg
-
-
-def _typed_node(classes: dict[str, type]) -> DictConfig:
-    """`schema_node(typed_schema(classes))`, built once per set of family classes (pipelines.compose_memo). The
-    node is shared: only read, or deep-copied (OmegaConf.merge copies its first argument)."""
-    from pipelines.families import schema_node, typed_schema
-    return memo.once("typed_node", tuple(classes.items()), lambda: schema_node(typed_schema(classes)))
 
 
 COMMAND_LINE = "the command line"

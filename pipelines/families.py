@@ -97,9 +97,55 @@ def selected(plain: dict) -> dict[str, type]:
     return out
 
 
-def typed_schema(classes: dict[str, type]) -> Config:
-    """A default `Config` with each family section of the class `classes` gives."""
-    return Config(**{section: cls() for section, cls in classes.items()})
+def typed_config(classes: dict[str, type], plain: dict) -> Config:
+    """`OmegaConf.to_object(OmegaConf.merge(schema_node(config), plain))` where `config` is a default `Config` whose
+    family sections are of the classes `classes` gives (section -> class), computed section by section: each
+    section of `plain` is merged onto the node of its class (the family class `classes` names, else the `Config`
+    field's), the top-level values onto a node of `Config`'s scalar fields, and `Config` is built from the parts.
+    The same checks (a key the class lacks, a value of the wrong type) and the same values as one merge of the whole
+    config: no section's keys or values depend on another's (`plain` is resolved). A section's result is kept by
+    (name, class, values) (pipelines.compose_memo) and handed out as a copy: the unit tier types thousands of
+    configs that differ in one section or two.
+
+    Raises OmegaConf's exceptions, `full_key` the dotted key from the config's root."""
+    import copy
+
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from pipelines import compose_memo as memo
+    if any(name in _SECTION_TYPES and not isinstance(value, dict) for name, value in plain.items()):
+        whole = schema_node(Config(**{section: cls() for section, cls in classes.items()}))  # a section set to a
+        return OmegaConf.to_object(OmegaConf.merge(whole, plain))  # scalar: OmegaConf's own error for it
+    sections, top = {}, {}
+    for name, value in plain.items():
+        cls = classes.get(name) or _SECTION_TYPES.get(name)
+        if cls is None:
+            top[name] = value
+            continue
+        try:
+            key = (name, cls, repr(value))  # plain values: str, int, float, bool, None, lists, dicts
+            sections[name] = copy.deepcopy(memo.once(
+                "typed_section", key, lambda: OmegaConf.to_object(OmegaConf.merge(_section_node(cls), value))))
+        except OmegaConfBaseException as exc:
+            exc.full_key = f"{name}.{exc.full_key}" if getattr(exc, "full_key", None) else name
+            raise
+    scalars = OmegaConf.to_container(OmegaConf.merge(_section_node(_TOP), top))
+    return Config(**scalars, **sections)
+
+
+_HINTS = typing.get_type_hints(Config)
+_SECTION_TYPES: dict[str, type] = {f.name: _HINTS[f.name] for f in dataclasses.fields(Config)
+                                   if dataclasses.is_dataclass(_HINTS[f.name])}
+# Config's top-level values (experiment, seed, run_root), named Config so OmegaConf's messages read as for the whole
+_TOP = dataclasses.make_dataclass("Config", [(f.name, _HINTS[f.name], dataclasses.field(default=f.default))
+                                             for f in dataclasses.fields(Config) if f.name not in _SECTION_TYPES])
+
+
+def _section_node(cls: type):
+    """`schema_node(cls())`, built once per class (only read: `OmegaConf.merge` copies the node it writes onto)."""
+    from pipelines import compose_memo as memo
+    return memo.once("section_node", cls, lambda: schema_node(cls()))
 
 
 def unknown_family_key(key: str, value, classes: dict[str, type]) -> ConfigError | None:

@@ -43,27 +43,39 @@ def _cluster_state(client) -> tuple:
 
 class _ClusterPool:
     """The embedded clusters this test process keeps for reuse (section "one cluster per layout" below): at most
-    one at a time, keyed by what a cluster start depends on."""
+    KEEP at once (the least recently used is closed first), keyed by what a cluster start depends on."""
+
+    KEEP = 2  # layouts kept at once: the suite's common one survives a test of another layout (A, B, A)
 
     def __init__(self) -> None:
-        self.started: dict[str, tuple[object, tuple]] = {}  # key -> (the real handle, `_cluster_state` at start)
+        # key -> (the real handle, `_cluster_state` at start), least recently used first
+        self.started: dict[str, tuple[object, tuple]] = {}
         self.on = False  # the running test wants the pool (`_wants_pool`)
         self.forced = 0  # open `_reused_clusters` blocks
 
     @staticmethod
     def key(cfg) -> str:
         """What the workers of an embedded cluster depend on: its `cluster` section, the simulator (the worker
-        processes' set-up) and the driver's environment variables (the workers inherit them at start: a test
-        that sets one gets workers that see it), less what is set in this process the same way every time:
-        distributed's `nanny.pre-spawn-environ`, PYTHONHASHSEED and `__DASK_*`, pytest's PYTEST_CURRENT_TEST,
-        MLflow's telemetry session id."""
+        processes' set-up) and the environment the env workers start with: the driver's variables (they inherit
+        them: a test that sets one gets workers that see it) with the simulator's `tasks.envs.worker_env` on top
+        (`pipelines.clusters.local`), less what is set in this process the same way every time: distributed's
+        `nanny.pre-spawn-environ`, PYTHONHASHSEED and `__DASK_*`, pytest's PYTEST_CURRENT_TEST, MLflow's telemetry
+        session id. So a sim test that set this process's VK_ICD_FILENAMES to the ICD the env workers get anyway
+        (`tasks.envs.maniskill.vulkan.ensure_vulkan`) starts no new cluster (the GPU workers, which inherit the
+        variable alone, build no simulator)."""
         import os
 
         import dask
         import distributed  # noqa: F401 - its config defaults
+
+        from tasks.envs import worker_env
         spawn = {*dask.config.get("distributed.nanny.pre-spawn-environ", {}), "PYTHONHASHSEED"}
         spawn.add("PYTEST_CURRENT_TEST")  # pytest's own, another value in every test
-        env = sorted((k, v) for k, v in os.environ.items()
+        try:
+            extra = worker_env(cfg.env)
+        except Exception:  # noqa: BLE001 - no driver: the real start raises it
+            extra = {}
+        env = sorted((k, v) for k, v in {**os.environ, **extra}.items()
                      if k not in spawn and not k.startswith(("__DASK", "_MLFLOW_TELEMETRY")))
         return repr((dataclasses.asdict(cfg.cluster), cfg.env.simulator, env))
 
@@ -74,9 +86,10 @@ class _ClusterPool:
 
         from tasks import resident
         key = self.key(cfg)
-        before = next(iter(self.started), None)
+        closed: list[str] = []  # the kept layouts this start closed (DAGRL_TEST_POOL_LOG)
         if key in self.started:
-            h, state = self.started[key]
+            h, state = self.started.pop(key)
+            self.started[key] = (h, state)  # the most recently used
             try:  # what a new cluster starts from: the same workers, running, with the same plugins (a test's
                 # fault injection, `pipelines.faults`, is a plugin) and no resident object of an earlier run
                 healthy = _cluster_state(h.client) == state
@@ -86,17 +99,21 @@ class _ClusterPool:
                 healthy = False
             if not healthy:
                 self.started.pop(key)
+                closed.append(key)
                 with contextlib.suppress(Exception):
                     h.close()
         note, new = None, key not in self.started  # the note is printed once, when the cluster comes up
         if new:
-            self.close()  # one cluster at a time (memory): another layout closes the one before
+            while len(self.started) >= self.KEEP:  # memory: the least recently used layout is closed
+                closed.append(next(iter(self.started)))
+                with contextlib.suppress(Exception):
+                    self.started.pop(closed[-1])[0].close()
             h = real(cfg)
             self.started[key], note = (h, _cluster_state(h.client)), h.note
-        if os.environ.get("DAGRL_TEST_POOL_LOG"):  # which starts the pool served, and what a new cluster replaced
+        if os.environ.get("DAGRL_TEST_POOL_LOG"):  # which starts the pool served, and which kept layouts it closed
             with open(os.environ["DAGRL_TEST_POOL_LOG"], "a") as f:
                 f.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST"), "reused": not new,
-                                    "replaced": before if new else None, "key": key}) + "\n")
+                                    "closed": closed, "key": key}) + "\n")
         h = self.started[key][0]
         return _kept_handle(h, note)
 
@@ -164,15 +181,46 @@ def reused_clusters():
     return _reused_clusters
 
 
+def _built_once(tmp_path_factory, name: str, build):
+    """A directory `build(path)` filled once for the whole test session, its pytest-xdist processes included: the
+    first process that asks builds it under a file lock in the session's shared temporary directory, the others
+    wait for that build and get the same path (pytest-xdist's docs, "Making session-scoped fixtures execute only
+    once"). A build that raised leaves no `.done` mark, so the next asker builds again (and fails the same way).
+    What is built must be read-only for its users, or written only in ways that no other test reads."""
+    import os
+    import shutil
+
+    from filelock import FileLock
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # pytest-N/ holds every xdist process's popen-gwK/
+    path, done = base / name, base / f"{name}.done"
+    with FileLock(str(base / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(path, ignore_errors=True)  # a failed build's leftovers
+            path.mkdir()
+            build(path)
+            done.touch()
+    return path
+
+
+@pytest.fixture(scope="session")
+def built_once(tmp_path_factory):
+    """`_built_once` as a fixture (a module's own build shared by the xdist processes): `built_once(name, build)`."""
+    return lambda name, build: _built_once(tmp_path_factory, name, build)
+
+
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory):
-    """The run root of one `conf=smoke` run (experiment dir `smoke/`, MLflow under the root), exit code asserted.
-    Its one eval (step 3, the last) films one episode although 3 is no multiple of `runner.eval_video_interval`."""
-    from pipelines.run import main
-    root = tmp_path_factory.mktemp("smoke_run")
-    assert main(["conf=smoke", f"run_root={root}", "cluster.dashboard_address=127.0.0.1:0",
-                 "runner.eval_videos=1", "runner.eval_video_interval=2"]) == 0
-    return root
+    """The run root of one `conf=smoke` run (experiment dir `smoke/`, MLflow under the root), exit code asserted,
+    built once for the session (`_built_once`: the xdist processes share it). Its one eval (step 3, the last) films
+    one episode although 3 is no multiple of `runner.eval_video_interval`. Tests read it; `pipelines.eval` writes
+    its own records beside it (test_eval_cli.py, the one test that does)."""
+    def build(root):
+        from pipelines.run import main
+        assert main(["conf=smoke", f"run_root={root}", "cluster.dashboard_address=127.0.0.1:0",
+                     "runner.eval_videos=1", "runner.eval_video_interval=2"]) == 0
+    return _built_once(tmp_path_factory, "smoke_run", build)
 
 
 # ----- test tiers (README "Tests"): every test is exactly one of `unit`, `sim`, `cluster` -----
@@ -518,7 +566,7 @@ def _mlflow_schema_template(request):
 # A `cluster` test's in-process runs (`pipelines.run.main`, `record`, `eval`, ...) start their embedded cluster
 # through the pool (`_pool_start`): the first run of a layout starts it, every later run of the same layout, simulator and
 # environment (in any later test of this process) gets the same workers with every resident object dropped, as a run
-# on `cluster.address` does. A conf=smoke run then costs ~6 s instead of ~30 s (and half the CPU): the worker
+# on `cluster.address` does; two layouts are kept at most (`_ClusterPool.KEEP`). A conf=smoke run then costs ~6 s instead of ~30 s (and half the CPU): the worker
 # processes' start, imports and close are what is left out. A kept cluster whose workers changed (killed, paused)
 # or that got a plugin (`pipelines.faults`) is replaced at the next start. A test that needs workers of its own (it
 # counts cluster starts, say) is marked `fresh_cluster`; `slow` tests keep their own. Processes a test starts

@@ -1,7 +1,7 @@
 """tests/conftest.py's pool of embedded clusters (one cluster per layout), on fakes: a later start of the same layout,
 simulator and environment gets the kept workers with the earlier runs' resident objects dropped; a worker that
-changed, a plugin a test registered, another environment variable or another layout gets a new cluster, and the
-one before is closed; the handles given out do not close the kept cluster."""
+changed, a plugin a test registered, another environment variable or another layout gets a new cluster, with two
+layouts kept at most (the least recently used closed first); the handles given out do not close the kept cluster."""
 from __future__ import annotations
 
 import dataclasses
@@ -77,17 +77,41 @@ def test_a_changed_worker_or_a_registered_plugin_gets_a_new_cluster(pool):
     assert len(started) == 3 and started[1].closed and not started[2].closed
 
 
-def test_another_environment_or_layout_gets_a_new_cluster_and_closes_the_one_before(pool, monkeypatch):
+def test_another_environment_or_layout_gets_a_new_cluster_and_the_least_recently_used_is_closed(pool, monkeypatch):
     p, real, started = pool
+    assert p.KEEP == 2
     p.start(real, _cfg())
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "another test (call)")  # pytest's own: no new cluster
     monkeypatch.setenv("PYTHONHASHSEED", "6640")  # what distributed sets when it starts workers
     p.start(real, _cfg())
     assert len(started) == 1
-    monkeypatch.setenv("DAGRL_SOME_SETTING", "1")  # the workers would inherit it
+    monkeypatch.setenv("DAGRL_SOME_SETTING", "1")  # the workers would inherit it: layout B
     p.start(real, _cfg())
-    assert len(started) == 2 and started[0].closed
-    p.start(real, _cfg(num_env_workers=3))
-    assert len(started) == 3 and started[1].closed
+    assert len(started) == 2 and not started[0].closed  # two kept
+    p.start(real, _cfg())  # B again: kept, and now the most recently used
+    monkeypatch.delenv("DAGRL_SOME_SETTING")
+    p.start(real, _cfg())  # A again: still kept
+    assert len(started) == 2 and not any(h.closed for h in started)
+    p.start(real, _cfg(num_env_workers=3))  # C: closes B, the least recently used
+    assert len(started) == 3 and started[1].closed and not started[0].closed
     p.close()
-    assert started[2].closed
+    assert all(h.closed for h in started)
+
+
+def test_the_vulkan_icd_the_env_workers_get_anyway_is_no_new_environment(pool, monkeypatch):
+    """A sim test sets this process's VK_ICD_FILENAMES (`ensure_vulkan`) to the ICD `worker_env` gives the env
+    workers anyway: the same layout; another ICD is another environment."""
+    from tasks.envs import worker_env
+    p, real, started = pool
+    monkeypatch.delenv("VK_ICD_FILENAMES", raising=False)
+    monkeypatch.delenv("VK_DRIVER_FILES", raising=False)
+    icd = worker_env(_cfg().env).get("VK_ICD_FILENAMES")
+    if icd is None:
+        pytest.skip("a system Vulkan driver: the env workers get no VK_ICD_FILENAMES")
+    p.start(real, _cfg())
+    monkeypatch.setenv("VK_ICD_FILENAMES", icd)
+    p.start(real, _cfg())
+    assert len(started) == 1
+    monkeypatch.setenv("VK_ICD_FILENAMES", icd + ".other.json")
+    p.start(real, _cfg())
+    assert len(started) == 2

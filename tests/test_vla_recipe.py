@@ -41,25 +41,29 @@ def one_cluster(reused_clusters):
 
 
 @pytest.fixture(scope="module")
-def recipe(tmp_path_factory, smoke_run, one_cluster):
+def recipe(built_once, smoke_run, one_cluster):
     """The teacher is the suite's one conf=smoke run (tests/conftest.py `smoke_run`: a state mlp run with a
-    checkpoint); then record, SFT, PPO and GRPO through their CLIs."""
-    root = tmp_path_factory.mktemp("vla")
+    checkpoint); then record, SFT, PPO and GRPO through their CLIs, once for the session (`built_once`: the xdist
+    processes share it; the tests read it)."""
     teacher = next(p for p in (smoke_run / "smoke").iterdir() if p.is_dir())
-    store = root / "demos.zarr"
-    assert record_cli.main(["conf=pushcube_record", f"run_root={root}", f"record.teacher={teacher}",
-                            f"record.out={store}", "record.num_episodes=8", *RECORD_ENV]) == 0
-    assert run_main(["conf=pushcube_pi0_sft", f"run_root={root}", f"sft.store={store}", "sft.only_success=false",
-                     "sft.updates_per_step=3", "sft.batch_size=8", "runner.max_steps=2",
-                     "sft.value_coef=1.0", "policy.value_detach=true",  # a value warm start for PPO's critic "runner.save_interval=2",
-                     "runner.val_check_interval=2", *(o for o in SMALL_ENV if not o.startswith("env.num_envs="))]) == 0
+
+    def build(root):
+        store = root / "demos.zarr"
+        assert record_cli.main(["conf=pushcube_record", f"run_root={root}", f"record.teacher={teacher}",
+                                f"record.out={store}", "record.num_episodes=8", *RECORD_ENV]) == 0
+        assert run_main(["conf=pushcube_pi0_sft", f"run_root={root}", f"sft.store={store}", "sft.only_success=false",
+                         "sft.updates_per_step=3", "sft.batch_size=8", "runner.max_steps=2",
+                         "sft.value_coef=1.0", "policy.value_detach=true",  # a value warm start for PPO's critic
+                         "runner.val_check_interval=2", *(o for o in SMALL_ENV if not o.startswith("env.num_envs="))]) == 0
+        hf = latest_checkpoint(next(p for p in (root / "pushcube_pi0_sft").iterdir() if p.is_dir())) / "hf"
+        for conf in ("pushcube_pi0_ppo", "pushcube_pi0_grpo"):
+            assert run_main([f"conf={conf}", f"run_root={root}", f"policy.model_path={hf}", "runner.max_steps=1",
+                             "rollout.chunk_steps=2", "rollout.chunk_steps_per_node=2",
+                             *(["algorithm.group_size=2"] if conf.endswith("grpo") else []), *SMALL_ENV]) == 0
+
+    root = built_once("vla_recipe", build)
     sft_dir = next(p for p in (root / "pushcube_pi0_sft").iterdir() if p.is_dir())
-    hf = latest_checkpoint(sft_dir) / "hf"
-    for conf in ("pushcube_pi0_ppo", "pushcube_pi0_grpo"):
-        assert run_main([f"conf={conf}", f"run_root={root}", f"policy.model_path={hf}", "runner.max_steps=1",
-                         "rollout.chunk_steps=2", "rollout.chunk_steps_per_node=2",
-                         *(["algorithm.group_size=2"] if conf.endswith("grpo") else []), *SMALL_ENV]) == 0
-    return root, store, hf, teacher
+    return root, root / "demos.zarr", latest_checkpoint(sft_dir) / "hf", teacher
 
 
 def test_record_stores_teacher_chunks_with_images(recipe):

@@ -192,15 +192,29 @@ def test_more_jobs_than_slots_wait_and_a_failed_job_does_not_stop_the_others(fak
     assert sum("started" in ln for ln in out) == 4 and sum("finished:" in ln for ln in out) == 3
 
 
-def test_ctrl_c_is_passed_on_to_the_running_jobs_and_the_rest_do_not_run(fake_jobs):
+def _ctrl_c_once_both_jobs_run(where, stop: threading.Event) -> None:
+    """SIGINT to this process once the sweep's handler is installed here and both jobs have installed theirs (they
+    print their seed after it): a SIGINT before then would reach pytest itself, or kill a job outright."""
+    logs = [where / "job-0.log", where / "job-1.log"]
+    while not stop.wait(0.05):
+        handler = signal.getsignal(signal.SIGINT)
+        if (isinstance(getattr(handler, "__self__", None), sweep_jobs._Forward)
+                and all(p.exists() and "job seed" in p.read_text() for p in logs)):
+            os.kill(os.getpid(), signal.SIGINT)
+            return
+
+
+def test_ctrl_c_is_passed_on_to_the_running_jobs_and_the_rest_do_not_run(fake_jobs, tmp_path):
     # seeds 5 and 6 sleep 30 s unless interrupted; seed 7 waits for a slot and never starts
-    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
+    stop = threading.Event()
+    sender = threading.Thread(target=_ctrl_c_once_both_jobs_run, args=(tmp_path / "sweeps" / "S", stop))
+    sender.start()
     t0 = time.perf_counter()
     try:
         rc, rec, spans, out, _ = fake_jobs([5, 6, 7], 2)
     finally:
-        timer.cancel()
+        stop.set()
+        sender.join()
     assert rc == 130 and rec.status == "interrupted" and time.perf_counter() - t0 < 20
     assert [j.status for j in rec.jobs] == ["interrupted", "interrupted", "not run"]
     assert [j.exit_code for j in rec.jobs] == [130, 130, None]

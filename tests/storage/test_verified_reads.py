@@ -8,6 +8,8 @@ no simulator, no cluster.
 """
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import zarr
@@ -58,10 +60,20 @@ def _record(path) -> None:
         st.mark_complete(n)
 
 
-@pytest.fixture()
-def store(tmp_path):
-    path = tmp_path / "demos.zarr"
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """One `_record` store for the module; each test damages its own copy (`store`)."""
+    path = tmp_path_factory.mktemp("recorded") / "demos.zarr"
     _record(path)
+    return path
+
+
+@pytest.fixture()
+def store(tmp_path, recorded):
+    """A copy of the module's recorded store, file for file (what `_record` writes at any path: the store
+    keeps no absolute path)."""
+    path = tmp_path / "demos.zarr"
+    shutil.copytree(recorded, path)
     resident.release("sft_data/")
     yield path
     resident.release("sft_data/")
