@@ -265,13 +265,16 @@ class Watcher:
         (empty: done). Stalls are recorded for `plan_recovery` and printed (one line).
 
         A task pinned to a worker that died would wait forever in `no-worker`, and one pinned to a paused worker
-        forever in `processing`, so the placed workers are checked every second while waiting.
+        forever in `processing`, so the placed workers are checked every second while waiting. `distributed.wait`
+        waits through the process's default client: this run's client is made the current one for it, so another
+        client of the same process (a notebook's, a second cluster's) is never the one asked.
         """
         from distributed import wait
         self._start_watch()
         while True:
             try:
-                wait(futures, timeout=1.0)
+                with self.client.as_current():
+                    wait(futures, timeout=1.0)
                 return set()
             except TimeoutError:
                 bad = self._check()

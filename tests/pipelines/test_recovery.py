@@ -465,3 +465,27 @@ def test_a_lost_rollout_worker_counts_as_lost(monkeypatch):
     assert watcher._lost_workers() == {"tcp://r"}
     now["tcp://r"] = {"id": "R2", "name": "gpu-1"}  # restarted by its Nanny: a new id, its replica gone
     assert watcher._lost_workers() == {"tcp://r"}
+
+
+@pytest.mark.cluster
+def test_the_watch_waits_through_its_own_client_when_another_is_the_default():
+    """`distributed.wait` goes through the process's default client, the newest one: a run's watch must wait
+    through its own (before: an eval on a cluster started earlier, beside a newer client, failed with 'bound to a
+    different event loop')."""
+    from distributed import Client, LocalCluster, wait
+    from distributed.client import default_client
+
+    from tasks.config import Config
+
+    def slow_sum(xs):
+        time.sleep(1.5)
+        return sum(xs)
+    placement = SimpleNamespace(shard_workers=[], actor_workers=[], rollout_workers=[])
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as c1, Client(c1) as ours, \
+            LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as c2, Client(c2) as newer:
+        assert default_client() is newer and ours.loop is not newer.loop
+        f = ours.submit(slow_sum, [1, 2, 3])
+        with ours.as_current(), pytest.raises(TimeoutError):  # a first wait on our loop (the future's event is
+            wait([f], timeout=0.1)  # now bound to it), as a step's wait is before a retry
+        watch = Watcher(Config(), ours, placement, echo=lambda *a: None)
+        assert watch.results([f], "the test") == [6]
