@@ -592,7 +592,10 @@ _WATCHED["pipelines.clusters"] = _install_pool
 
 
 def pytest_sessionfinish(session, exitstatus):
+    import shutil
     _POOL.close()
+    if "path" in _SCHEMA_TEMPLATE:  # the kept MLflow schema's temporary directory
+        shutil.rmtree(_SCHEMA_TEMPLATE["path"].parent, ignore_errors=True)
 
 
 @pytest.hookimpl(tryfirst=True)
