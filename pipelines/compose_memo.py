@@ -6,12 +6,11 @@ A composition is a pure function of conf/'s files, the registered families and t
 whenever a family is registered (`pipelines.families.union_schema`), the overrides) and hands out a deep copy each
 time, so no caller sees another's edits; a conf file edited, added or removed, or CONF_DIR pointed elsewhere, is a
 new key. Errors are not kept (composed again, raised again). Kept the same way: the reads of single conf files
-(`plain_yaml`, by path and bytes; a copy each time), the schema node of each section class (only read) and each typed section (by its name, class and values;
-a copy each time: `pipelines.families.typed_config`), the
-schema's key list (by union schema), the parsed overrides (by union schema and overrides: Hydra `Override` objects,
-only read), the composition of a set of group choices (pipelines.compose_values), and the ConfigStore entry
-`register_schema` made (`STORED`). Each table keeps
-its last MEMO_SIZE keys. `clear()` empties everything.
+(`plain_yaml`, by path and bytes; a copy each time), the schema node of each section class (only read) and each
+typed section (by its name, class and values; a copy each time: `pipelines.families.typed_config`), the schema's
+key list (by union schema), the parsed overrides (by union schema and overrides: Hydra `Override` objects, only
+read), the composition of a set of group choices (pipelines.compose_values), and the ConfigStore entry
+`register_schema` made (`STORED`). Each table keeps its last MEMO_SIZE keys. `clear()` empties everything.
 """
 from __future__ import annotations
 

@@ -80,8 +80,8 @@ class _ClusterPool:
         return repr((dataclasses.asdict(cfg.cluster), cfg.env.simulator, env))
 
     def start(self, real, cfg):
-        """The kept cluster of `cfg`'s key (resident objects dropped), else `real(cfg)` kept in place of the one
-        before; a handle whose `close()` leaves it up."""
+        """The kept cluster of `cfg`'s key (resident objects dropped), else `real(cfg)`, kept beside at most KEEP - 1
+        others (the least recently used is closed); a handle whose `close()` leaves it up."""
         import os
 
         from tasks import resident
@@ -155,8 +155,8 @@ def _reused_clusters():
     """Within the block every `pipelines.clusters.start_cluster(cfg)` of an embedded cluster (`cluster.kind=local`)
     whose layout, simulator and environment equal an earlier start's returns the same running workers, with every
     resident object of the earlier runs dropped first (what a new cluster starts from), as a user does with
-    `cluster.address`; `close()` of the handles it gives out does nothing (the session's end, or the next layout,
-    closes the cluster). An existing cluster (`cluster.kind=address`) is not touched."""
+    `cluster.address`; `close()` of the handles it gives out does nothing (the session's end, or a start of
+    another layout when `_ClusterPool.KEEP` are kept, closes the cluster). An existing cluster (`cluster.kind=address`) is not touched."""
     import pipelines.clusters as pc
     with pytest.MonkeyPatch.context() as mp:
         if not getattr(pc.start_cluster, "dagrl_pool", False):
